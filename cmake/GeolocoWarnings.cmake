@@ -1,0 +1,22 @@
+# Warnings and sanitizers for every geoloco target (applied through geoloco_options).
+add_library(geoloco_options INTERFACE)
+target_compile_options(geoloco_options INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
+if(CMAKE_BUILD_TYPE STREQUAL "Release")
+  target_compile_options(geoloco_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-O3>)
+endif()
+# Pin the ISA to what this machine class has; portable builds can override.
+set(GEOLOCO_MARCH "native" CACHE STRING "-march value for CPU kernels ('' to omit)")
+if(GEOLOCO_MARCH)
+  target_compile_options(geoloco_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-march=${GEOLOCO_MARCH}>)
+endif()
+
+if(GEOLOCO_SANITIZE STREQUAL "address")
+  target_compile_options(geoloco_options INTERFACE -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  target_link_options(geoloco_options INTERFACE -fsanitize=address,undefined)
+elseif(GEOLOCO_SANITIZE STREQUAL "thread")
+  target_compile_options(geoloco_options INTERFACE -fsanitize=thread -fno-omit-frame-pointer)
+  target_link_options(geoloco_options INTERFACE -fsanitize=thread)
+elseif(NOT GEOLOCO_SANITIZE STREQUAL "")
+  message(FATAL_ERROR "GEOLOCO_SANITIZE must be '', 'address' or 'thread', got '${GEOLOCO_SANITIZE}'")
+endif()
