@@ -1,0 +1,49 @@
+// The `data:` section of a run config:
+//
+//   data:
+//     train: {kind: text, path: corpus/train.txt}
+//     val:   {kind: text, path: corpus/val.txt}      # optional
+//     val_fraction: 0.1                              # only when `val` is absent
+//
+// Source kinds and their keys:
+//   text       path                      bytes of a file, vocab 256
+//   shards     path                      llm.c shards: a file, a directory or a glob
+//   synthetic  vocab, branching, seed,   Markov chain with a known entropy rate
+//              tokens
+// Relative paths are resolved by open_data() against the config file's directory.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "trainer/core/config_node.hpp"
+
+namespace geoloco::trainer {
+
+struct DataSourceConfig {
+  enum class Kind { Text, Shards, Synthetic };
+  Kind kind = Kind::Text;
+  std::string path;             // text, shards
+  int vocab = 256;              // synthetic: number of symbols
+  int branching = 4;            // synthetic: successors per state
+  uint64_t seed = 1;            // synthetic: chain and stream seed
+  uint64_t tokens = 1ull << 26; // synthetic: nominal length (windows = (tokens - 1) / T)
+
+  static DataSourceConfig from_yaml(const config::Node& node);
+  bool operator==(const DataSourceConfig&) const = default;
+};
+
+const char* to_string(DataSourceConfig::Kind kind);
+
+struct DataConfig {
+  DataSourceConfig train;
+  std::optional<DataSourceConfig> val;
+  // When `val` is absent: text/shards hold out the last val_fraction of the train tokens;
+  // synthetic uses the same chain with a different stream seed.
+  double val_fraction = 0.1;
+
+  static DataConfig from_yaml(const config::Node& node);
+};
+
+}  // namespace geoloco::trainer
