@@ -1,0 +1,325 @@
+#include "trainer/parallel/gloo_collective.hpp"
+
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <type_traits>
+
+#include "trainer/core/log.hpp"
+#include "trainer/parallel/errors.hpp"
+
+namespace geoloco::parallel {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using UBuf = std::unique_ptr<gloo::transport::UnboundBuffer>;
+
+int mod(int a, int p) { return ((a % p) + p) % p; }
+
+class GlooCollective final : public Collective {
+ public:
+  explicit GlooCollective(const RendezvousOptions& opts);
+  ~GlooCollective() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& site() const override { return rdzv_.options().site; }
+  const char* backend() const override { return "gloo"; }
+  MemorySpace memory() const override { return MemorySpace::kHost; }
+
+  void all_reduce_sum(std::span<float> d) override { all_reduce_impl(d); }
+  void all_reduce_sum(std::span<double> d) override { all_reduce_impl(d); }
+  void all_reduce_sum(std::span<uint64_t> d) override { all_reduce_impl(d); }
+  void reduce_scatter_sum(std::span<const float> in, std::span<float> out) override;
+  void all_gather(std::span<const float> my_shard, std::span<float> out) override;
+  void broadcast(std::span<float> data, int root) override;
+  void barrier() override;
+  std::vector<std::vector<std::byte>> all_gather_bytes(std::span<const std::byte> mine) override;
+
+ private:
+  // Runs one collective: counts it, times it, converts backend errors into CollectiveError
+  // with context, and marks the group broken on failure.
+  template <class F>
+  void run(CollectiveKind kind, size_t n, size_t elem_bytes, F&& body);
+
+  template <class T>
+  void all_reduce_impl(std::span<T> data);
+  // Ring reduce-scatter of n elements: afterwards acc[shard r] holds the sum over ranks of
+  // in[shard r]. acc may alias in (all_reduce); other parts of acc hold partial sums.
+  template <class T>
+  uint64_t ring_reduce_scatter(const T* in, T* acc, int64_t n);
+  // Ring all-gather: rank i's chunk [off[i], off[i] + len[i]) of base must be in place.
+  uint64_t ring_all_gather(std::byte* base, size_t total, const std::vector<size_t>& off, const std::vector<size_t>& len);
+  // Posts a receive and a send (either may be empty) and waits for both.
+  void exchange(gloo::transport::UnboundBuffer* sbuf, int dst, size_t soff, size_t sbytes,
+                gloo::transport::UnboundBuffer* rbuf, int src, size_t roff, size_t rbytes, uint64_t slot);
+  uint64_t next_slot_base() { return (seq_++) << 20; }
+
+  Rendezvous rdzv_;
+  int rank_ = 0;
+  int size_ = 1;
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+  std::vector<std::byte> scratch_;
+  uint64_t seq_ = 1;
+  bool broken_ = false;
+  const char* current_op_ = "";
+};
+
+GlooCollective::GlooCollective(const RendezvousOptions& opts)
+    : rdzv_(opts), rank_(opts.rank), size_(opts.size), timeout_(opts.timeout) {
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = opts.bind_address;
+    device_ = gloo::transport::tcp::CreateDevice(attr);
+    context_ = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
+    context_->setTimeout(timeout_);
+    // Namespaced so gloo's keys ("0", "1", ...) cannot collide with ours.
+    gloo::rendezvous::PrefixStore prefixed("gloo", rdzv_.store());
+    context_->connectFullMesh(prefixed, device_);
+  } catch (const Error& e) {
+    throw RendezvousError(fmt::format("{}: gloo full-mesh setup failed: {}", rdzv_.who(), e.what()));
+  } catch (const std::exception& e) {
+    throw CollectiveError(fmt::format("{}: gloo full-mesh setup on {} failed: {}", rdzv_.who(), opts.bind_address,
+                                      e.what()));
+  }
+}
+
+GlooCollective::~GlooCollective() {
+  if (broken_ || std::uncaught_exceptions() > 0) return;
+  try {
+    barrier();
+  } catch (const std::exception& e) {
+    spdlog::warn("{}: closing barrier failed: {}", rdzv_.who(), e.what());
+  }
+}
+
+template <class F>
+void GlooCollective::run(CollectiveKind kind, size_t n, size_t elem_bytes, F&& body) {
+  current_op_ = kind_name(kind);
+  if (broken_)
+    throw CollectiveError(fmt::format("{}: {} called after an earlier collective failed; the group must be rebuilt",
+                                      rdzv_.who(), current_op_));
+  const auto t0 = Clock::now();
+  uint64_t sent = 0;
+  try {
+    sent = body();
+  } catch (const CollectiveError&) {
+    broken_ = true;
+    throw;
+  } catch (const std::exception& e) {
+    broken_ = true;
+    throw CollectiveError(
+        fmt::format("{}: {} of {} elements failed: {}", rdzv_.who(), current_op_, n, e.what()));
+  }
+  KindStats& s = stats_[kind];
+  s.calls += 1;
+  s.bytes_sent += sent;
+  s.payload_bytes += n * elem_bytes;
+  s.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+void GlooCollective::exchange(gloo::transport::UnboundBuffer* sbuf, int dst, size_t soff, size_t sbytes,
+                              gloo::transport::UnboundBuffer* rbuf, int src, size_t roff, size_t rbytes,
+                              uint64_t slot) {
+  if (rbytes > 0) rbuf->recv(src, slot, roff, rbytes);
+  if (sbytes > 0) sbuf->send(dst, slot, soff, sbytes);
+  // gloo throws IoException on timeout or a closed peer; false means aborted.
+  if (rbytes > 0 && !rbuf->waitRecv(timeout_))
+    throw CollectiveError(fmt::format("{}: {}: receive from rank {} was aborted", rdzv_.who(), current_op_, src));
+  if (sbytes > 0 && !sbuf->waitSend(timeout_))
+    throw CollectiveError(fmt::format("{}: {}: send to rank {} was aborted", rdzv_.who(), current_op_, dst));
+}
+
+template <class T>
+uint64_t GlooCollective::ring_reduce_scatter(const T* in, T* acc, int64_t n) {
+  const int P = size_, r = rank_;
+  if (P == 1) {
+    if (acc != in) std::memcpy(acc, in, static_cast<size_t>(n) * sizeof(T));
+    return 0;
+  }
+  const int right = mod(r + 1, P), left = mod(r - 1, P);
+  const size_t bytes = static_cast<size_t>(n) * sizeof(T);
+  const int64_t max_chunk = shard_of(n, 0, P).count;
+  std::vector<T> tmp(static_cast<size_t>(max_chunk));
+  UBuf in_buf = context_->createUnboundBuffer(const_cast<T*>(in), bytes);
+  UBuf acc_buf = context_->createUnboundBuffer(acc, bytes);
+  UBuf tmp_buf = context_->createUnboundBuffer(tmp.data(), tmp.size() * sizeof(T));
+  const uint64_t slot = next_slot_base();
+  uint64_t sent = 0;
+  for (int s = 0; s < P - 1; ++s) {
+    // Step s: send chunk r-s-1 (ours at s = 0, the partial we summed at s-1 after), receive
+    // chunk r-s-2 from the left and add our input to it. After P-1 steps the last chunk
+    // summed is chunk r: complete.
+    const ShardRange sc = shard_of(n, mod(r - s - 1, P), P);
+    const ShardRange rc = shard_of(n, mod(r - s - 2, P), P);
+    exchange(s == 0 ? in_buf.get() : acc_buf.get(), right, static_cast<size_t>(sc.offset) * sizeof(T),
+             static_cast<size_t>(sc.count) * sizeof(T), tmp_buf.get(), left, 0,
+             static_cast<size_t>(rc.count) * sizeof(T), slot + static_cast<uint64_t>(s));
+    sent += static_cast<uint64_t>(sc.count) * sizeof(T);
+    const T* src = in + rc.offset;
+    T* dst = acc + rc.offset;
+    for (int64_t i = 0; i < rc.count; ++i) dst[i] = tmp[static_cast<size_t>(i)] + src[i];
+  }
+  return sent;
+}
+
+uint64_t GlooCollective::ring_all_gather(std::byte* base, size_t total, const std::vector<size_t>& off,
+                                         const std::vector<size_t>& len) {
+  const int P = size_, r = rank_;
+  if (P == 1 || total == 0) return 0;
+  const int right = mod(r + 1, P), left = mod(r - 1, P);
+  // Two buffers over the same memory: gloo allows one pending operation per buffer.
+  UBuf send_buf = context_->createUnboundBuffer(base, total);
+  UBuf recv_buf = context_->createUnboundBuffer(base, total);
+  const uint64_t slot = next_slot_base();
+  uint64_t sent = 0;
+  for (int s = 0; s < P - 1; ++s) {
+    // Step s: forward chunk r-s (ours at s = 0, received at s-1 after), receive chunk r-s-1.
+    const size_t sc = static_cast<size_t>(mod(r - s, P));
+    const size_t rc = static_cast<size_t>(mod(r - s - 1, P));
+    exchange(send_buf.get(), right, off[sc], len[sc], recv_buf.get(), left, off[rc], len[rc],
+             slot + static_cast<uint64_t>(s));
+    sent += len[sc];
+  }
+  return sent;
+}
+
+template <class T>
+void GlooCollective::all_reduce_impl(std::span<T> data) {
+  const int64_t n = static_cast<int64_t>(data.size());
+  run(CollectiveKind::kAllReduce, data.size(), sizeof(T), [&]() -> uint64_t {
+    if (n == 0) return 0;
+    uint64_t sent = ring_reduce_scatter<T>(data.data(), data.data(), n);
+    std::vector<size_t> off(static_cast<size_t>(size_)), len(static_cast<size_t>(size_));
+    for (int i = 0; i < size_; ++i) {
+      ShardRange s = shard_of(n, i, size_);
+      off[static_cast<size_t>(i)] = static_cast<size_t>(s.offset) * sizeof(T);
+      len[static_cast<size_t>(i)] = static_cast<size_t>(s.count) * sizeof(T);
+    }
+    sent += ring_all_gather(reinterpret_cast<std::byte*>(data.data()), data.size_bytes(), off, len);
+    return sent;
+  });
+}
+
+void GlooCollective::reduce_scatter_sum(std::span<const float> in, std::span<float> out) {
+  const int64_t n = static_cast<int64_t>(in.size());
+  const ShardRange mine = shard_of(n, rank_, size_);
+  if (static_cast<int64_t>(out.size()) != mine.count)
+    throw CollectiveError(fmt::format("{}: reduce_scatter_sum of {} elements: out has {} elements, this rank's "
+                                      "shard has {}",
+                                      rdzv_.who(), n, out.size(), mine.count));
+  run(CollectiveKind::kReduceScatter, in.size(), sizeof(float), [&]() -> uint64_t {
+    if (n == 0) return 0;
+    scratch_.resize(in.size_bytes());
+    float* acc = reinterpret_cast<float*>(scratch_.data());
+    uint64_t sent = ring_reduce_scatter<float>(in.data(), acc, n);
+    std::memcpy(out.data(), acc + mine.offset, out.size_bytes());
+    return sent;
+  });
+}
+
+void GlooCollective::all_gather(std::span<const float> my_shard, std::span<float> out) {
+  const int64_t n = static_cast<int64_t>(out.size());
+  const ShardRange mine = shard_of(n, rank_, size_);
+  if (static_cast<int64_t>(my_shard.size()) != mine.count)
+    throw CollectiveError(fmt::format("{}: all_gather into {} elements: my_shard has {} elements, this rank's "
+                                      "shard has {}",
+                                      rdzv_.who(), n, my_shard.size(), mine.count));
+  run(CollectiveKind::kAllGather, out.size(), sizeof(float), [&]() -> uint64_t {
+    if (n == 0) return 0;
+    float* dst = out.data() + mine.offset;
+    if (my_shard.data() != dst && mine.count > 0) std::memmove(dst, my_shard.data(), my_shard.size_bytes());
+    std::vector<size_t> off(static_cast<size_t>(size_)), len(static_cast<size_t>(size_));
+    for (int i = 0; i < size_; ++i) {
+      ShardRange s = shard_of(n, i, size_);
+      off[static_cast<size_t>(i)] = static_cast<size_t>(s.offset) * sizeof(float);
+      len[static_cast<size_t>(i)] = static_cast<size_t>(s.count) * sizeof(float);
+    }
+    return ring_all_gather(reinterpret_cast<std::byte*>(out.data()), out.size_bytes(), off, len);
+  });
+}
+
+void GlooCollective::broadcast(std::span<float> data, int root) {
+  if (root < 0 || root >= size_)
+    throw CollectiveError(fmt::format("{}: broadcast root {} is outside [0, {})", rdzv_.who(), root, size_));
+  run(CollectiveKind::kBroadcast, data.size(), sizeof(float), [&]() -> uint64_t {
+    if (data.empty() || size_ == 1) return 0;
+    UBuf buf = context_->createUnboundBuffer(data.data(), data.size_bytes());
+    const uint64_t slot = next_slot_base();
+    if (rank_ != root) {
+      buf->recv(root, slot);
+      if (!buf->waitRecv(timeout_))
+        throw CollectiveError(fmt::format("{}: broadcast: receive from root {} was aborted", rdzv_.who(), root));
+      return 0;
+    }
+    // Post every send before waiting so the peers receive in parallel.
+    std::vector<UBuf> sends;
+    for (int i = 0; i < size_; ++i) {
+      if (i == root) continue;
+      sends.push_back(context_->createUnboundBuffer(data.data(), data.size_bytes()));
+      sends.back()->send(i, slot);
+    }
+    for (auto& b : sends)
+      if (!b->waitSend(timeout_)) throw CollectiveError(fmt::format("{}: broadcast: a send was aborted", rdzv_.who()));
+    return static_cast<uint64_t>(size_ - 1) * data.size_bytes();
+  });
+}
+
+void GlooCollective::barrier() {
+  run(CollectiveKind::kBarrier, 0, 1, [&]() -> uint64_t {
+    uint64_t sent = 0;
+    const uint64_t slot = next_slot_base();
+    char out_byte = 1, in_byte = 0;
+    UBuf sbuf = context_->createUnboundBuffer(&out_byte, 1);
+    UBuf rbuf = context_->createUnboundBuffer(&in_byte, 1);
+    // Dissemination: after round k every rank has heard (transitively) from 2^(k+1) ranks.
+    for (int dist = 1, round = 0; dist < size_; dist *= 2, ++round) {
+      exchange(sbuf.get(), mod(rank_ + dist, size_), 0, 1, rbuf.get(), mod(rank_ - dist, size_), 0, 1,
+               slot + static_cast<uint64_t>(round));
+      sent += 1;
+    }
+    return sent;
+  });
+}
+
+std::vector<std::vector<std::byte>> GlooCollective::all_gather_bytes(std::span<const std::byte> mine) {
+  std::vector<std::vector<std::byte>> result(static_cast<size_t>(size_));
+  run(CollectiveKind::kAllGatherBytes, mine.size(), 1, [&]() -> uint64_t {
+    const size_t P = static_cast<size_t>(size_);
+    std::vector<uint64_t> lens(P, 0);
+    lens[static_cast<size_t>(rank_)] = mine.size();
+    std::vector<size_t> off(P), len(P, sizeof(uint64_t));
+    for (size_t i = 0; i < P; ++i) off[i] = i * sizeof(uint64_t);
+    uint64_t sent = ring_all_gather(reinterpret_cast<std::byte*>(lens.data()), P * sizeof(uint64_t), off, len);
+    size_t total = 0;
+    for (size_t i = 0; i < P; ++i) {
+      if (lens[i] > (uint64_t{1} << 40))
+        throw CollectiveError(fmt::format("{}: all_gather_bytes: rank {} announced an implausible {} bytes",
+                                          rdzv_.who(), i, lens[i]));
+      off[i] = total;
+      len[i] = static_cast<size_t>(lens[i]);
+      total += len[i];
+    }
+    std::vector<std::byte> all(total);
+    if (!mine.empty()) std::memcpy(all.data() + off[static_cast<size_t>(rank_)], mine.data(), mine.size());
+    sent += ring_all_gather(all.data(), total, off, len);
+    for (size_t i = 0; i < P; ++i)
+      result[i].assign(all.begin() + static_cast<std::ptrdiff_t>(off[i]),
+                       all.begin() + static_cast<std::ptrdiff_t>(off[i] + len[i]));
+    return sent;
+  });
+  return result;
+}
+
+}  // namespace
+
+std::unique_ptr<Collective> make_gloo(const RendezvousOptions& opts) { return std::make_unique<GlooCollective>(opts); }
+
+}  // namespace geoloco::parallel
