@@ -1,0 +1,106 @@
+# shellcheck shell=bash
+# Shared functions of the WAN emulator scripts (up, down, check, run). Sourced, not run.
+# Everything this creates lives inside network namespaces named "<prefix>-*" (veths,
+# addresses, routes, qdiscs, iptables rules) plus delay-line processes inside them, so
+# deleting the namespaces after killing their processes removes every trace. Nothing is
+# added to the root namespace.
+
+wan_here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+wan_root="$(cd "$wan_here/../.." && pwd)"
+
+wan_log() { echo "wan: $*" >&2; }
+wan_die() { echo "wan: error: $*" >&2; exit 1; }
+
+# The geoloco binary with the wan-* subcommands: $GEOLOCO_BIN, else build/geoloco when it
+# has them, else the development driver.
+wan_find_bin() {
+  if [[ -n "${GEOLOCO_BIN:-}" ]]; then
+    [[ -x "$GEOLOCO_BIN" ]] || wan_die "GEOLOCO_BIN=$GEOLOCO_BIN is not executable"
+    echo "$GEOLOCO_BIN"
+    return
+  fi
+  local c
+  for c in "$wan_root/build/geoloco" "$wan_root/build/tools/wan/geoloco_wan_dev" \
+           "$wan_root"/build-*/tools/wan/geoloco_wan_dev; do
+    if [[ -x "$c" ]] && "$c" wan-plan --help >/dev/null 2>&1; then
+      echo "$c"
+      return
+    fi
+  done
+  wan_die "no geoloco binary with the wan-* subcommands; build it or set GEOLOCO_BIN"
+}
+
+wan_require_root() {
+  [[ $(id -u) -eq 0 ]] || wan_die "needs root (network namespaces, tc, iptables)"
+  command -v ip >/dev/null || wan_die "iproute2 ('ip') is not installed"
+  ip netns list >/dev/null 2>&1 || wan_die "'ip netns' does not work here"
+}
+
+wan_state_dir() { echo "${GEOLOCO_WAN_STATE:-/run/geoloco-wan}/$1"; }
+
+# Kills every process inside the namespaces of this prefix (delay lines, servers, workers a
+# crashed run left behind), then deletes the namespaces. Idempotent; used by down and by up
+# to clean a stale run.
+wan_cleanup() {
+  local prefix="$1" ns pids any=0
+  local -a nss=()
+  while read -r ns _; do
+    [[ "$ns" == "$prefix"-* ]] && nss+=("$ns")
+  done < <(ip netns list 2>/dev/null)
+  for ns in "${nss[@]}"; do
+    pids="$(ip netns pids "$ns" 2>/dev/null || true)"
+    if [[ -n "$pids" ]]; then
+      any=1
+      # shellcheck disable=SC2086  # word splitting wanted: one pid per word
+      kill -TERM $pids 2>/dev/null || true
+    fi
+  done
+  if ((any)); then
+    # SIGTERM lets delay lines flush held packets and write stats; bounded wait, then KILL.
+    local i
+    for ((i = 0; i < 30; i++)); do
+      any=0
+      for ns in "${nss[@]}"; do
+        [[ -n "$(ip netns pids "$ns" 2>/dev/null || true)" ]] && any=1
+      done
+      ((any)) || break
+      sleep 0.1
+    done
+    for ns in "${nss[@]}"; do
+      pids="$(ip netns pids "$ns" 2>/dev/null || true)"
+      if [[ -n "$pids" ]]; then
+        # shellcheck disable=SC2086
+        kill -KILL $pids 2>/dev/null || true
+      fi
+    done
+  fi
+  for ns in "${nss[@]}"; do
+    ip netns del "$ns" 2>/dev/null || wan_log "could not delete namespace $ns"
+  done
+  ((${#nss[@]})) && wan_log "removed ${#nss[@]} namespaces with prefix '$prefix'"
+  return 0
+}
+
+# netem where the kernel has it; the userspace delay line otherwise. GEOLOCO_WAN_PATH forces one.
+wan_detect_path() {
+  local forced="${GEOLOCO_WAN_PATH:-auto}" probe="$1-probe" have=0
+  case "$forced" in
+    netem|delayline) echo "$forced"; return ;;
+    auto) ;;
+    *) wan_die "GEOLOCO_WAN_PATH must be auto, netem or delayline (got '$forced')" ;;
+  esac
+  ip netns del "$probe" 2>/dev/null || true
+  ip netns add "$probe"
+  ip -n "$probe" link set lo up
+  if ip netns exec "$probe" tc qdisc add dev lo root netem delay 1ms 2>/dev/null; then have=1; fi
+  ip netns del "$probe"
+  if ((have)); then echo netem; else echo delayline; fi
+}
+
+# Loads the plan for scenario $1 (extra args go to wan-plan) into WAN_* variables.
+wan_load_plan() {
+  local bin="$1"; shift
+  local plan
+  plan="$("$bin" wan-plan "$@")" || wan_die "wan-plan failed for: $*"
+  eval "$plan"
+}
