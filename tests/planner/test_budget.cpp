@@ -1,0 +1,312 @@
+// geoloco budget: sync cost, overlap/utilization model, smallest-H search, budget YAML.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "tools/planner/budget.hpp"
+#include "tools/planner/physics.hpp"
+#include "trainer/core/config_node.hpp"
+
+using namespace geoloco::planner;
+using geoloco::ConfigError;
+using geoloco::InputError;
+
+namespace {
+
+const char* kHeader = "format: geoloco-budget\nversion: 1\n";
+
+BudgetInput parse(const std::string& body, const std::vector<std::string>& sets = {}) {
+  auto doc = geoloco::config::load_string(kHeader + body, "budget.yaml", sets);
+  return BudgetInput::from_yaml(doc.node());
+}
+
+std::string error_of(const std::string& text) {
+  try {
+    auto doc = geoloco::config::load_string(text, "budget.yaml");
+    BudgetInput::from_yaml(doc.node());
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+// 1T parameters in bf16, two sites 100 km apart, one 800 Gbit/s link.
+const char* kTrillion = R"(
+model: {params: 1T}
+compression: {bits: 16}
+sites: 2
+link: {distance_km: 100, rate_gbps: 800, parallel_links: 1}
+schedule: {step_time_s: 1.0, H: 100, ranks: 64, lanes: 1}
+)";
+
+}  // namespace
+
+TEST(Budget, TrillionParameterSyncOnOneLinkTakesTwentySeconds) {
+  auto in = parse(kTrillion);
+  EXPECT_DOUBLE_EQ(in.params, 1e12);
+  EXPECT_DOUBLE_EQ(in.rtt_s, 1e-3);
+  auto c = sync_cost(in, in.bytes_per_value(), 1, 1);
+  EXPECT_DOUBLE_EQ(c.payload_bytes, 2e12);
+  EXPECT_DOUBLE_EQ(c.egress_bytes, 2e12);  // one peer
+  EXPECT_EQ(c.connections, 64);
+  // 64 connections x 3 MiB / 1 ms = 201 GB/s > 100 GB/s: the link is the limit.
+  EXPECT_FALSE(c.bdp_bound);
+  EXPECT_DOUBLE_EQ(c.rate_Bps, 100e9);
+  EXPECT_DOUBLE_EQ(c.bandwidth_s, 20.0);
+  EXPECT_EQ(c.rounds, 1);
+  EXPECT_DOUBLE_EQ(c.latency_s, 1.5e-3);
+  EXPECT_DOUBLE_EQ(c.total_s, 20.0 + 1.5e-3);
+  // No overlap: utilization = H t / (H t + t_sync).
+  auto e = evaluate(in, 100, 16, 2.0, 1, 1);
+  EXPECT_DOUBLE_EQ(e.utilization, 100.0 / (100.0 + 20.0015));
+}
+
+TEST(Budget, FewConnectionsOnALongPathAreBandwidthDelayBound) {
+  auto in = parse(R"(
+model: {params: 1e9}
+compression: {bits: 4, block: 128, scale_bytes: 4}
+sites: 4
+link: {rtt_ms: 40, rate_gbps: 10}
+schedule: {step_time_s: 0.5, H: 100, ranks: 2, lanes: 1}
+)");
+  auto c = sync_cost(in, in.bytes_per_value(), 1, 1);
+  const double payload = 1e9 * (0.5 + 4.0 / 128);
+  EXPECT_DOUBLE_EQ(c.payload_bytes, payload);
+  EXPECT_DOUBLE_EQ(c.egress_bytes, 3 * payload);
+  EXPECT_EQ(c.connections, 3 * 2);
+  const double cap = 3145728.0 / 0.040;
+  EXPECT_DOUBLE_EQ(c.per_connection_cap_Bps, cap);
+  EXPECT_TRUE(c.bdp_bound);
+  EXPECT_DOUBLE_EQ(c.rate_Bps, 6 * cap);
+  EXPECT_DOUBLE_EQ(c.bandwidth_s, 3 * payload / (6 * cap));
+  // More lanes lift the cap until the link binds: 16 connections per pair -> 48 x cap
+  // = 3.77 GB/s > 1.25 GB/s.
+  auto c8 = sync_cost(in, in.bytes_per_value(), 1, 8);
+  EXPECT_FALSE(c8.bdp_bound);
+  EXPECT_DOUBLE_EQ(c8.rate_Bps, 1.25e9);
+
+  auto r = plan_budget(in);
+  EXPECT_EQ(r.connections_to_fill_link, 16);  // ceil(1.25e9 / 78.6e6) = ceil(15.9)
+  EXPECT_DOUBLE_EQ(r.rmem_to_fill_link, 1.25e9 / 6 * 0.040 / 0.5);
+}
+
+TEST(Budget, RingPaysTwoSMinusOneRoundsOverOneNeighbour) {
+  auto in = parse(R"(
+model: {params: 1e9}
+compression: {bits: 16}
+sites: 4
+link: {rtt_ms: 10, rate_gbps: 80}
+schedule: {step_time_s: 0.5, ranks: 100, pattern: ring}
+)");
+  auto c = sync_cost(in, 2.0, 1, 1);
+  EXPECT_DOUBLE_EQ(c.egress_bytes, 2.0 * 3 / 4 * 2e9);
+  EXPECT_EQ(c.connections, 100);
+  EXPECT_EQ(c.rounds, 6);
+  EXPECT_DOUBLE_EQ(c.latency_s, 6 * 1.5 * 0.010);
+  EXPECT_DOUBLE_EQ(c.rate_Bps, 10e9);  // 100 x 314 MB/s > 10 GB/s
+  EXPECT_DOUBLE_EQ(c.bandwidth_s, 3e9 / 10e9);
+}
+
+TEST(Budget, OverlapModel) {
+  // No overlap, one fragment: the whole sync is exposed.
+  EXPECT_DOUBLE_EQ(exposed_wait_s(100, 1.0, 1, 0, 10.0), 10.0);
+  EXPECT_DOUBLE_EQ(utilization(100, 1.0, 10.0), 100.0 / 110.0);
+  // Overlap longer than the sync hides it.
+  EXPECT_DOUBLE_EQ(exposed_wait_s(100, 1.0, 1, 20, 10.0), 0.0);
+  EXPECT_DOUBLE_EQ(utilization(100, 1.0, 0.0), 1.0);
+  // Partly hidden.
+  EXPECT_DOUBLE_EQ(exposed_wait_s(100, 1.0, 1, 20, 30.0), 10.0);
+  // Four fragments, each 3 s over its 5-step window.
+  EXPECT_DOUBLE_EQ(exposed_wait_s(100, 1.0, 4, 5, 8.0), 12.0);
+  // Eight fragments of 15 s need 120 s of link per 100 s of compute: the queue (20 s)
+  // exceeds the per-fragment excess (8 x 1 s).
+  EXPECT_DOUBLE_EQ(exposed_wait_s(100, 1.0, 8, 14, 15.0), 20.0);
+}
+
+TEST(Budget, SmallestHFromTheClosedForm) {
+  // Sync of 2e9 bytes at 1 GB/s, no latency, no overlap: u = H / (H + 2) >= 0.95 <=> H >= 38.
+  const std::string base = R"(
+model: {params: 1e9}
+compression: {bits: 16}
+link: {rtt_ms: 1, rate_gbps: 8, rtts_per_round: 0}
+measured: {per_connection_gbps: 100}
+schedule: {step_time_s: 1.0, H: 100}
+)";
+  auto in = parse(base + "target: {utilization: 0.95, bits: [16], fragments: [1], lanes: [1]}\n");
+  auto s = smallest_h(in);
+  ASSERT_TRUE(s.found) << s.reason;
+  EXPECT_EQ(s.best.H, 38);
+  EXPECT_DOUBLE_EQ(s.best.utilization, 38.0 / 40.0);
+  // The quality floor binds from below.
+  in = parse(base + "target: {utilization: 0.95, h_floor: 50, bits: [16], fragments: [1], lanes: [1]}\n");
+  EXPECT_EQ(smallest_h(in).best.H, 50);
+  // Unreachable below h_max: reported, with the best reached.
+  in = parse(base + "target: {utilization: 0.95, h_max: 30, h_floor: 25, bits: [16], fragments: [1], lanes: [1]}\n");
+  s = smallest_h(in);
+  EXPECT_FALSE(s.found);
+  EXPECT_EQ(s.best.H, 30);
+  EXPECT_NE(s.reason.find("not reachable with H <= 30"), std::string::npos) << s.reason;
+}
+
+TEST(Budget, SmallestHPrefersPrecisionOnlyWhenItCostsNoSteps) {
+  // 16 bits needs H >= 38; 8 bits (1.03125 B/value, 1.03 s sync) needs H >= 19.6, so the
+  // floor 25 is reachable only with 8 bits.
+  auto in = parse(R"(
+model: {params: 1e9}
+compression: {bits: 16}
+link: {rtt_ms: 1, rate_gbps: 8, rtts_per_round: 0}
+measured: {per_connection_gbps: 100}
+schedule: {step_time_s: 1.0}
+target: {utilization: 0.95, h_floor: 25, bits: [16, 8, 4], fragments: [1], lanes: [1]}
+)");
+  auto s = smallest_h(in);
+  ASSERT_TRUE(s.found);
+  EXPECT_EQ(s.best.H, 25);
+  EXPECT_EQ(s.best.bits, 8);
+}
+
+TEST(Budget, SmallestHAddsLanesWhenBandwidthDelayBound) {
+  // One connection carries 1 Gbit/s (measured), the link 8 Gbit/s: lanes l give
+  // min(1e9, l x 125e6) B/s. 2e9 bytes: 8 lanes -> 2 s -> H 38; 4 lanes -> 4 s -> H 76.
+  auto in = parse(R"(
+model: {params: 1e9}
+compression: {bits: 16}
+link: {rtt_ms: 8, rate_gbps: 8, rtts_per_round: 0}
+measured: {per_connection_gbps: 1}
+schedule: {step_time_s: 1.0}
+target: {utilization: 0.95, bits: [16], fragments: [1], lanes: [1, 2, 4, 8, 16]}
+)");
+  auto s = smallest_h(in);
+  ASSERT_TRUE(s.found);
+  EXPECT_EQ(s.best.H, 38);
+  EXPECT_EQ(s.best.lanes, 8);
+}
+
+TEST(Budget, SmallestHUsesFragmentsToHideBehindOverlap) {
+  // Full sync 40 s (2e10 bytes at 0.5 GB/s), overlap 10 steps of 1 s.
+  // F=1: 30 s exposed -> H >= 570. F=2: 2 x 10 s -> H >= 380. F=4: hidden while the link
+  // keeps up (H >= 40), below that the queue 40 - H is exposed: u = H / 40 >= 0.95 -> H = 38.
+  auto in = parse(R"(
+model: {params: 1e10}
+compression: {bits: 16}
+link: {rtt_ms: 1, rate_gbps: 4, rtts_per_round: 0}
+measured: {per_connection_gbps: 100}
+schedule: {step_time_s: 1.0, overlap_steps: 10, H: 100}
+target: {utilization: 0.95, bits: [16], fragments: [1, 2, 4, 8], lanes: [1]}
+)");
+  EXPECT_DOUBLE_EQ(evaluate(in, 570, 16, 2.0, 1, 1).utilization, 570.0 / 600.0);
+  EXPECT_DOUBLE_EQ(evaluate(in, 380, 16, 2.0, 2, 1).utilization, 380.0 / 400.0);
+  auto s = smallest_h(in);
+  ASSERT_TRUE(s.found);
+  EXPECT_EQ(s.best.H, 38);
+  EXPECT_EQ(s.best.fragments, 4);
+  EXPECT_DOUBLE_EQ(s.best.utilization, 38.0 / 40.0);
+}
+
+TEST(Budget, WanBytesVersusPerStepDataParallelism) {
+  auto in = parse(R"(
+model: {params: 1e9}
+compression: {bits: 4, block: 128, scale_bytes: 4}
+sites: 4
+link: {rtt_ms: 40, rate_gbps: 10}
+schedule: {step_time_s: 0.5, H: 100, ranks: 2}
+)");
+  auto r = plan_budget(in);
+  // DDP: 100 steps x 2(S-1)/S x 1e9 x 2 bytes = 3e11; geoloco: 3 peers x 0.53125e9.
+  EXPECT_DOUBLE_EQ(r.dp_bytes_per_period, 3e11);
+  EXPECT_DOUBLE_EQ(r.geoloco_bytes_per_period, 3 * 0.53125e9);
+  EXPECT_LT(r.dp_utilization, r.current.utilization);
+}
+
+TEST(Budget, SlowStartAddsRampRounds) {
+  auto in = parse(R"(
+model: {params: 1e6}
+compression: {bits: 32}
+link: {rtt_ms: 100, rate_gbps: 8, slow_start: true, initial_window_bytes: 10000}
+measured: {per_connection_gbps: 0.008}
+schedule: {step_time_s: 1.0}
+)");
+  // One connection at 1e6 B/s, 4e6 bytes: 4 ramp rounds (1.5e5 bytes, 0.4 s), then 3.85 s,
+  // versus 4 s steady: 0.25 s extra.
+  auto c = sync_cost(in, 4.0, 1, 1);
+  EXPECT_DOUBLE_EQ(c.bandwidth_s, 4.0);
+  EXPECT_NEAR(c.slow_start_s, 0.25, 1e-12);  // difference of two sums of binary fractions
+}
+
+TEST(Budget, MeasuredSectionOverridesEstimates) {
+  auto in = parse(R"(
+model: {params: 1e9}
+link: {distance_km: 1000, rate_gbps: 10}
+measured:
+  rtt_ms: {median: 40.5, p99: 40.7}
+  per_connection_gbps: 0.63
+  connections: 8
+  connections_gbps: 4.9
+  step_time_s: 0.12
+schedule: {step_time_s: 1.0}
+)");
+  EXPECT_DOUBLE_EQ(in.rtt_s, 0.0405);
+  EXPECT_DOUBLE_EQ(in.rtt_p99_s, 0.0407);
+  EXPECT_DOUBLE_EQ(in.step_time_s, 0.12);
+  EXPECT_DOUBLE_EQ(in.per_connection_cap_Bps(), 0.63e9 / 8);
+  // 8 x 0.63 = 5.04 Gbit/s; 4.9 is not below 0.9 x that, so connections were the limit and
+  // the path keeps its 10 Gbit/s capacity.
+  EXPECT_DOUBLE_EQ(in.site_capacity_Bps(), 1.25e9);
+  in = parse(R"(
+model: {params: 1e9}
+link: {rtt_ms: 40, rate_gbps: 10}
+measured: {per_connection_gbps: 0.63, connections: 16, connections_gbps: 2.0}
+schedule: {step_time_s: 1.0}
+)");
+  EXPECT_DOUBLE_EQ(in.site_capacity_Bps(), 0.25e9);  // the path itself stopped at 2 Gbit/s
+}
+
+TEST(Budget, ModelFromATrainingConfigSection) {
+  auto in = parse(R"(
+model: {n_layer: 12, n_head: 12, n_embd: 768, block_size: 1024, vocab_size: 50257}
+link: {rtt_ms: 10, rate_gbps: 10}
+schedule: {step_time_s: 1.0}
+)");
+  EXPECT_DOUBLE_EQ(in.params, 124439808);  // GPT-2 small
+}
+
+TEST(Budget, BadInputsNameTheKey) {
+  const std::string h = kHeader;
+  EXPECT_EQ(error_of(h + "model: {params: 1e9}\nlink: {distance_km: -5, rate_gbps: 1}\nschedule: {step_time_s: 1}\n"),
+            "budget.yaml:4:21: link.distance_km: got '-5', expected a number in [0, 1000000]");
+  EXPECT_EQ(error_of("model: {params: 1e9}\n"), "budget.yaml:1:1: format: got null, expected 'geoloco-budget'");
+  EXPECT_EQ(error_of("format: geoloco-budget\nversion: 2\n"),
+            "budget.yaml:2:10: version: budget file version 2 is not supported (this build reads 1)");
+  auto msg = error_of(h + "model: {params: 1e9\nlink: [\n");
+  EXPECT_NE(msg.find("budget.yaml:"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("YAML syntax error"), std::string::npos) << msg;
+  msg = error_of(h + "model: {params: 1e9}\nlink: {rtt_ms: 5, distance_km: 100, rate_gbps: 1}\nschedule: {step_time_s: 1}\n");
+  EXPECT_NE(msg.find("give distance_km or rtt_ms, not both"), std::string::npos) << msg;
+  msg = error_of(h + "model: {params: lots}\nlink: {rtt_ms: 5, rate_gbps: 1}\nschedule: {step_time_s: 1}\n");
+  EXPECT_NE(msg.find("model.params: got 'lots'"), std::string::npos) << msg;
+  msg = error_of(h + "model: {params: 1e9}\nlink: {rtt_ms: 5, rate_gbps: 1}\nschedule: {step_tim_s: 1}\n");
+  EXPECT_NE(msg.find("unknown key (did you mean 'step_time_s'?)"), std::string::npos) << msg;
+  msg = error_of(h + "model: {params: 1e9}\nlink: {rate_gbps: 1}\nschedule: {step_time_s: 1}\n");
+  EXPECT_NE(msg.find("no round trip"), std::string::npos) << msg;
+  msg = error_of(h + "model: {params: 1e9}\ncompression: {bits: 3}\nlink: {rtt_ms: 5, rate_gbps: 1}\nschedule: {step_time_s: 1}\n");
+  EXPECT_NE(msg.find("compression.bits: got '3', expected one of 32 | 16 | 8 | 4 | 2 | 1"), std::string::npos) << msg;
+  msg = error_of(h + "model: {params: 1e9}\nlink: {rtt_ms: 5, rate_gbps: 1}\nschedule: {step_time_s: 1, H: 10, overlap_steps: 20}\n");
+  EXPECT_NE(msg.find("overlap_steps (20) exceeds H (10)"), std::string::npos) << msg;
+}
+
+TEST(Budget, ShippedExampleFilesParseAndPlan) {
+  namespace fs = std::filesystem;
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(fs::path(GEOLOCO_SOURCE_DIR) / "configs/links")) {
+    if (e.path().filename().string().rfind("budget", 0) != 0) continue;
+    SCOPED_TRACE(e.path().string());
+    auto doc = geoloco::config::load_file(e.path().string());
+    auto r = plan_budget(BudgetInput::from_yaml(doc.node()));
+    EXPECT_GT(r.current.utilization, 0.0);
+    EXPECT_FALSE(format_budget_table(r).empty());
+    EXPECT_EQ(budget_json(r)["format"], "geoloco-budget-report");
+    ++n;
+  }
+  EXPECT_GE(n, 2);
+}
