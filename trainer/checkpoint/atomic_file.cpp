@@ -1,0 +1,94 @@
+#include "trainer/checkpoint/atomic_file.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "trainer/core/error.hpp"
+
+namespace geoloco::trainer {
+
+namespace {
+
+[[noreturn]] void fail(const std::string& path, const char* what, int err) {
+  throw Error(fmt::format("{}: {} failed: {}", path, what, std::strerror(err)));
+}
+
+}  // namespace
+
+AtomicFileWriter::AtomicFileWriter(std::string path) : path_(std::move(path)) {
+  tmp_ = fmt::format("{}.tmp.{}", path_, ::getpid());
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail(tmp_, "open", errno);
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (!committed_) abandon();
+}
+
+void AtomicFileWriter::abandon() noexcept {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  ::unlink(tmp_.c_str());
+}
+
+void AtomicFileWriter::write(const void* data, size_t bytes) {
+  GEOLOCO_CHECK(fd_ >= 0 && !committed_, "write to {} after commit or failure", path_);
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd_, p, bytes);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      abandon();
+      fail(tmp_, "write", err);
+    }
+    p += n;
+    bytes -= static_cast<size_t>(n);
+    written_ += static_cast<uint64_t>(n);
+  }
+}
+
+void AtomicFileWriter::commit() {
+  GEOLOCO_CHECK(fd_ >= 0 && !committed_, "commit of {} twice or after failure", path_);
+  if (::fsync(fd_) != 0) {
+    const int err = errno;
+    abandon();
+    fail(tmp_, "fsync", err);
+  }
+  const int rc = ::close(fd_);
+  fd_ = -1;
+  if (rc != 0) {
+    const int err = errno;
+    abandon();
+    fail(tmp_, "close", err);
+  }
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    const int err = errno;
+    abandon();
+    fail(path_, "rename", err);
+  }
+  committed_ = true;
+  // The rename is durable only once the directory entry is on disk.
+  const std::filesystem::path parent = std::filesystem::path(path_).parent_path();
+  const std::string dir = parent.empty() ? std::string(".") : parent.string();
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) fail(dir, "open directory", errno);
+  const int frc = ::fsync(dfd);
+  const int ferr = errno;
+  ::close(dfd);
+  if (frc != 0) fail(dir, "fsync directory", ferr);
+}
+
+void write_file_atomically(const std::string& path, std::span<const uint8_t> bytes) {
+  AtomicFileWriter w(path);
+  w.write(bytes);
+  w.commit();
+}
+
+}  // namespace geoloco::trainer

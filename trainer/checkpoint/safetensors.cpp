@@ -1,0 +1,335 @@
+#include "trainer/checkpoint/safetensors.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <fstream>
+#include <set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "trainer/checkpoint/atomic_file.hpp"
+#include "trainer/core/error.hpp"
+
+namespace geoloco::trainer {
+
+// Tensor bytes are written and read as the host holds them; the format is little-endian.
+static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian");
+
+namespace {
+
+using json = nlohmann::json;
+using ordered_json = nlohmann::ordered_json;
+
+// The reference implementation refuses headers above 100 MB; a larger length is corruption.
+constexpr uint64_t kMaxHeader = 100'000'000;
+
+struct DtypeEntry {
+  Dtype d;
+  const char* name;
+  size_t size;
+};
+constexpr DtypeEntry kDtypes[] = {
+    {Dtype::BOOL, "BOOL", 1}, {Dtype::U8, "U8", 1},    {Dtype::I8, "I8", 1},     {Dtype::F8_E4M3, "F8_E4M3", 1},
+    {Dtype::F8_E5M2, "F8_E5M2", 1}, {Dtype::I16, "I16", 2}, {Dtype::U16, "U16", 2}, {Dtype::F16, "F16", 2},
+    {Dtype::BF16, "BF16", 2}, {Dtype::I32, "I32", 4},  {Dtype::U32, "U32", 4},   {Dtype::F32, "F32", 4},
+    {Dtype::F64, "F64", 8},   {Dtype::I64, "I64", 8},  {Dtype::U64, "U64", 8},
+};
+
+const DtypeEntry& entry(Dtype d) {
+  for (const auto& e : kDtypes)
+    if (e.d == d) return e;
+  throw Error(fmt::format("unknown dtype code {}", static_cast<int>(d)));
+}
+
+// numel(shape) * elem, or false on a negative dimension or overflow past 2^63.
+bool byte_size(std::span<const int64_t> shape, size_t elem, uint64_t* out) {
+  unsigned __int128 n = elem;
+  for (int64_t d : shape) {
+    if (d < 0) return false;
+    n *= static_cast<uint64_t>(d);
+    if (n > static_cast<unsigned __int128>(INT64_MAX)) return false;
+  }
+  *out = static_cast<uint64_t>(n);
+  return true;
+}
+
+}  // namespace
+
+const char* dtype_name(Dtype d) { return entry(d).name; }
+size_t dtype_size(Dtype d) { return entry(d).size; }
+
+bool parse_dtype(const std::string& name, Dtype* out) {
+  for (const auto& e : kDtypes)
+    if (name == e.name) {
+      *out = e.d;
+      return true;
+    }
+  return false;
+}
+
+std::string shape_string(std::span<const int64_t> shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+uint64_t TensorInfo::numel() const {
+  uint64_t n = 1;
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+TensorWrite f32_tensor(std::string name, std::vector<int64_t> shape, std::span<const float> data) {
+  return {std::move(name), Dtype::F32, std::move(shape),
+          std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(data.data()), data.size_bytes())};
+}
+TensorWrite i64_tensor(std::string name, std::vector<int64_t> shape, std::span<const int64_t> data) {
+  return {std::move(name), Dtype::I64, std::move(shape),
+          std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(data.data()), data.size_bytes())};
+}
+TensorWrite u8_tensor(std::string name, std::vector<int64_t> shape, std::span<const uint8_t> data) {
+  return {std::move(name), Dtype::U8, std::move(shape), data};
+}
+
+namespace {
+
+// Header bytes (JSON padded with spaces to a multiple of 8) for tensors packed in order.
+std::string encode_header(std::span<const TensorWrite> tensors, const std::map<std::string, std::string>& metadata) {
+  ordered_json h = ordered_json::object();
+  if (!metadata.empty()) {
+    ordered_json m = ordered_json::object();
+    for (const auto& [k, v] : metadata) m[k] = v;
+    h["__metadata__"] = std::move(m);
+  }
+  std::set<std::string> names;
+  uint64_t off = 0;
+  for (const auto& t : tensors) {
+    GEOLOCO_CHECK(!t.name.empty() && t.name != "__metadata__", "invalid tensor name '{}'", t.name);
+    GEOLOCO_CHECK(names.insert(t.name).second, "duplicate tensor name '{}'", t.name);
+    uint64_t want = 0;
+    GEOLOCO_CHECK(byte_size(t.shape, dtype_size(t.dtype), &want), "tensor '{}' has an invalid shape {}", t.name,
+                  shape_string(t.shape));
+    GEOLOCO_CHECK(want == t.bytes.size(), "tensor '{}': shape {} of {} needs {} bytes, got {}", t.name,
+                  shape_string(t.shape), dtype_name(t.dtype), want, t.bytes.size());
+    ordered_json e = ordered_json::object();
+    e["dtype"] = dtype_name(t.dtype);
+    e["shape"] = t.shape;
+    e["data_offsets"] = {off, off + want};
+    h[t.name] = std::move(e);
+    off += want;
+  }
+  std::string text;
+  try {
+    text = h.dump();
+  } catch (const ordered_json::exception& e) {
+    throw Error(fmt::format("cannot encode safetensors header: {}", e.what()));  // e.g. invalid UTF-8
+  }
+  text.append((8 - text.size() % 8) % 8, ' ');
+  return text;
+}
+
+void put_u64(uint8_t* p, uint64_t v) { std::memcpy(p, &v, 8); }
+
+}  // namespace
+
+std::vector<uint8_t> encode_safetensors(std::span<const TensorWrite> tensors,
+                                        const std::map<std::string, std::string>& metadata) {
+  const std::string header = encode_header(tensors, metadata);
+  size_t total = 8 + header.size();
+  for (const auto& t : tensors) total += t.bytes.size();
+  std::vector<uint8_t> out(total);
+  put_u64(out.data(), header.size());
+  std::memcpy(out.data() + 8, header.data(), header.size());
+  size_t at = 8 + header.size();
+  for (const auto& t : tensors) {
+    if (!t.bytes.empty()) std::memcpy(out.data() + at, t.bytes.data(), t.bytes.size());
+    at += t.bytes.size();
+  }
+  return out;
+}
+
+void write_safetensors(const std::string& path, std::span<const TensorWrite> tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  // Streamed: a large model is not copied into one buffer first.
+  const std::string header = encode_header(tensors, metadata);
+  uint8_t len[8];
+  put_u64(len, header.size());
+  AtomicFileWriter w(path);
+  w.write(len, 8);
+  w.write(header.data(), header.size());
+  for (const auto& t : tensors) w.write(t.bytes);
+  w.commit();
+}
+
+SafetensorsFile SafetensorsFile::read(const std::string& path) {
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
+  if (!f) throw FileError(path, fmt::format("cannot open: {}", std::strerror(errno)));
+  const std::streamoff size = f.tellg();
+  if (size < 0) throw FileError(path, "cannot determine the file size");
+  std::vector<uint8_t> bytes(static_cast<size_t>(size));
+  f.seekg(0);
+  if (size > 0 && !f.read(reinterpret_cast<char*>(bytes.data()), size))
+    throw FileError(path, "read failed");
+  return parse(std::move(bytes), path);
+}
+
+SafetensorsFile SafetensorsFile::parse(std::vector<uint8_t> bytes, const std::string& source) {
+  SafetensorsFile s;
+  s.path_ = source;
+  s.file_ = std::move(bytes);
+  auto bad = [&](const std::string& problem) { return FileError(source, problem); };
+  const uint64_t size = s.file_.size();
+  if (size < 8) throw bad(fmt::format("file is {} bytes, too short for the 8-byte header length", size));
+  uint64_t n;
+  std::memcpy(&n, s.file_.data(), 8);
+  if (n > size - 8)
+    throw bad(fmt::format("header length {} exceeds the {} bytes after the length field (truncated?)", n, size - 8));
+  if (n > kMaxHeader) throw bad(fmt::format("header length {} exceeds the {}-byte limit", n, kMaxHeader));
+  if (n < 2 || s.file_[8] != '{') throw bad("header is not a JSON object (does not start with '{')");
+  s.data_start_ = 8 + n;
+  const uint64_t data_size = size - s.data_start_;
+
+  // Duplicate keys would silently shadow each other in nlohmann::json; track them per object.
+  std::vector<std::set<std::string>> open_objects;
+  std::string duplicate;
+  auto on_event = [&](int, json::parse_event_t ev, json& parsed) {
+    if (ev == json::parse_event_t::object_start) {
+      open_objects.emplace_back();
+    } else if (ev == json::parse_event_t::object_end) {
+      if (!open_objects.empty()) open_objects.pop_back();
+    } else if (ev == json::parse_event_t::key && !open_objects.empty()) {
+      const auto& k = parsed.get_ref<const std::string&>();
+      if (!open_objects.back().insert(k).second && duplicate.empty()) duplicate = k;
+    }
+    return true;
+  };
+  json h;
+  const char* first = reinterpret_cast<const char*>(s.file_.data() + 8);
+  try {
+    h = json::parse(first, first + n, on_event);
+  } catch (const json::exception& e) {
+    throw bad(fmt::format("header is not valid JSON: {}", e.what()));
+  }
+  if (!duplicate.empty()) throw bad(fmt::format("header has a duplicate key '{}'", duplicate));
+  if (!h.is_object()) throw bad("header is not a JSON object");
+
+  for (auto it = h.begin(); it != h.end(); ++it) {
+    const std::string& name = it.key();
+    const json& v = it.value();
+    if (name == "__metadata__") {
+      if (!v.is_object()) throw bad("__metadata__ is not an object");
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        if (!m.value().is_string()) throw bad(fmt::format("__metadata__ value of '{}' is not a string", m.key()));
+        s.metadata_[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    auto where = [&](const std::string& problem) { return bad(fmt::format("tensor '{}': {}", name, problem)); };
+    if (!v.is_object()) throw where("entry is not an object");
+    for (auto k = v.begin(); k != v.end(); ++k)
+      if (k.key() != "dtype" && k.key() != "shape" && k.key() != "data_offsets")
+        throw where(fmt::format("unexpected key '{}'", k.key()));
+    TensorInfo t;
+    t.name = name;
+    if (!v.contains("dtype") || !v["dtype"].is_string()) throw where("missing or non-string dtype");
+    const auto dt = v["dtype"].get<std::string>();
+    if (!parse_dtype(dt, &t.dtype)) throw where(fmt::format("unknown dtype '{}'", dt));
+    if (!v.contains("shape") || !v["shape"].is_array()) throw where("missing or non-array shape");
+    for (const auto& d : v["shape"]) {
+      if (!d.is_number_unsigned()) throw where(fmt::format("shape entry {} is not a non-negative integer", d.dump()));
+      const uint64_t x = d.get<uint64_t>();
+      if (x > static_cast<uint64_t>(INT64_MAX)) throw where(fmt::format("shape entry {} is too large", x));
+      t.shape.push_back(static_cast<int64_t>(x));
+    }
+    const json& o = v.contains("data_offsets") ? v["data_offsets"] : json();
+    if (!o.is_array() || o.size() != 2 || !o[0].is_number_unsigned() || !o[1].is_number_unsigned())
+      throw where("data_offsets is not a pair of non-negative integers");
+    t.begin = o[0].get<uint64_t>();
+    t.end = o[1].get<uint64_t>();
+    if (t.begin > t.end) throw where(fmt::format("data_offsets [{}, {}] run backwards", t.begin, t.end));
+    if (t.end > data_size)
+      throw where(fmt::format("data_offsets [{}, {}] run past the {} data bytes (truncated?)", t.begin, t.end,
+                              data_size));
+    uint64_t want = 0;
+    if (!byte_size(t.shape, dtype_size(t.dtype), &want))
+      throw where(fmt::format("shape {} overflows", shape_string(t.shape)));
+    if (want != t.end - t.begin)
+      throw where(fmt::format("shape {} of {} needs {} bytes but data_offsets [{}, {}] span {}",
+                              shape_string(t.shape), dt, want, t.begin, t.end, t.end - t.begin));
+    s.tensors_.push_back(std::move(t));
+  }
+
+  // The data region must be covered exactly once, in offset order.
+  std::stable_sort(s.tensors_.begin(), s.tensors_.end(),
+                   [](const TensorInfo& a, const TensorInfo& b) { return a.begin != b.begin ? a.begin < b.begin : a.end < b.end; });
+  uint64_t at = 0;
+  const TensorInfo* prev = nullptr;
+  for (const auto& t : s.tensors_) {
+    if (t.begin < at)
+      throw bad(fmt::format("tensors '{}' [{}, {}) and '{}' [{}, {}) overlap", prev->name, prev->begin, prev->end,
+                            t.name, t.begin, t.end));
+    if (t.begin > at) throw bad(fmt::format("{} unreferenced bytes before tensor '{}' at offset {}", t.begin - at, t.name, at));
+    at = t.end;
+    prev = &t;
+  }
+  if (at != data_size) throw bad(fmt::format("{} trailing bytes after the last tensor", data_size - at));
+  for (size_t i = 0; i < s.tensors_.size(); ++i) s.index_[s.tensors_[i].name] = i;
+  return s;
+}
+
+const std::string& SafetensorsFile::meta(const std::string& key) const {
+  auto it = metadata_.find(key);
+  if (it == metadata_.end()) throw FileError(path_, fmt::format("__metadata__ has no '{}'", key));
+  return it->second;
+}
+
+bool SafetensorsFile::has(const std::string& name) const { return index_.count(name) != 0; }
+
+const TensorInfo& SafetensorsFile::info(const std::string& name) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) throw FileError(path_, fmt::format("no tensor '{}'", name));
+  return tensors_[it->second];
+}
+
+std::span<const uint8_t> SafetensorsFile::bytes(const std::string& name) const {
+  const auto& t = info(name);
+  return {file_.data() + data_start_ + t.begin, static_cast<size_t>(t.end - t.begin)};
+}
+
+void SafetensorsFile::check(const std::string& name, Dtype dtype, std::span<const int64_t> shape) const {
+  const auto& t = info(name);
+  if (t.dtype != dtype)
+    throw FileError(path_, fmt::format("tensor '{}' is {}, expected {}", name, dtype_name(t.dtype), dtype_name(dtype)));
+  if (!std::equal(shape.begin(), shape.end(), t.shape.begin(), t.shape.end()))
+    throw FileError(path_, fmt::format("tensor '{}' has shape {}, expected {}", name, shape_string(t.shape),
+                                       shape_string(shape)));
+}
+
+namespace {
+template <class T>
+std::vector<T> copy_as(const SafetensorsFile& f, const std::string& name, Dtype dtype) {
+  const auto& t = f.info(name);
+  f.check(name, dtype, t.shape);
+  const auto b = f.bytes(name);
+  std::vector<T> out(b.size() / sizeof(T));
+  if (!b.empty()) std::memcpy(out.data(), b.data(), b.size());  // memcpy: data may be unaligned
+  return out;
+}
+}  // namespace
+
+std::vector<float> SafetensorsFile::f32(const std::string& name) const { return copy_as<float>(*this, name, Dtype::F32); }
+std::vector<int64_t> SafetensorsFile::i64(const std::string& name) const {
+  return copy_as<int64_t>(*this, name, Dtype::I64);
+}
+std::vector<uint8_t> SafetensorsFile::u8(const std::string& name) const {
+  return copy_as<uint8_t>(*this, name, Dtype::U8);
+}
+
+void SafetensorsFile::copy_f32(const std::string& name, std::span<const int64_t> shape, std::span<float> out) const {
+  check(name, Dtype::F32, shape);
+  const auto b = bytes(name);
+  GEOLOCO_CHECK(out.size_bytes() == b.size(), "destination for '{}' holds {} floats, the tensor has {}", name,
+                out.size(), b.size() / 4);
+  if (!b.empty()) std::memcpy(out.data(), b.data(), b.size());
+}
+
+}  // namespace geoloco::trainer
