@@ -21,7 +21,7 @@ Decision DelaySchedule::admit(int64_t arrival_ns) {
   const double u_loss = rng.uniform();
   const double u_jitter = rng.uniform();
   Decision d;
-  if (u_loss < p_.loss) {
+  if (loss_enabled_ && u_loss < p_.loss) {
     d.drop = true;
     return d;
   }

@@ -28,11 +28,16 @@ class DelaySchedule {
   // arrival_ns must be non-decreasing across calls (monotonic clock).
   Decision admit(int64_t arrival_ns);
   uint64_t admitted() const { return index_; }
+  // Suspends the loss draw (the pre-run check measures capacity this way). Packet k's jitter
+  // stays the same either way: every packet consumes its draws regardless.
+  void set_loss_enabled(bool on) { loss_enabled_ = on; }
+  bool loss_enabled() const { return loss_enabled_; }
 
  private:
   ScheduleParams p_;
   uint64_t index_ = 0;
   int64_t last_due_ = INT64_MIN;
+  bool loss_enabled_ = true;
 };
 
 // Packets waiting for their due time, released in due order (ties by packet id, so the

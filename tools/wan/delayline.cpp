@@ -70,6 +70,8 @@ class SignalBlock {
     sigaddset(&set_, SIGTERM);
     sigaddset(&set_, SIGINT);
     sigaddset(&set_, SIGHUP);
+    sigaddset(&set_, SIGUSR1);
+    sigaddset(&set_, SIGUSR2);
     if (sigprocmask(SIG_BLOCK, &set_, &old_) != 0) throw Error("delayline: sigprocmask: " + errno_text(errno));
   }
   ~SignalBlock() { sigprocmask(SIG_SETMASK, &old_, nullptr); }
@@ -83,6 +85,7 @@ struct Stats {
   uint64_t received = 0;       // packets handed to us by the kernel
   uint64_t delayed = 0;        // accepted after their delay
   uint64_t dropped = 0;        // dropped by the loss draw
+  uint64_t received_loss_on = 0;  // packets that arrived while the loss draw was enabled
   uint64_t flushed = 0;        // accepted early at shutdown
   uint64_t verdict_msgs = 0;   // verdict messages sent (batches count once)
   uint64_t max_held = 0;
@@ -166,8 +169,16 @@ class Delayline {
       }
       if (pfd[1].revents & POLLIN) {
         signalfd_siginfo si{};
-        if (read(sfd.get(), &si, sizeof si) > 0) spdlog::info("delayline: queue {}: signal {}, stopping", opt_.queue, si.ssi_signo);
-        stop = true;
+        while (read(sfd.get(), &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
+          if (si.ssi_signo == SIGUSR1 || si.ssi_signo == SIGUSR2) {
+            // SIGUSR1: loss off, SIGUSR2: loss on (tools/wan/check measures capacity loss-free).
+            schedule_.set_loss_enabled(si.ssi_signo == SIGUSR2);
+            spdlog::info("delayline: queue {}: loss {}", opt_.queue, si.ssi_signo == SIGUSR2 ? "on" : "off");
+            continue;
+          }
+          spdlog::info("delayline: queue {}: signal {}, stopping", opt_.queue, si.ssi_signo);
+          stop = true;
+        }
       }
       if (pfd[0].revents & POLLIN) drain(fd, buf);
     }
@@ -188,6 +199,7 @@ class Delayline {
     j["received"] = st_.received;
     j["delayed"] = st_.delayed;
     j["dropped"] = st_.dropped;
+    j["received_loss_on"] = st_.received_loss_on;
     j["flushed"] = st_.flushed;
     j["verdict_msgs"] = st_.verdict_msgs;
     j["max_held"] = st_.max_held;
@@ -203,6 +215,7 @@ class Delayline {
  private:
   void admit(uint32_t id) {
     ++st_.received;
+    if (schedule_.loss_enabled()) ++st_.received_loss_on;
     const Decision d = schedule_.admit(mono_ns());
     if (d.drop) {
       ++st_.dropped;

@@ -3,6 +3,7 @@
 // router namespace), holds every packet until arrival + delay (+ seeded uniform jitter),
 // drops a seeded fraction, and accepts due packets with batched verdicts. Runs until SIGTERM
 // / SIGINT (or `duration_s`), then accepts whatever is still held and writes its stats.
+// SIGUSR1 suspends the loss draw, SIGUSR2 resumes it (capacity checks on lossy profiles).
 #pragma once
 
 #include <cstdint>

@@ -77,6 +77,14 @@ wan_cleanup() {
   for ns in "${nss[@]}"; do
     ip netns del "$ns" 2>/dev/null || wan_log "could not delete namespace $ns"
   done
+  # Keep the delay lines' final stats (written on SIGTERM above) for inspection after down.
+  local state
+  state="$(wan_state_dir "$prefix")"
+  if compgen -G "$state/delayline-*.json" >/dev/null; then
+    rm -rf "$state.last"
+    mkdir -p "$state.last"
+    cp "$state"/delayline-*.json "$state.last/" 2>/dev/null || true
+  fi
   ((${#nss[@]})) && wan_log "removed ${#nss[@]} namespaces with prefix '$prefix'"
   return 0
 }
@@ -103,4 +111,41 @@ wan_load_plan() {
   local plan
   plan="$("$bin" wan-plan "$@")" || wan_die "wan-plan failed for: $*"
   eval "$plan"
+}
+
+# netem arguments for one directed link: wan_netem_args DELAY_US JITTER_US LOSS_PCT MAXLEN
+wan_netem_args() {
+  local words=(delay "$1us")
+  (($2 > 0)) && words+=("$2us")
+  [[ "$3" != 0.000000 ]] && words+=(loss "$3%")
+  words+=(limit "$4")
+  echo "${words[*]}"
+}
+
+# Waits (bounded, 10 s) until something listens on TCP port $2 inside namespace $1.
+wan_wait_listen() {
+  local t
+  for ((t = 0; t < 200; t++)); do
+    ip netns exec "$1" ss -Hltn "sport = :$2" 2>/dev/null | grep -q . && return 0
+    sleep 0.05
+  done
+  return 1
+}
+
+# Suspends (off) or resumes (on) the loss of directed link queue $3 in namespace/prefix state.
+# delay line: SIGUSR1 / SIGUSR2 to its daemon; netem: tc qdisc change without / with loss.
+wan_set_loss() {
+  local state="$1" mode="$2" link="$3" router="$4" dev="$5"
+  local src queue delay_us jitter_us loss_pct maxlen pid cls
+  read -r src _ queue delay_us jitter_us loss_pct _ _ maxlen <<<"$link"
+  if [[ "$(cat "$state/path")" == delayline ]]; then
+    pid="$(head -1 "$state/delayline-$queue.ready")"
+    kill "-$([[ $mode == off ]] && echo USR1 || echo USR2)" "$pid"
+  else
+    cls=$((src + 10))
+    [[ $mode == off ]] && loss_pct=0.000000
+    # shellcheck disable=SC2046  # the netem words
+    ip netns exec "$router" tc qdisc change dev "$dev" parent "1:$cls" handle "$cls:" \
+      netem $(wan_netem_args "$delay_us" "$jitter_us" "$loss_pct" "$maxlen")
+  fi
 }
