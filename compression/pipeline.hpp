@@ -1,0 +1,90 @@
+// Pipeline: what the outer loop calls per shard per outer step.
+//
+//   sender:    pipeline.encode(pseudo_grad_shard, &ef, frame)        -> send frame
+//   every site, for every site s in rank order (its own frame included):
+//              pipeline.decode_add(frame[s], shard_elements, sum)    -> fp32 sum, fixed order
+//
+// Every site decodes the same bytes with the same code and adds them in the same order, so
+// all sites hold bit-identical sums (docs/compression.md explains this choice). A site must
+// add the decoded form of its own frame, not its raw values.
+//
+// Pipeline objects hold scratch buffers and zstd contexts: one per thread, not shared.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "compression/config.hpp"
+#include "compression/encode_error.hpp"
+#include "compression/error_feedback.hpp"
+#include "compression/frame.hpp"
+#include "compression/zstd_stage.hpp"
+
+namespace geoloco::compression {
+
+// What one frame carried (from the encoder, or from a validated header).
+struct FrameInfo {
+  Codec codec = Codec::kFp32;
+  bool topk = false;
+  bool zstd = false;          // zstd applied (it is skipped for a frame it would not shrink)
+  uint64_t elements = 0;
+  uint64_t raw_bytes = 0;     // payload before zstd
+  uint64_t frame_bytes = 0;   // bytes on the wire: header + stored payload + checksum
+  // fp32 bytes of the same values divided by bytes on the wire.
+  double ratio() const { return frame_bytes ? 4.0 * static_cast<double>(elements) / frame_bytes : 0.0; }
+};
+
+// Running totals of what a Pipeline encoded, for summary.json.
+struct WireTotals {
+  uint64_t frames = 0;
+  uint64_t elements = 0;
+  uint64_t frame_bytes = 0;
+  double ratio() const { return frame_bytes ? 4.0 * static_cast<double>(elements) / frame_bytes : 0.0; }
+};
+
+class Pipeline {
+ public:
+  // Throws ConfigError for an invalid config (PipelineConfig::validate).
+  explicit Pipeline(const PipelineConfig& config);
+  const PipelineConfig& config() const { return config_; }
+
+  // Encodes one shard into `frame_out` (resized to the frame). `ef` must be non-null exactly
+  // when config().error_feedback is set; it is read (added to `values`) and updated to what
+  // this frame dropped. Throws EncodeError for a non-finite value or |value| > 2^64 (after
+  // adding the residual), naming the index (and for an fp16 overflow); `ef` is then unchanged.
+  FrameInfo encode(std::span<const float> values, ErrorFeedback* ef, std::vector<uint8_t>& frame_out);
+
+  // Decodes a frame of any codec into out (out.size() == expected_elements). Throws
+  // FrameError on any malformed input, including a frame whose element count differs from
+  // expected_elements. `out` is unspecified after a throw.
+  FrameInfo decode(std::span<const uint8_t> frame, uint64_t expected_elements, std::span<float> out);
+  // sum[i] += decoded[i] in fp32. Validates the whole frame before touching `sum`, so a
+  // malformed frame leaves `sum` unchanged.
+  FrameInfo decode_add(std::span<const uint8_t> frame, uint64_t expected_elements, std::span<float> sum);
+
+  // Validates header and checksum (not the payload) and reports what the frame holds.
+  static FrameInfo inspect(std::span<const uint8_t> frame, uint64_t expected_elements);
+
+  const WireTotals& encoded_totals() const { return totals_; }
+
+ private:
+  // Decodes the raw (pre-zstd) payload described by `h` into out.
+  void decode_payload(const FrameHeader& h, const uint8_t* payload, std::span<float> out);
+
+  PipelineConfig config_;
+  std::unique_ptr<ZstdCompressor> zc_;
+  std::unique_ptr<ZstdDecompressor> zd_;
+  WireTotals totals_;
+  // Scratch, reused across calls.
+  std::vector<float> corrected_;
+  std::vector<float> kept_;
+  std::vector<float> decoded_;
+  std::vector<uint8_t> raw_;
+  std::vector<uint8_t> codes_;
+  std::vector<uint64_t> keys_;
+};
+
+}  // namespace geoloco::compression

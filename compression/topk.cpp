@@ -1,0 +1,161 @@
+#include "compression/topk.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <functional>
+
+namespace geoloco::compression {
+namespace {
+
+// Writes fixed-width fields low bits first into a zeroed byte area.
+class BitWriter {
+ public:
+  explicit BitWriter(uint8_t* out) : out_(out) {}
+  void put(uint32_t value, int width) {
+    acc_ |= static_cast<uint64_t>(value) << fill_;
+    fill_ += width;
+    while (fill_ >= 8) {
+      *out_++ = static_cast<uint8_t>(acc_);
+      acc_ >>= 8;
+      fill_ -= 8;
+    }
+  }
+  void flush() {
+    if (fill_ > 0) *out_++ = static_cast<uint8_t>(acc_);
+  }
+
+ private:
+  uint8_t* out_;
+  uint64_t acc_ = 0;
+  int fill_ = 0;
+};
+
+class BitReader {
+ public:
+  BitReader(const uint8_t* in, size_t bytes) : in_(in), end_(in + bytes) {}
+  uint32_t get(int width) {
+    while (fill_ < width) {
+      // The caller sized the area from the layout, so this never runs past `end_`; the
+      // check keeps a layout bug from becoming an out-of-bounds read.
+      if (in_ == end_) throw FrameError(FrameFault::kPayload, "index section overrun");
+      acc_ |= static_cast<uint64_t>(*in_++) << fill_;
+      fill_ += 8;
+    }
+    const uint32_t v = static_cast<uint32_t>(acc_ & ((uint64_t{1} << width) - 1));
+    acc_ >>= width;
+    fill_ -= width;
+    return v;
+  }
+  // Bits left in the last byte read must be zero padding.
+  bool padding_clear() const { return acc_ == 0 && in_ == end_; }
+
+ private:
+  const uint8_t* in_;
+  const uint8_t* end_;
+  uint64_t acc_ = 0;
+  int fill_ = 0;
+};
+
+struct BlockGeometry {
+  uint64_t begin;
+  uint32_t len;
+  uint32_t kept;
+  bool bitmap;
+  uint64_t index_offset;
+  uint64_t index_bytes;
+  uint64_t kept_offset;
+};
+
+BlockGeometry geometry(const PayloadLayout& l, uint32_t block, uint64_t b) {
+  const bool last = b + 1 == l.blocks;
+  return BlockGeometry{b * block,
+                       last ? l.last_len : block,
+                       last ? l.kept_last : l.kept_full,
+                       last ? l.bitmap_last : l.bitmap_full,
+                       b * l.index_bytes_full,
+                       last ? l.index_bytes_last : l.index_bytes_full,
+                       b * l.kept_full};
+}
+
+}  // namespace
+
+void topk_select(std::span<const float> x, const PayloadLayout& l, uint32_t block, uint8_t* index, float* kept,
+                 std::vector<uint64_t>& keys) {
+  if (l.index_bytes) std::memset(index, 0, l.index_bytes);
+  keys.resize(block);
+  for (uint64_t b = 0; b < l.blocks; ++b) {
+    const BlockGeometry g = geometry(l, block, b);
+    const float* xb = x.data() + g.begin;
+    // Key: |x| bits (orders finite magnitudes) above the inverted index (lower index wins).
+    for (uint32_t i = 0; i < g.len; ++i) {
+      const uint64_t mag = std::bit_cast<uint32_t>(xb[i]) & 0x7fffffffu;
+      keys[i] = (mag << 32) | (0xffffffffu - i);
+    }
+    uint64_t* kb = keys.data();
+    if (g.kept < g.len) std::nth_element(kb, kb + g.kept, kb + g.len, std::greater<uint64_t>());
+    // Positions of the kept values, ascending.
+    for (uint32_t j = 0; j < g.kept; ++j) kb[j] = 0xffffffffu - (kb[j] & 0xffffffffu);
+    std::sort(kb, kb + g.kept);
+    uint8_t* ib = index + g.index_offset;
+    if (g.bitmap) {
+      for (uint32_t j = 0; j < g.kept; ++j) ib[kb[j] / 8] |= static_cast<uint8_t>(1u << (kb[j] % 8));
+    } else {
+      BitWriter w(ib);
+      for (uint32_t j = 0; j < g.kept; ++j) w.put(static_cast<uint32_t>(kb[j]), l.index_width);
+      w.flush();
+    }
+    float* kout = kept + g.kept_offset;
+    for (uint32_t j = 0; j < g.kept; ++j) kout[j] = xb[kb[j]];
+  }
+}
+
+void topk_scatter(const uint8_t* index, const PayloadLayout& l, uint32_t block, const float* kept,
+                  std::span<float> out) {
+  std::fill(out.begin(), out.end(), 0.0f);
+  for (uint64_t b = 0; b < l.blocks; ++b) {
+    const BlockGeometry g = geometry(l, block, b);
+    const uint8_t* ib = index + g.index_offset;
+    const float* kin = kept + g.kept_offset;
+    float* ob = out.data() + g.begin;
+    if (g.bitmap) {
+      uint32_t count = 0;
+      for (uint32_t byte = 0; byte < g.index_bytes; ++byte) {
+        unsigned bits = ib[byte];
+        const uint32_t base = byte * 8;
+        if (base + 8 > g.len && (bits >> (g.len - base)) != 0)
+          throw FrameError(FrameFault::kPayload,
+                           fmt::format("block {}: bitmap marks positions past the block length {}", b, g.len));
+        while (bits) {
+          const uint32_t pos = base + static_cast<uint32_t>(std::countr_zero(bits));
+          bits &= bits - 1;
+          if (count == g.kept)
+            throw FrameError(FrameFault::kPayload,
+                             fmt::format("block {}: bitmap marks more than {} kept values", b, g.kept));
+          ob[pos] = kin[count++];
+        }
+      }
+      if (count != g.kept)
+        throw FrameError(FrameFault::kPayload,
+                         fmt::format("block {}: bitmap marks {} values, the frame keeps {}", b, count, g.kept));
+    } else {
+      BitReader r(ib, g.index_bytes);
+      int64_t prev = -1;
+      for (uint32_t j = 0; j < g.kept; ++j) {
+        const uint32_t pos = r.get(l.index_width);
+        if (pos >= g.len || static_cast<int64_t>(pos) <= prev)
+          throw FrameError(FrameFault::kPayload,
+                           fmt::format("block {}: kept index {} after {} (block length {}): out of range or "
+                                       "not ascending", b, pos, prev, g.len));
+        prev = pos;
+        ob[pos] = kin[j];
+      }
+      if (!r.padding_clear())
+        throw FrameError(FrameFault::kPayload, fmt::format("block {}: non-zero padding after the indices", b));
+    }
+  }
+}
+
+}  // namespace geoloco::compression
