@@ -25,6 +25,46 @@ namespace {
 
 std::string rank_key(int r) { return fmt::format("rdzv/rank/{}", r); }
 
+constexpr const char* kFailedKey = "rdzv/failed";
+
+std::vector<char> encode_ranks(const std::vector<int>& ranks) {
+  std::string t = fmt::format("{}", fmt::join(ranks, ","));
+  return {t.begin(), t.end()};
+}
+
+std::vector<int> parse_ranks(const std::vector<char>& bytes) {
+  std::vector<int> out;
+  int cur = -1;
+  for (char ch : bytes) {
+    if (ch >= '0' && ch <= '9') {
+      cur = (cur < 0 ? 0 : cur * 10) + (ch - '0');
+      if (cur > 1'000'000) throw RendezvousError("rendezvous: malformed failure record from rank 0");
+    } else if (ch == ',' && cur >= 0) {
+      out.push_back(cur);
+      cur = -1;
+    } else {
+      throw RendezvousError("rendezvous: malformed failure record from rank 0");
+    }
+  }
+  if (cur >= 0) out.push_back(cur);
+  return out;
+}
+
+// Rank 0 gave up: publish who is missing, then keep the store up (at most 1 s) until every
+// rank that did arrive has read the verdict and left.
+void publish_failure_and_linger(TcpStore& store, const std::vector<int>& missing, const std::vector<bool>& present,
+                                int size) {
+  try {
+    store.set(kFailedKey, encode_ranks(missing));
+    std::vector<std::string> left;
+    for (int r = 1; r < size; ++r)
+      if (present[static_cast<size_t>(r)]) left.push_back(fmt::format("rdzv/left/{}", r));
+    if (!left.empty()) store.wait(left, std::chrono::seconds(1));
+  } catch (const StoreError&) {
+    // Best effort: the timeout we are about to throw is the real news.
+  }
+}
+
 std::string rank_list(const std::vector<int>& ranks) {
   const size_t shown = std::min<size_t>(ranks.size(), 16);
   std::string s = fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks",
@@ -80,6 +120,10 @@ Rendezvous::Rendezvous(const RendezvousOptions& opts) : opts_(opts) {
 
     std::vector<std::string> keys;
     for (int r = 0; r < opts_.size; ++r) keys.push_back(rank_key(r));
+    // The last key is rank 0's verdict: when it gives up it publishes the missing ranks, so
+    // every rank reports the same timeout instead of "connection closed" when rank 0's
+    // store goes away.
+    keys.push_back(kFailedKey);
     auto sleep = std::chrono::milliseconds(1);
     for (;;) {
       auto present = client_->check(keys);
@@ -87,10 +131,23 @@ Rendezvous::Rendezvous(const RendezvousOptions& opts) : opts_(opts) {
       for (int r = 0; r < opts_.size; ++r)
         if (!present[static_cast<size_t>(r)]) missing.push_back(r);
       if (missing.empty()) break;
-      if (Clock::now() >= deadline)
-        throw RendezvousTimeout(fmt::format("site {}: rendezvous timed out after {} waiting for {} at {}", opts_.site,
-                                            net::seconds_text(opts_.timeout), rank_list(missing), where),
-                                opts_.site, missing);
+      const bool verdict = present.back();
+      if (verdict) missing = parse_ranks(client_->get(kFailedKey));
+      if (verdict || Clock::now() >= deadline) {
+        RendezvousTimeout timeout(fmt::format("site {}: rendezvous timed out after {} waiting for {} at {}",
+                                              opts_.site, net::seconds_text(opts_.timeout), rank_list(missing), where),
+                                  opts_.site, missing);
+        if (opts_.rank == 0) {
+          publish_failure_and_linger(*client_, missing, present, opts_.size);
+        } else {
+          try {
+            client_->set(fmt::format("rdzv/left/{}", opts_.rank), {});
+          } catch (const StoreError&) {
+            // Rank 0 already left; the timeout is still the news.
+          }
+        }
+        throw timeout;
+      }
       std::this_thread::sleep_for(sleep);
       sleep = std::min(sleep * 2, std::chrono::milliseconds(50));
     }

@@ -155,6 +155,8 @@ void TcpStoreServer::run() {
       return;
     }
     if (pfds[0].revents) return;  // asked to stop
+    // Only connections that were polled have revents; ones accepted below wait for the next round.
+    const size_t polled = conns.size();
     if (pfds[1].revents & POLLIN) {
       for (;;) {
         int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -164,7 +166,7 @@ void TcpStoreServer::run() {
         conns.push_back(std::move(c));
       }
     }
-    for (size_t i = 0; i < conns.size(); ++i) {
+    for (size_t i = 0; i < polled; ++i) {
       Conn& c = *conns[i];
       const short re = pfds[i + 2].revents;
       if (re & POLLIN) {
