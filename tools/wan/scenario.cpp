@@ -70,9 +70,14 @@ Scenario Scenario::from_yaml(const config::Node& node) {
   if (s.sites.size() < 2) node.fail("sites", "a scenario needs at least 2 sites");
   if (s.sites.size() > kMaxSites) node.fail("sites", fmt::format("at most {} sites", kMaxSites));
 
-  const config::Node link_node = node.child("link");
-  const LinkProfile defaults = read_profile(link_node, LinkProfile{});
-  link_node.finish();
+  // Only ask for child("link") when present: core's Node::child() currently throws
+  // YAML::InvalidNode for an absent key (it assigns into an invalid yaml-cpp node).
+  LinkProfile defaults;
+  if (node.has("link")) {
+    const config::Node link_node = node.child("link");
+    defaults = read_profile(link_node, LinkProfile{});
+    link_node.finish();
+  }
   for (std::size_t a = 0; a < s.sites.size(); ++a)
     for (std::size_t b = a + 1; b < s.sites.size(); ++b) s.links.push_back({a, b, defaults});
 
