@@ -14,7 +14,7 @@ packages=(
   libucx-dev ucx-utils libyaml-cpp-dev libzstd-dev libopenblas-dev libgloo-dev
   libxxhash-dev libssl-dev libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev
-  iproute2 iptables libnetfilter-queue-dev iperf3
+  iproute2 iptables libnetfilter-queue-dev iperf3 jq
   slurm-wlm munge python3-torch python3-numpy gnuplot-nox
 )
 
