@@ -34,7 +34,15 @@ std::vector<std::string> apply_ucx_defaults(ucx::Config& config, const std::stri
       notes.push_back(fmt::format("{}={} (from the environment)", name, std::getenv(("UCX_" + name).c_str())));
   };
   set("TLS", "tcp");
-  set("TCP_CM_REUSEADDR", "y");
+  // UCX 1.13 reads connection-manager settings from the environment when the worker opens
+  // its CMs; ucp_config_modify does not reach them (it only warns "invalid configuration").
+  // So this one goes into the environment, unless the user already set it.
+  if (std::getenv("UCX_TCP_CM_REUSEADDR") == nullptr) {
+    setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
+    notes.push_back("TCP_CM_REUSEADDR=y (via the environment)");
+  } else {
+    notes.push_back(fmt::format("TCP_CM_REUSEADDR={} (from the environment)", std::getenv("UCX_TCP_CM_REUSEADDR")));
+  }
   std::string iface = interface_for_address(listen_host);
   if (!iface.empty()) set("NET_DEVICES", iface);
   return notes;

@@ -1,0 +1,165 @@
+// End-to-end exchanges between transports in one process over TCP loopback.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "tests/transport/test_util.hpp"
+#include "transport/ucx_env.hpp"
+
+using namespace geoloco::transport;
+using namespace geoloco::transport::test;
+
+namespace {
+
+void exchange_all_sizes(int lanes) {
+  const uint64_t chunk = 64 * 1024;
+  std::vector<TransportConfig> cfgs(3, small_config(lanes, chunk));
+  Cluster c(cfgs, {ident("alpha"), ident("beta"), ident("gamma")});
+  auto errs = c.connect_all();
+  for (auto& e : errs) ASSERT_EQ(e, "");
+  const std::vector<size_t> sizes = {0, 1, chunk - 1, chunk, chunk + 1, (5u << 20) + 3};
+  // Every ordered pair (i -> j) sends every size; round = size index, shard = sender index.
+  struct Xfer {
+    size_t from, to, si;
+    std::vector<uint8_t> data, dest;
+    OpHandle s, r;
+  };
+  std::vector<Xfer> xs;
+  for (size_t i = 0; i < 3; ++i)
+    for (size_t j = 0; j < 3; ++j)
+      if (i != j)
+        for (size_t si = 0; si < sizes.size(); ++si)
+          xs.push_back(Xfer{i, j, si, pattern(sizes[si], static_cast<uint32_t>(100 * i + 10 * j + si)),
+                            std::vector<uint8_t>(sizes[si] + 16, 0xAB), {}, {}});
+  for (auto& x : xs) {
+    int to = c.t[x.from]->peer_index(c.infos[x.to].site, 0);
+    int from = c.t[x.to]->peer_index(c.infos[x.from].site, 0);
+    x.r = c.t[x.to]->recv(from, FrameKind::kPseudoGradient, x.si, static_cast<uint32_t>(x.from), x.dest);
+    x.s = c.t[x.from]->send(to, FrameKind::kPseudoGradient, x.si, static_cast<uint32_t>(x.from), x.data);
+  }
+  std::vector<uint64_t> sent(3, 0);
+  for (auto& x : xs) {
+    ASSERT_TRUE(x.s.wait_for(std::chrono::seconds(20))) << "send timed out";
+    ASSERT_TRUE(x.r.wait_for(std::chrono::seconds(20))) << "recv timed out";
+    EXPECT_EQ(x.r.bytes(), x.data.size());
+    EXPECT_EQ(x.s.bytes(), x.data.size());
+    EXPECT_TRUE(std::equal(x.data.begin(), x.data.end(), x.dest.begin())) << "size " << x.data.size();
+    // Bytes past the transfer are never touched.
+    for (size_t k = x.data.size(); k < x.dest.size(); ++k) ASSERT_EQ(x.dest[k], 0xAB);
+    sent[x.from] += x.data.size();
+  }
+  uint64_t per_pair = 0;
+  for (auto s : sizes) per_pair += s;
+  for (size_t i = 0; i < 3; ++i) {
+    auto st = c.t[i]->stats();
+    ASSERT_EQ(st.peers.size(), 2u);
+    for (auto& p : st.peers) {
+      EXPECT_EQ(p.bytes_sent, per_pair) << p.site;
+      EXPECT_EQ(p.bytes_received, per_pair) << p.site;
+      EXPECT_EQ(p.frames_rejected, 0u);
+      EXPECT_EQ(p.failure, "");
+    }
+  }
+}
+
+}  // namespace
+
+TEST(Transport, ThreeSitesExchangeOddSizesOneLane) { exchange_all_sizes(1); }
+TEST(Transport, ThreeSitesExchangeOddSizesThreeLanes) { exchange_all_sizes(3); }
+
+TEST(Transport, SendBeforeRecvIsPostedIsHeldAndDelivered) {
+  const uint64_t chunk = 256 * 1024;
+  std::vector<TransportConfig> cfgs(2, small_config(2, chunk));
+  Cluster c(cfgs, {ident("a"), ident("b")});
+  for (auto& e : c.connect_all()) ASSERT_EQ(e, "");
+  // Small (eager) and large (rendezvous) chunks, all sent before the recv exists.
+  auto small = pattern(100, 1), big = pattern(3 * chunk + 7, 2);
+  // (A rendezvous send completes only once the receiver pulls the data, so do not wait yet.)
+  auto s1 = c.t[0]->send(0, FrameKind::kControl, 1, 0, small);
+  auto s2 = c.t[0]->send(0, FrameKind::kGlobalState, 1, 0, big);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::vector<uint8_t> d1(100), d2(big.size());
+  auto r2 = c.t[1]->recv(0, FrameKind::kGlobalState, 1, 0, d2);
+  auto r1 = c.t[1]->recv(0, FrameKind::kControl, 1, 0, d1);
+  r1.wait();
+  r2.wait();
+  s1.wait();
+  s2.wait();
+  EXPECT_EQ(d1, small);
+  EXPECT_EQ(d2, big);
+}
+
+TEST(Transport, ApiThreadSafetyManyThreadsManyRounds) {
+  std::vector<TransportConfig> cfgs(2, small_config(2, 4096));
+  Cluster c(cfgs, {ident("a"), ident("b")});
+  for (auto& e : c.connect_all()) ASSERT_EQ(e, "");
+  const int kThreads = 4, kRounds = 20;
+  std::vector<std::thread> th;
+  std::atomic<int> bad{0};
+  for (int t = 0; t < kThreads; ++t) {
+    th.emplace_back([&, t] {
+      for (int r = 0; r < kRounds; ++r) {
+        auto data = pattern(1000 + 997 * r, t * 1000 + r);
+        std::vector<uint8_t> dest(data.size());
+        auto rh = c.t[1]->recv(0, FrameKind::kPseudoGradient, r, t, dest);
+        auto sh = c.t[0]->send(0, FrameKind::kPseudoGradient, r, t, data);
+        sh.wait();
+        rh.wait();
+        if (dest != data) ++bad;
+      }
+    });
+  }
+  for (auto& x : th) x.join();
+  EXPECT_EQ(bad.load(), 0);
+}
+
+TEST(Transport, DuplicateRecvAndApiMisuseFailCleanly) {
+  std::vector<TransportConfig> cfgs(2, small_config());
+  Cluster c(cfgs, {ident("a"), ident("b")});
+  for (auto& e : c.connect_all()) ASSERT_EQ(e, "");
+  std::vector<uint8_t> d(10);
+  auto r1 = c.t[1]->recv(0, FrameKind::kControl, 5, 0, d);
+  auto r2 = c.t[1]->recv(0, FrameKind::kControl, 5, 0, d);
+  EXPECT_THROW(r2.wait(), TransportError);
+  auto bad_peer = c.t[1]->recv(7, FrameKind::kControl, 5, 0, d);
+  EXPECT_THROW(bad_peer.wait(), TransportError);
+  auto data = pattern(10, 3);
+  c.t[0]->send(0, FrameKind::kControl, 5, 0, data).wait();
+  r1.wait();
+  EXPECT_EQ(d, data);
+}
+
+TEST(Transport, EmulatedRateAndDelayPaceTransfers) {
+  // 8 MiB at 100 Mbit/s cannot take less than 8*8*2^20/1e8 = 0.671 s; plus 50 ms delay.
+  auto cfg = small_config(1, 1 << 20);
+  cfg.emulate.rate_mbit = 100;
+  cfg.emulate.delay_ms = 50;
+  Cluster c({cfg, cfg}, {ident("a"), ident("b")});
+  for (auto& e : c.connect_all()) ASSERT_EQ(e, "");
+  auto data = pattern(8 << 20, 9);
+  std::vector<uint8_t> dest(data.size());
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = c.t[1]->recv(0, FrameKind::kPseudoGradient, 0, 0, dest);
+  c.t[0]->send(0, FrameKind::kPseudoGradient, 0, 0, data).wait();
+  r.wait();
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(s, 8.0 * 8 * (1 << 20) / 1e8 + 0.05);
+  EXPECT_LT(s, 5.0);  // and it is paced, not stuck
+  EXPECT_EQ(dest, data);
+  // A tiny message pays the delay alone: >= 50 ms.
+  std::vector<uint8_t> one(1, 7), got(1);
+  t0 = std::chrono::steady_clock::now();
+  auto r2 = c.t[1]->recv(0, FrameKind::kControl, 1, 0, got);
+  c.t[0]->send(0, FrameKind::kControl, 1, 0, one).wait();
+  r2.wait();
+  EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.05);
+  EXPECT_EQ(got, one);
+}
+
+TEST(Transport, InterfaceForAddress) {
+  EXPECT_EQ(interface_for_address("127.0.0.1"), "lo");
+  EXPECT_EQ(interface_for_address("127.0.0.2"), "lo");
+  EXPECT_EQ(interface_for_address("0.0.0.0"), "");
+  EXPECT_EQ(interface_for_address("not-an-ip"), "");
+}
