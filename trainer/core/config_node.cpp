@@ -226,7 +226,8 @@ std::string Node::get_choice(std::string_view key, std::string_view default_valu
 Node Node::child(std::string_view key) const {
   YAML::Node v = value_node(key);
   if (v.IsDefined() && !v.IsNull() && !v.IsMap()) fail_value(key, "a mapping");
-  if (!v.IsDefined() || v.IsNull()) v = YAML::Node(YAML::NodeType::Map);
+  // (yaml-cpp nodes have reference semantics: never assign to `v`, build a fresh node.)
+  if (!v.IsDefined() || v.IsNull()) return Node(YAML::Node(YAML::NodeType::Map), source_, key_path(key));
   return Node(v, source_, key_path(key));
 }
 
@@ -323,19 +324,16 @@ void apply_override(YAML::Node root, const std::string& spec, Source& source) {
     if (last) {
       cur[p] = parsed;
     } else {
-      YAML::Node next = cur[p];
-      if (!next.IsDefined() || next.IsNull()) {
-        cur[p] = YAML::Node(YAML::NodeType::Map);
-        next = cur[p];
-      }
-      chain.push_back(next);
+      const YAML::Node& ccur = cur;
+      if (!ccur[p].IsDefined() || ccur[p].IsNull()) cur[p] = YAML::Node(YAML::NodeType::Map);
+      chain.push_back(cur[p]);
     }
   }
   source.overrides[canonical] = "--set " + spec;
 }
 
-Document finish_load(YAML::Node root, std::shared_ptr<Source> src, const std::vector<std::string>& overrides) {
-  if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+Document finish_load(YAML::Node loaded, std::shared_ptr<Source> src, const std::vector<std::string>& overrides) {
+  YAML::Node root = (!loaded.IsDefined() || loaded.IsNull()) ? YAML::Node(YAML::NodeType::Map) : loaded;
   if (!root.IsMap())
     throw ConfigError(fmt::format("{}: the document must be a mapping of sections", src->file));
   for (const auto& o : overrides) apply_override(root, o, *src);

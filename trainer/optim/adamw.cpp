@@ -48,20 +48,31 @@ void AdamW::reset() {
 void AdamW::step(std::span<float> params, std::span<const float> grads, double lr) {
   GEOLOCO_CHECK(static_cast<int64_t>(params.size()) >= end_ && static_cast<int64_t>(grads.size()) >= end_,
                 "AdamW buffers smaller than its range end {}", end_);
+  update(params.data() + begin_, grads.data() + begin_, lr);
+}
+
+void AdamW::step_shard(std::span<float> params, std::span<const float> grads, double lr) {
+  GEOLOCO_CHECK(static_cast<int64_t>(params.size()) == end_ - begin_ && static_cast<int64_t>(grads.size()) == end_ - begin_,
+                "AdamW shard buffers must hold exactly {} elements", end_ - begin_);
+  update(params.data(), grads.data(), lr);
+}
+
+void AdamW::update(float* p_at_begin, const float* g_at_begin, double lr) {
   ++t_;
   const float b1 = static_cast<float>(cfg_.beta1), b2 = static_cast<float>(cfg_.beta2);
   const float bc1 = static_cast<float>(1.0 - std::pow(cfg_.beta1, static_cast<double>(t_)));
   const float bc2 = static_cast<float>(1.0 - std::pow(cfg_.beta2, static_cast<double>(t_)));
   const float flr = static_cast<float>(lr), eps = static_cast<float>(cfg_.eps);
   const float decay_keep = static_cast<float>(1.0 - lr * cfg_.weight_decay);
-  float* __restrict p = params.data();
-  const float* __restrict g = grads.data();
-  float* __restrict m = m_.data() - begin_;
-  float* __restrict v = v_.data() - begin_;
+  float* __restrict p = p_at_begin;
+  const float* __restrict g = g_at_begin;
+  float* __restrict m = m_.data();
+  float* __restrict v = v_.data();
   for (const auto& r : ranges_) {
     const float keep = r.decay ? decay_keep : 1.0f;
+    const int64_t lo = r.begin - begin_, hi = r.end - begin_;
 #pragma omp parallel for simd schedule(static)
-    for (int64_t i = r.begin; i < r.end; ++i) {
+    for (int64_t i = lo; i < hi; ++i) {
       float gi = g[i];
       float mi = b1 * m[i] + (1.0f - b1) * gi;
       float vi = b2 * v[i] + (1.0f - b2) * gi * gi;

@@ -32,6 +32,8 @@ class AdamW {
   // One update of params[begin, end) from grads[begin, end) (full-buffer spans: the
   // optimizer indexes them with absolute offsets). `lr` is the scheduled rate for this step.
   void step(std::span<float> params, std::span<const float> grads, double lr);
+  // The same update on shard-sized buffers: params[i] and grads[i] hold element begin + i.
+  void step_shard(std::span<float> params, std::span<const float> grads, double lr);
 
   int64_t begin() const { return begin_; }
   int64_t end() const { return end_; }
@@ -54,6 +56,9 @@ class AdamW {
   int64_t t_ = 0;
   std::vector<float> m_, v_;
   std::vector<Range> ranges_;  // the views intersected with [begin, end)
+
+  // p, g point at element `begin_` of their buffers.
+  void update(float* p, const float* g, double lr);
 };
 
 }  // namespace geoloco::trainer

@@ -1,0 +1,52 @@
+#include "trainer/app/run_summary.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "trainer/loop/metrics.hpp"
+
+namespace geoloco::app {
+
+namespace {
+std::string bytes_text(double b) {
+  if (b >= 1e9) return fmt::format("{:.2f} GB", b / 1e9);
+  if (b >= 1e6) return fmt::format("{:.2f} MB", b / 1e6);
+  if (b >= 1e3) return fmt::format("{:.1f} kB", b / 1e3);
+  return fmt::format("{:.0f} B", b);
+}
+double num(const nlohmann::json& j, const char* k) {
+  return j.contains(k) && j[k].is_number() ? j[k].get<double>() : NAN;
+}
+}  // namespace
+
+nlohmann::json write_run_summary(const trainer::RunConfig& cfg, const std::vector<nlohmann::json>& ranks) {
+  nlohmann::json s = ranks.at(0);
+  s.erase("rank");
+  s.erase("global_rank");
+  s["sites"] = cfg.sites.size();
+  s["world_size"] = cfg.world_size();
+  if (ranks.size() > 1) s["ranks"] = ranks;
+  const auto path = std::filesystem::path(cfg.run.output_dir) / "summary.json";
+  trainer::write_text_atomically(path.string(), s.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  return s;
+}
+
+void print_human_summary(const trainer::RunConfig& cfg, const nlohmann::json& s) {
+  fmt::print("\ngeoloco: run '{}' {} in {}\n", cfg.run.name,
+             s.value("completed", false) ? "finished" : "stopped", trainer::format_duration(num(s, "wall_s")));
+  fmt::print("  loss {:.4f} (validation {:.4f}) after {} steps; {} tokens at {} tokens/s\n", num(s, "final_loss"),
+             num(s, "val_loss"), s.value("steps", 0), trainer::format_rate(num(s, "tokens")),
+             trainer::format_rate(num(s, "tokens_per_s")));
+  if (s.contains("outer_steps")) {
+    const double wan = num(s, "wan_bytes_sent_total"), ddp = num(s, "ddp_equivalent_wan_bytes");
+    fmt::print("  {} outer steps across {} sites; WAN {} sent", s.value("outer_steps", 0), cfg.sites.size(),
+               bytes_text(wan));
+    if (wan > 0 && std::isfinite(ddp)) fmt::print(", {:.0f}x fewer bytes than per-step data parallelism ({})", ddp / wan, bytes_text(ddp));
+    fmt::print("\n");
+  }
+  fmt::print("  outputs: {}/ (summary.json, metrics.jsonl, checkpoints/)\n", cfg.run.output_dir);
+}
+
+}  // namespace geoloco::app

@@ -1,0 +1,90 @@
+// geoloco validate / train / worker / launch.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "trainer/app/commands.hpp"
+#include "trainer/app/run_summary.hpp"
+#include "trainer/core/error.hpp"
+#include "trainer/core/hash.hpp"
+#include "trainer/core/log.hpp"
+#include "trainer/data/open_data.hpp"
+#include "trainer/loop/metrics.hpp"
+#include "trainer/loop/run_config.hpp"
+#include "trainer/loop/trainer.hpp"
+
+namespace geoloco::app {
+
+namespace {
+
+struct ConfigArgs {
+  std::string config;
+  std::vector<std::string> sets;
+};
+
+void add_config_args(CLI::App* cmd, ConfigArgs& a) {
+  cmd->add_option("config", a.config, "run config (YAML)")->required();
+  cmd->add_option("--set", a.sets, "override a key: --set train.steps=100 (repeatable; a.b.c=value, lists by index)");
+}
+
+void run_validate(const ConfigArgs& a) {
+  auto cfg = trainer::load_run_config(a.config, a.sets);
+  // Data is part of the config: open it (validates files, token ranges, sizes).
+  auto data = trainer::open_data(cfg.data, cfg.dir, cfg.model.vocab_size);
+  std::string sites;
+  for (const auto& s : cfg.sites) sites += fmt::format("{}{}x{} ({})", sites.empty() ? "" : ", ", s.name, s.ranks, s.strategy);
+  fmt::print("{}: OK -- {:.2f}M parameters, sites: {}; {} steps of {} sequences x {} tokens per rank; "
+             "train {}; config hash {}\n",
+             a.config, cfg.model.num_params() / 1e6, sites, cfg.train.steps,
+             cfg.train.micro_batch * cfg.train.grad_accum, cfg.seq_len(), data.train->describe(), hex64(cfg.hash));
+}
+
+struct TrainArgs : ConfigArgs {
+  bool resume = false;
+  int64_t stop_at = 0;
+};
+
+void run_train(const TrainArgs& a) {
+  auto cfg = trainer::load_run_config(a.config, a.sets);
+  if (cfg.world_size() != 1)
+    throw InputError(fmt::format("{}: `train` runs one process, but the config has {} ranks over {} site(s); "
+                                 "use `geoloco launch {}`",
+                                 a.config, cfg.world_size(), cfg.sites.size(), a.config));
+  log::init("", cfg.run.log_level);
+  trainer::TrainerOptions opt;
+  opt.resume = a.resume;
+  opt.stop_at_step = a.stop_at;
+  trainer::Trainer t(cfg, opt);
+  auto rank_summary = t.run();
+  auto summary = write_run_summary(cfg, {rank_summary});
+  print_human_summary(cfg, summary);
+}
+
+}  // namespace
+
+void add_train_commands(CLI::App& app) {
+  {
+    auto a = std::make_shared<ConfigArgs>();
+    auto* cmd = app.add_subcommand("validate", "Check a run config (and its data files) without running it");
+    add_config_args(cmd, *a);
+    cmd->callback([a] { run_validate(*a); });
+  }
+  {
+    auto a = std::make_shared<TrainArgs>();
+    auto* cmd = app.add_subcommand("train", "Train in this process (a config with one site of one rank)");
+    add_config_args(cmd, *a);
+    cmd->add_flag("--resume", a->resume, "continue from the newest checkpoint in run.output_dir");
+    cmd->add_option("--stop-at-step", a->stop_at, "stop cleanly with a checkpoint after this step (resume later)")
+        ->check(CLI::NonNegativeNumber);
+    cmd->callback([a] { run_train(*a); });
+  }
+}
+
+void register_commands(CLI::App& app) {
+  add_train_commands(app);
+  add_eval_command(app);
+}
+
+}  // namespace geoloco::app

@@ -1,0 +1,158 @@
+#include "trainer/loop/run_config.hpp"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <set>
+
+#include "trainer/core/hash.hpp"
+
+namespace geoloco::trainer {
+
+TrainConfig TrainConfig::from_yaml(const config::Node& n) {
+  TrainConfig c;
+  constexpr int64_t kBig = int64_t{1} << 40;
+  c.steps = n.get_int("steps", c.steps, 1, kBig);
+  c.micro_batch = static_cast<int>(n.get_int("micro_batch", c.micro_batch, 1, 1 << 20));
+  c.grad_accum = static_cast<int>(n.get_int("grad_accum", c.grad_accum, 1, 1 << 20));
+  c.seq_len = static_cast<int>(n.get_int("seq_len", c.seq_len, 0, 1 << 20));
+  c.optimizer = AdamWConfig::from_yaml(n.child("optimizer"));
+  c.schedule = ScheduleConfig::from_yaml(n.child("schedule"));
+  {
+    auto s = n.child("lr_scaling");
+    c.lr_scaling.kind = s.get_choice("kind", c.lr_scaling.kind, {"none", "linear"});
+    c.lr_scaling.base_batch = s.get_int("base_batch", 0, 0, kBig);
+    if (c.lr_scaling.kind == "linear" && c.lr_scaling.base_batch == 0)
+      s.fail("base_batch", "missing: linear scaling needs the batch (in sequences) that lr was tuned for");
+    s.finish();
+  }
+  c.grad_clip = n.get_double("grad_clip", c.grad_clip, 0.0, 1e9);
+  c.precision = n.get_choice("precision", c.precision, {"fp32", "bf16"});
+  c.threads = static_cast<int>(n.get_int("threads", c.threads, 1, 1024));
+  c.log_every = n.get_int("log_every", c.log_every, 1, kBig);
+  c.eval_every = n.get_int("eval_every", c.eval_every, 0, kBig);
+  c.eval_batches = static_cast<int>(n.get_int("eval_batches", c.eval_batches, 1, 1 << 20));
+  c.checkpoint_every = n.get_int("checkpoint_every", c.checkpoint_every, 0, kBig);
+  c.keep_checkpoints = static_cast<int>(n.get_int("keep_checkpoints", c.keep_checkpoints, 1, 1000));
+  n.finish();
+  return c;
+}
+
+int RunConfig::world_size() const {
+  int w = 0;
+  for (const auto& s : sites) w += s.ranks;
+  return w;
+}
+
+int RunConfig::global_rank(int site, int rank) const {
+  int g = 0;
+  for (int i = 0; i < site; ++i) g += sites[static_cast<size_t>(i)].ranks;
+  return g + rank;
+}
+
+int RunConfig::site_index(const std::string& name) const {
+  for (size_t i = 0; i < sites.size(); ++i)
+    if (sites[i].name == name) return static_cast<int>(i);
+  return -1;
+}
+
+int64_t RunConfig::global_batch() const {
+  return int64_t(train.micro_batch) * train.grad_accum * world_size();
+}
+
+int64_t RunConfig::site_batch(int site) const {
+  return int64_t(train.micro_batch) * train.grad_accum * sites.at(static_cast<size_t>(site)).ranks;
+}
+
+double RunConfig::peak_lr() const {
+  double lr = train.optimizer.lr;
+  if (train.lr_scaling.kind == "linear") {
+    // Every site is one data-parallel replica: its effective batch is what its optimizer sees.
+    lr *= static_cast<double>(site_batch(0)) / static_cast<double>(train.lr_scaling.base_batch);
+  }
+  return lr;
+}
+
+namespace {
+
+std::vector<SiteConfig> parse_sites(const config::Node& root) {
+  auto defaults = root.child("site");
+  SiteConfig d;
+  d.strategy = defaults.get_choice("strategy", d.strategy, {"ddp", "zero1", "zero2", "fsdp"});
+  d.device = defaults.get_choice("device", d.device, {"cpu", "cuda"});
+  defaults.finish();
+
+  std::vector<SiteConfig> sites;
+  std::set<std::string> names;
+  std::set<std::pair<std::string, int>> ports;
+  auto items = root.items("sites");
+  if (items.empty()) {
+    // A single local site: the one-process (or one-site) run.
+    SiteConfig s = d;
+    s.name = "local";
+    sites.push_back(s);
+    return sites;
+  }
+  for (const auto& n : items) {
+    SiteConfig s = d;
+    s.name = n.require<std::string>("name");
+    if (s.name.empty() || s.name.find_first_of("/ \t") != std::string::npos)
+      n.fail_value("name", "a non-empty name without spaces or '/'");
+    if (!names.insert(s.name).second) n.fail("name", fmt::format("duplicate site name '{}'", s.name));
+    s.ranks = static_cast<int>(n.get_int("ranks", 1, 1, 4096));
+    s.host = n.get<std::string>("host", s.host);
+    if (s.host.empty()) n.fail_value("host", "an IP address or host name");
+    s.port = static_cast<int>(n.get_int("port", s.port, 1024, 65535));
+    if (s.port + s.ranks > 65535) n.fail("port", fmt::format("port {} + {} ranks exceeds 65535", s.port, s.ranks));
+    // Rank r uses port + r; the site's rendezvous uses port + ranks.
+    for (int r = 0; r <= s.ranks; ++r) {
+      if (!ports.insert({s.host, s.port + r}).second)
+        n.fail("port", fmt::format("port range {}..{} on {} overlaps another site's", s.port, s.port + s.ranks, s.host));
+    }
+    s.strategy = n.get_choice("strategy", d.strategy, {"ddp", "zero1", "zero2", "fsdp"});
+    s.device = n.get_choice("device", d.device, {"cpu", "cuda"});
+    n.finish();
+    sites.push_back(s);
+  }
+  return sites;
+}
+
+}  // namespace
+
+RunConfig parse_run_config(const config::Document& doc) {
+  RunConfig c;
+  c.path = doc.source->file;
+  c.dir = std::filesystem::path(c.path).parent_path().string();
+  if (c.dir.empty()) c.dir = ".";
+  auto root = doc.node();
+
+  {
+    auto r = root.child("run");
+    c.run.name = r.get<std::string>("name", c.run.name);
+    if (c.run.name.empty() || c.run.name.find('/') != std::string::npos)
+      r.fail_value("name", "a non-empty name without '/'");
+    c.run.seed = r.get<uint64_t>("seed", c.run.seed);
+    c.run.output_dir = r.get<std::string>("output_dir", "runs/" + c.run.name);
+    c.run.log_level = r.get_choice("log_level", c.run.log_level, {"debug", "info", "warn", "error"});
+    r.finish();
+  }
+  c.model = ModelConfig::from_yaml(root.child("model"));
+  c.data = DataConfig::from_yaml(root.child("data"));
+  c.train = TrainConfig::from_yaml(root.child("train"));
+  if (c.train.seq_len > c.model.block_size)
+    root.child("train").fail("seq_len", fmt::format("got {}, expected at most model.block_size ({})",
+                                                    c.train.seq_len, c.model.block_size));
+  c.sites = parse_sites(root);
+  root.finish();
+
+  YAML::Emitter out;
+  out << doc.root;
+  c.hash = hash64(std::string_view(out.c_str(), out.size()));
+  return c;
+}
+
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
+  return parse_run_config(config::load_file(path, overrides));
+}
+
+}  // namespace geoloco::trainer

@@ -1,0 +1,85 @@
+// RunConfig: the whole run, parsed once from YAML (plus --set overrides) into the typed
+// configs owned by each component. See docs/config.md for every key.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "trainer/core/config_node.hpp"
+#include "trainer/data/data_config.hpp"
+#include "trainer/model/model_config.hpp"
+#include "trainer/optim/adamw.hpp"
+#include "trainer/optim/schedule.hpp"
+
+namespace geoloco::trainer {
+
+struct RunSection {
+  std::string name = "geoloco";
+  uint64_t seed = 1234;
+  std::string output_dir;        // default: runs/<name>, relative to the working directory
+  std::string log_level = "info";
+};
+
+struct LrScaling {
+  std::string kind = "none";     // none | linear: lr *= effective_batch / base_batch
+  int64_t base_batch = 0;        // sequences; required for linear
+};
+
+struct TrainConfig {
+  int64_t steps = 1000;          // inner optimizer steps per rank
+  int micro_batch = 8;           // sequences per forward/backward
+  int grad_accum = 1;            // micro-batches per optimizer step
+  int seq_len = 0;               // tokens per sequence; 0 = model.block_size
+  AdamWConfig optimizer;
+  ScheduleConfig schedule;
+  LrScaling lr_scaling;
+  double grad_clip = 1.0;        // max global gradient norm; 0 disables
+  std::string precision = "fp32";  // fp32 | bf16 (bf16 on CUDA devices only)
+  int threads = 1;               // CPU threads per rank (OpenMP + BLAS)
+  int64_t log_every = 10;        // steps between metrics.jsonl lines
+  int64_t eval_every = 0;        // steps between validation passes; 0 = only at the end
+  int eval_batches = 8;          // micro-batches per validation pass
+  int64_t checkpoint_every = 0;  // steps between checkpoints; 0 = only at the end
+  int keep_checkpoints = 2;      // newest checkpoints kept
+
+  static TrainConfig from_yaml(const config::Node& node);
+};
+
+struct SiteConfig {
+  std::string name;
+  int ranks = 1;
+  std::string host = "127.0.0.1";  // where this site's ranks listen
+  int port = 29500;                // rank r listens on port + r (WAN); rendezvous on port + ranks
+  std::string strategy = "ddp";    // ddp | zero1 | zero2 | fsdp
+  std::string device = "cpu";      // cpu | cuda
+};
+
+struct RunConfig {
+  std::string path;       // the config file as given
+  std::string dir;        // its directory: relative data/key paths resolve against it
+  RunSection run;
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  std::vector<SiteConfig> sites;
+  uint64_t hash = 0;      // hash of the canonical (post-override) YAML: sites refuse mismatches
+
+  int world_size() const;                     // ranks over all sites
+  int global_rank(int site, int rank) const;  // sites in config order, ranks contiguous
+  int site_index(const std::string& name) const;  // -1 when absent
+  int seq_len() const { return train.seq_len > 0 ? train.seq_len : model.block_size; }
+  // Sequences per optimizer step summed over every rank of every site.
+  int64_t global_batch() const;
+  // Sequences per optimizer step of one site (what DiLoCo's inner loop sees).
+  int64_t site_batch(int site) const;
+  // Peak lr after optional linear batch scaling.
+  double peak_lr() const;
+};
+
+// Load, apply overrides, validate everything. Throws ConfigError/FileError (exit 2).
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});
+RunConfig parse_run_config(const config::Document& doc);
+
+}  // namespace geoloco::trainer

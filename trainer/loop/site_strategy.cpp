@@ -1,0 +1,168 @@
+#include "trainer/loop/site_strategy.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "trainer/core/error.hpp"
+#include "trainer/optim/grad_clip.hpp"
+
+namespace geoloco::trainer {
+
+StrategyKind parse_strategy(const std::string& name) {
+  if (name == "ddp") return StrategyKind::Ddp;
+  if (name == "zero1") return StrategyKind::Zero1;
+  if (name == "zero2") return StrategyKind::Zero2;
+  if (name == "fsdp") return StrategyKind::Fsdp;
+  throw InputError("unknown strategy '" + name + "' (expected ddp | zero1 | zero2 | fsdp)");
+}
+
+const char* strategy_name(StrategyKind k) {
+  switch (k) {
+    case StrategyKind::Ddp: return "ddp";
+    case StrategyKind::Zero1: return "zero1";
+    case StrategyKind::Zero2: return "zero2";
+    case StrategyKind::Fsdp: return "fsdp";
+  }
+  return "?";
+}
+
+SiteStrategy::SiteStrategy(StrategyKind kind, const ParamLayout& layout, parallel::Collective* coll,
+                           const AdamWConfig& adamw, std::span<const float> initial)
+    : kind_(kind), layout_(layout), coll_(coll), n_(layout.total()) {
+  GEOLOCO_CHECK(static_cast<int64_t>(initial.size()) == n_, "initial params: {} != {}", initial.size(), n_);
+  if (coll_ && coll_->size() == 1) coll_ = nullptr;
+  shard_ = parallel::shard_of(n_, rank(), ranks());
+  if (kind_ == StrategyKind::Fsdp) {
+    params_.assign(initial.begin() + shard_.offset, initial.begin() + shard_.end());
+  } else {
+    params_.assign(initial.begin(), initial.end());
+  }
+  const bool sharded_opt = kind_ != StrategyKind::Ddp;
+  adamw_ = std::make_unique<AdamW>(adamw, layout_, sharded_opt ? shard_.offset : 0, sharded_opt ? shard_.end() : n_);
+}
+
+std::span<const float> SiteStrategy::begin_step() {
+  grads_.assign(static_cast<size_t>(n_), 0.0f);
+  if (kind_ == StrategyKind::Fsdp) {
+    gathered_.assign(static_cast<size_t>(n_), 0.0f);
+    std::copy(params_.begin(), params_.end(), gathered_.begin() + shard_.offset);
+    if (coll_) coll_->all_gather(params_, gathered_);
+    peak_transient_bytes_ = std::max(peak_transient_bytes_, (gathered_.size() + grads_.size()) * sizeof(float));
+    return gathered_;
+  }
+  peak_transient_bytes_ = std::max(peak_transient_bytes_, grads_.size() * sizeof(float));
+  return params_;
+}
+
+void SiteStrategy::reduce_full_grads() {
+  if (!coll_) return;
+  for (int64_t b = 0; b < n_; b += bucket_elems_) {
+    const int64_t e = std::min(n_, b + bucket_elems_);
+    coll_->all_reduce_sum(std::span<float>(grads_).subspan(static_cast<size_t>(b), static_cast<size_t>(e - b)));
+  }
+  const float inv = 1.0f / static_cast<float>(ranks());
+  for (auto& g : grads_) g *= inv;
+}
+
+StepResult SiteStrategy::finish_step(double lr, double max_norm) {
+  StepResult r;
+  switch (kind_) {
+    case StrategyKind::Ddp:
+    case StrategyKind::Zero1: {
+      reduce_full_grads();
+      r.grad_norm = std::sqrt(sum_of_squares(grads_));
+      r.clip_scale = clip_to_norm(grads_, r.grad_norm, max_norm);
+      if (kind_ == StrategyKind::Ddp) {
+        adamw_->step(params_, grads_, lr);
+      } else {
+        adamw_->step(params_, grads_, lr);  // only the shard's range [offset, end)
+        if (coll_) {
+          auto mine = std::span<float>(params_).subspan(static_cast<size_t>(shard_.offset), static_cast<size_t>(shard_.count));
+          coll_->all_gather(mine, params_);
+        }
+      }
+      break;
+    }
+    case StrategyKind::Zero2:
+    case StrategyKind::Fsdp: {
+      grad_shard_.assign(static_cast<size_t>(shard_.count), 0.0f);
+      if (coll_) {
+        coll_->reduce_scatter_sum(grads_, grad_shard_);
+        const float inv = 1.0f / static_cast<float>(ranks());
+        for (auto& g : grad_shard_) g *= inv;
+      } else {
+        std::copy(grads_.begin() + shard_.offset, grads_.begin() + shard_.end(), grad_shard_.begin());
+      }
+      // The full gradient is no longer needed: release it before the update.
+      grads_.clear();
+      grads_.shrink_to_fit();
+      double sq = sum_of_squares(grad_shard_);
+      if (coll_) {
+        double buf[1] = {sq};
+        coll_->all_reduce_sum(std::span<double>(buf, 1));
+        sq = buf[0];
+      }
+      r.grad_norm = std::sqrt(sq);
+      r.clip_scale = clip_to_norm(grad_shard_, r.grad_norm, max_norm);
+      if (kind_ == StrategyKind::Zero2) {
+        auto mine = std::span<float>(params_).subspan(static_cast<size_t>(shard_.offset), static_cast<size_t>(shard_.count));
+        adamw_->step_shard(mine, grad_shard_, lr);
+        if (coll_) coll_->all_gather(mine, params_);
+      } else {
+        adamw_->step_shard(params_, grad_shard_, lr);
+        gathered_.clear();
+        gathered_.shrink_to_fit();
+      }
+      break;
+    }
+  }
+  if (kind_ == StrategyKind::Ddp || kind_ == StrategyKind::Zero1) {
+    // Keep the buffer for the next step's zeroing (ddp/zero1 hold full gradients anyway).
+  }
+  return r;
+}
+
+std::span<float> SiteStrategy::shard_params() {
+  if (kind_ == StrategyKind::Fsdp) return params_;
+  return std::span<float>(params_).subspan(static_cast<size_t>(shard_.offset), static_cast<size_t>(shard_.count));
+}
+
+void SiteStrategy::shard_updated() {
+  if (kind_ == StrategyKind::Fsdp || !coll_) return;
+  coll_->all_gather(shard_params(), params_);
+}
+
+std::span<const float> SiteStrategy::full_params() {
+  if (kind_ != StrategyKind::Fsdp) return params_;
+  gathered_.assign(static_cast<size_t>(n_), 0.0f);
+  std::copy(params_.begin(), params_.end(), gathered_.begin() + shard_.offset);
+  if (coll_) coll_->all_gather(params_, gathered_);
+  return gathered_;
+}
+
+double SiteStrategy::site_mean(double v) {
+  if (!coll_) return v;
+  double buf[1] = {v};
+  coll_->all_reduce_sum(std::span<double>(buf, 1));
+  return buf[0] / ranks();
+}
+
+nlohmann::json SiteStrategy::memory_json() const {
+  const uint64_t f = sizeof(float);
+  const uint64_t full = static_cast<uint64_t>(n_) * f, shard = static_cast<uint64_t>(shard_.count) * f;
+  nlohmann::json j;
+  j["strategy"] = strategy_name(kind_);
+  j["rank"] = rank();
+  j["ranks"] = ranks();
+  j["shard_elements"] = shard_.count;
+  // Persistent bytes held between steps.
+  j["param_bytes"] = kind_ == StrategyKind::Fsdp ? shard : full;
+  j["grad_bytes"] = (kind_ == StrategyKind::Ddp || kind_ == StrategyKind::Zero1) ? full : 0;
+  j["grad_shard_bytes"] = (kind_ == StrategyKind::Zero2 || kind_ == StrategyKind::Fsdp) ? shard : 0;
+  j["optimizer_bytes"] = static_cast<uint64_t>(adamw_->m().size() + adamw_->v().size()) * f;
+  j["peak_transient_bytes"] = peak_transient_bytes_;
+  return j;
+}
+
+}  // namespace geoloco::trainer

@@ -1,0 +1,99 @@
+// SiteStrategy: how the ranks of one site train one model replica together.
+//
+//   ddp    parameters, gradients and AdamW state replicated; gradients all-reduced in
+//          buckets; every rank applies the same update.
+//   zero1  gradients all-reduced; AdamW state sharded: rank r updates only its shard of the
+//          parameters, then the shards are all-gathered.
+//   zero2  gradients reduce-scattered (each rank keeps the reduced gradient of its shard
+//          only), AdamW state sharded, parameters all-gathered after the update.
+//   fsdp   parameters sharded too: the full parameter buffer is gathered for the step and
+//          released after it; gradients reduce-scattered; AdamW on the shard.
+//
+// Sharding is parallel::shard_of(num_params, rank, ranks) everywhere, and the outer loop
+// syncs exactly that shard with the same rank of the other sites.
+//
+// Equivalences (tests/loop): zero1 == ddp bit for bit; zero2 and fsdp differ from ddp only
+// in the rounding of the global gradient norm (sum of per-shard squares), i.e. bit-equal
+// when clipping is inactive; ddp on N ranks == 1 rank with N x micro_batch up to the
+// summation order of the gradient.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "trainer/model/param_layout.hpp"
+#include "trainer/optim/adamw.hpp"
+#include "trainer/parallel/collective.hpp"
+#include "trainer/parallel/shard.hpp"
+
+namespace geoloco::trainer {
+
+enum class StrategyKind { Ddp, Zero1, Zero2, Fsdp };
+StrategyKind parse_strategy(const std::string& name);
+const char* strategy_name(StrategyKind k);
+
+struct StepResult {
+  double grad_norm = 0;  // global norm before clipping
+  float clip_scale = 1;  // scale applied (1 = not clipped)
+};
+
+class SiteStrategy {
+ public:
+  // `coll` may be null for a one-rank site. Parameters start as `initial` (full buffer, same
+  // on every rank).
+  SiteStrategy(StrategyKind kind, const ParamLayout& layout, parallel::Collective* coll,
+               const AdamWConfig& adamw, std::span<const float> initial);
+
+  StrategyKind kind() const { return kind_; }
+  int rank() const { return coll_ ? coll_->rank() : 0; }
+  int ranks() const { return coll_ ? coll_->size() : 1; }
+  parallel::ShardRange shard() const { return shard_; }
+
+  // Full parameter buffer for forward/backward (gathers it under fsdp) and zeroed grads.
+  std::span<const float> begin_step();
+  std::span<float> grads() { return grads_; }
+  // Reduces gradients across the site, clips to max_norm (0 = off), applies AdamW with
+  // `lr`, and leaves parameters consistent (replicated, or sharded under fsdp).
+  StepResult finish_step(double lr, double max_norm);
+
+  // This rank's shard of the parameters (persistent under every strategy): the outer loop
+  // reads and overwrites it, then calls shard_updated().
+  std::span<float> shard_params();
+  // Makes every rank's full parameters consistent after shards were overwritten
+  // (all-gather; nothing under fsdp, which gathers at the next step).
+  void shard_updated();
+  // Full parameters (gathers under fsdp; the returned buffer is valid until the next call).
+  std::span<const float> full_params();
+
+  AdamW& optimizer() { return *adamw_; }
+  parallel::Collective* collective() { return coll_; }
+
+  // Site-wide mean of a per-rank scalar (no-op for one rank).
+  double site_mean(double v);
+
+  // Bytes held per rank (persistent, and peak transient during a step) and bytes moved by
+  // the site collectives per step, for summary.json.
+  nlohmann::json memory_json() const;
+
+ private:
+  void reduce_full_grads();  // ddp/zero1: bucketed all-reduce, divided by ranks
+
+  StrategyKind kind_;
+  const ParamLayout& layout_;
+  parallel::Collective* coll_;
+  parallel::ShardRange shard_;
+  int64_t n_;
+  std::vector<float> params_;       // full (ddp/zero) or shard-sized (fsdp: shard at index 0)
+  std::vector<float> gathered_;     // fsdp: full params during a step, released after
+  std::vector<float> grads_;        // full gradient buffer for backward
+  std::vector<float> grad_shard_;   // zero2/fsdp: reduced gradient of my shard
+  std::unique_ptr<AdamW> adamw_;
+  int64_t bucket_elems_ = int64_t{1} << 22;  // 16 MiB of fp32 per all-reduce call
+  size_t peak_transient_bytes_ = 0;
+};
+
+}  // namespace geoloco::trainer

@@ -1,0 +1,373 @@
+#include "trainer/loop/trainer.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "trainer/checkpoint/atomic_file.hpp"
+#include "trainer/checkpoint/model_checkpoint.hpp"
+#include "trainer/core/error.hpp"
+#include "trainer/core/hash.hpp"
+#include "trainer/core/log.hpp"
+#include "trainer/data/open_data.hpp"
+#include "trainer/data/sampler.hpp"
+#include "trainer/loop/metrics.hpp"
+#include "trainer/model/gpt.hpp"
+#include "trainer/optim/schedule.hpp"
+
+namespace fs = std::filesystem;
+
+namespace geoloco::trainer {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string step_dir_name(int64_t step) { return fmt::format("step_{:08d}", step); }
+
+}  // namespace
+
+struct Trainer::Impl {
+  const RunConfig& cfg;
+  TrainerOptions opt;
+  const SiteConfig& site;
+  int global_rank;
+  int world;
+  int T;
+  Gpt model;
+  DataSplits data;
+  std::unique_ptr<DistributedSampler> sampler;
+  std::unique_ptr<SiteStrategy> strategy;
+  std::vector<int32_t> inputs, targets;
+
+  fs::path out_dir, site_dir, ckpt_dir;
+  std::unique_ptr<MetricsWriter> metrics;       // sites/<site>/metrics.jsonl (site rank 0)
+  std::unique_ptr<MetricsWriter> run_metrics;   // metrics.jsonl (global rank 0)
+  std::unique_ptr<ProgressLine> progress;
+
+  int64_t step = 0;             // completed inner steps
+  double wall_before = 0;       // wall seconds of earlier segments (resume)
+  double compute_seconds = 0;   // time in forward/backward/optimizer
+  double last_loss = NAN, last_val_loss = NAN;
+  int64_t tokens_per_step_rank;
+
+  Impl(const RunConfig& c, const TrainerOptions& o)
+      : cfg(c),
+        opt(o),
+        site(c.sites.at(static_cast<size_t>(o.site))),
+        global_rank(c.global_rank(o.site, o.rank)),
+        world(c.world_size()),
+        T(c.seq_len()),
+        model(c.model) {
+    Gpt::set_num_threads(cfg.train.threads);
+    data = open_data(cfg.data, cfg.dir, cfg.model.vocab_size);
+    SamplerOptions so;
+    so.seed = cfg.run.seed;
+    so.world = world;
+    so.rank = global_rank;
+    so.seq_len = T;
+    sampler = std::make_unique<DistributedSampler>(data.train, so);
+    if (sampler->steps_per_epoch(cfg.train.micro_batch) == 0)
+      throw InputError(fmt::format("training data too small: {} has {} windows of {} tokens, fewer than one "
+                                   "global micro-batch ({} ranks x {} sequences)",
+                                   data.train->describe(), sampler->num_windows(), T + 1, world,
+                                   cfg.train.micro_batch));
+    inputs.resize(static_cast<size_t>(cfg.train.micro_batch) * T);
+    targets.resize(inputs.size());
+    tokens_per_step_rank = int64_t(cfg.train.micro_batch) * cfg.train.grad_accum * T;
+
+    std::vector<float> init(static_cast<size_t>(model.layout().total()));
+    Gpt::init_params(model.layout(), init, cfg.run.seed);
+    strategy = std::make_unique<SiteStrategy>(parse_strategy(site.strategy), model.layout(), opt.collective,
+                                              cfg.train.optimizer, init);
+
+    out_dir = cfg.run.output_dir;
+    site_dir = out_dir / "sites" / site.name;
+    ckpt_dir = out_dir / "checkpoints" / site.name;
+    fs::create_directories(site_dir);
+    fs::create_directories(ckpt_dir);
+    const bool append = opt.resume;
+    if (opt.rank == 0) metrics = std::make_unique<MetricsWriter>((site_dir / "metrics.jsonl").string(), append);
+    if (global_rank == 0) run_metrics = std::make_unique<MetricsWriter>((out_dir / "metrics.jsonl").string(), append);
+    if (global_rank == 0 || (world == 1))
+      progress = std::make_unique<ProgressLine>(opt.progress, cfg.train.steps);
+    if (opt.resume) restore_latest();
+  }
+
+  // ---- checkpoints -------------------------------------------------------------------
+
+  std::string state_file(const fs::path& dir) const { return (dir / fmt::format("state.r{}.safetensors", opt.rank)).string(); }
+
+  void barrier() {
+    if (strategy->collective() && strategy->ranks() > 1) strategy->collective()->barrier();
+  }
+
+  void save_checkpoint() {
+    const fs::path dir = ckpt_dir / step_dir_name(step);
+    fs::create_directories(dir);
+    auto full = strategy->full_params();  // collective under fsdp: every rank calls it
+    std::map<std::string, std::string> meta = {
+        {"geoloco_step", std::to_string(step)},
+        {"geoloco_run", cfg.run.name},
+        {"geoloco_site", site.name},
+        {"geoloco_config_hash", hex64(cfg.hash)},
+    };
+    if (opt.rank == 0) save_model((dir / "model.safetensors").string(), model.layout(), full, meta);
+
+    // This rank's state: optimizer moments of its range, sampler, counters, outer state.
+    auto& adam = strategy->optimizer();
+    std::vector<float> shard(strategy->shard_params().begin(), strategy->shard_params().end());
+    auto sampler_bytes = sampler->state().to_bytes();
+    std::vector<TensorWrite> tensors = {
+        f32_tensor("adamw.m", {static_cast<int64_t>(adam.m().size())}, adam.m()),
+        f32_tensor("adamw.v", {static_cast<int64_t>(adam.v().size())}, adam.v()),
+        f32_tensor("params.shard", {static_cast<int64_t>(shard.size())}, shard),
+        u8_tensor("sampler", {static_cast<int64_t>(sampler_bytes.size())}, sampler_bytes),
+    };
+    std::map<std::string, std::string> smeta = meta;
+    smeta["adamw_steps"] = std::to_string(adam.steps());
+    smeta["adamw_begin"] = std::to_string(adam.begin());
+    smeta["adamw_end"] = std::to_string(adam.end());
+    smeta["strategy"] = site.strategy;
+    smeta["ranks"] = std::to_string(site.ranks);
+    smeta["rank"] = std::to_string(opt.rank);
+    smeta["wall_s"] = fmt::format("{:.17g}", wall_before + seconds_since(start));
+    smeta["compute_s"] = fmt::format("{:.17g}", compute_seconds);
+    OuterHook::State outer_state;
+    if (opt.outer) {
+      outer_state = opt.outer->save_state();
+      for (auto& [k, v] : outer_state.metadata) smeta["outer." + k] = v;
+      for (auto& [k, v] : outer_state.tensors)
+        tensors.push_back(f32_tensor("outer." + k, {static_cast<int64_t>(v.size())}, v));
+    }
+    write_safetensors(state_file(dir), tensors, smeta);
+    barrier();  // every rank's state is on disk before `latest` names the checkpoint
+    if (opt.rank == 0) {
+      write_text_atomically((ckpt_dir / "latest").string(), step_dir_name(step) + "\n");
+      prune_checkpoints();
+    }
+    log_info(fmt::format("checkpoint {} written", (dir).string()));
+  }
+
+  void prune_checkpoints() {
+    std::vector<fs::path> dirs;
+    for (const auto& e : fs::directory_iterator(ckpt_dir))
+      if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0) dirs.push_back(e.path());
+    std::sort(dirs.begin(), dirs.end());
+    while (static_cast<int>(dirs.size()) > cfg.train.keep_checkpoints) {
+      fs::remove_all(dirs.front());
+      dirs.erase(dirs.begin());
+    }
+  }
+
+  void restore_latest() {
+    const fs::path latest = ckpt_dir / "latest";
+    if (!fs::exists(latest)) {
+      log_info(fmt::format("--resume: no checkpoint under {}, starting fresh", ckpt_dir.string()));
+      return;
+    }
+    std::ifstream in(latest);
+    std::string name;
+    std::getline(in, name);
+    const fs::path dir = ckpt_dir / name;
+    if (name.rfind("step_", 0) != 0 || !fs::is_directory(dir))
+      throw FileError(latest.string(), fmt::format("names '{}', which is not a checkpoint directory", name));
+    auto st = SafetensorsFile::read(state_file(dir));
+    auto need = [&](const std::string& key) -> const std::string& { return st.meta(key); };
+    if (need("strategy") != site.strategy || need("ranks") != std::to_string(site.ranks))
+      throw FileError(st.path(), fmt::format("was written by a site with strategy {} and {} ranks; this run has {} and {}",
+                                             need("strategy"), need("ranks"), site.strategy, site.ranks));
+    auto& adam = strategy->optimizer();
+    if (need("adamw_begin") != std::to_string(adam.begin()) || need("adamw_end") != std::to_string(adam.end()))
+      throw FileError(st.path(), "optimizer shard range differs from this run's (model or rank count changed?)");
+    const std::vector<int64_t> mshape = {static_cast<int64_t>(adam.m().size())};
+    st.copy_f32("adamw.m", mshape, adam.m());
+    st.copy_f32("adamw.v", mshape, adam.v());
+    auto shard = strategy->shard_params();
+    st.copy_f32("params.shard", std::vector<int64_t>{static_cast<int64_t>(shard.size())}, shard);
+    adam.set_steps(std::stoll(need("adamw_steps")));
+    sampler->restore(SamplerState::from_bytes(st.u8("sampler"), st.path()));
+    step = std::stoll(need("geoloco_step"));
+    wall_before = std::stod(need("wall_s"));
+    compute_seconds = std::stod(need("compute_s"));
+    if (opt.outer) opt.outer->restore_state(st);
+    strategy->shard_updated();
+    log_info(fmt::format("resumed from {} at step {}", dir.string(), step));
+  }
+
+  // ---- evaluation --------------------------------------------------------------------
+
+  // Mean validation loss of the current local model. Every rank evaluates a disjoint,
+  // fixed set of windows spread over the validation split; the site averages.
+  double evaluate() {
+    const size_t n = data.val->num_windows(T);
+    if (n == 0) return NAN;
+    auto params = strategy->full_params();
+    const int B = cfg.train.micro_batch;
+    const int ranks = strategy->ranks();
+    const int64_t total = std::min<int64_t>(static_cast<int64_t>(n), int64_t(cfg.train.eval_batches) * B * ranks);
+    std::vector<int32_t> win(static_cast<size_t>(T + 1));
+    double sum = 0;
+    int64_t count = 0;
+    for (int64_t j0 = int64_t(strategy->rank()) * B; j0 < total; j0 += int64_t(B) * ranks) {
+      const int rows = static_cast<int>(std::min<int64_t>(B, total - j0));
+      for (int r = 0; r < rows; ++r) {
+        // Evenly spaced windows, the same set at every evaluation.
+        const size_t idx = static_cast<size_t>((j0 + r) * static_cast<int64_t>(n) / total);
+        data.val->window(idx, T, win.data());
+        std::copy(win.begin(), win.begin() + T, inputs.begin() + int64_t(r) * T);
+        std::copy(win.begin() + 1, win.end(), targets.begin() + int64_t(r) * T);
+      }
+      sum += double(model.evaluate(params, inputs.data(), targets.data(), rows, T)) * rows;
+      count += rows;
+    }
+    double buf[2] = {sum, double(count)};
+    if (strategy->collective() && strategy->ranks() > 1) strategy->collective()->all_reduce_sum(std::span<double>(buf, 2));
+    return buf[1] > 0 ? buf[0] / buf[1] : NAN;
+  }
+
+  // ---- the loop ----------------------------------------------------------------------
+
+  Clock::time_point start = Clock::now();
+
+  void log_info(const std::string& msg) {
+    if (progress) progress->clear();
+    if (opt.rank == 0) spdlog::info("{}", msg);
+  }
+
+  double train_step() {
+    auto t0 = Clock::now();
+    auto params = strategy->begin_step();
+    auto grads = strategy->grads();
+    const int B = cfg.train.micro_batch, K = cfg.train.grad_accum;
+    double loss = 0;
+    for (int k = 0; k < K; ++k) {
+      sampler->next_batch(B, T, inputs.data(), targets.data());
+      loss += model.forward(params, inputs.data(), targets.data(), B, T);
+      model.backward(params, grads, 1.0f / static_cast<float>(K));
+    }
+    loss /= K;
+    const double lr = scheduled_lr(cfg.train.schedule, cfg.peak_lr(), step, cfg.train.steps);
+    auto r = strategy->finish_step(lr, cfg.train.grad_clip);
+    compute_seconds += seconds_since(t0);
+    ++step;
+    last_lr = lr;
+    last_grad_norm = r.grad_norm;
+    return loss;
+  }
+
+  double last_lr = 0, last_grad_norm = 0;
+
+  nlohmann::json run() {
+    const int64_t end_step = opt.stop_at_step > 0 ? std::min(opt.stop_at_step, cfg.train.steps) : cfg.train.steps;
+    if (opt.rank == 0 && step == 0)
+      log_info(fmt::format("site {}: {} rank(s), strategy {}, model {:.2f}M params, {} steps, {} tokens/step/rank, data {}",
+                           site.name, site.ranks, site.strategy, model.layout().total() / 1e6, cfg.train.steps,
+                           tokens_per_step_rank, data.train->describe()));
+    start = Clock::now();
+    const int64_t first = step;
+    auto window_t0 = Clock::now();
+    int64_t window_tokens = 0;
+    double loss_acc = 0;
+    int loss_n = 0;
+    while (step < end_step) {
+      double loss = train_step();
+      loss_acc += loss;
+      ++loss_n;
+      window_tokens += tokens_per_step_rank;
+      bool outer_step = opt.outer && opt.outer->after_inner_step(step, *strategy);
+      const bool last = step == cfg.train.steps;
+      const bool do_eval = last || (cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0);
+      const bool do_log = do_eval || outer_step || step % cfg.train.log_every == 0 || step == end_step;
+      if (last && opt.outer) opt.outer->finish(step, *strategy);
+      if (do_log) {
+        const double mean_loss = strategy->site_mean(loss_acc / loss_n);
+        last_loss = mean_loss;
+        const double dt = seconds_since(window_t0);
+        const double tps = dt > 0 ? double(window_tokens) * world / dt : 0;  // whole run: all ranks
+        nlohmann::json line = {{"step", step},
+                               {"loss", mean_loss},
+                               {"lr", last_lr},
+                               {"grad_norm", last_grad_norm},
+                               {"tokens", step * tokens_per_step_rank * world},
+                               {"tokens_per_s", tps},
+                               {"elapsed_s", wall_before + seconds_since(start)},
+                               {"site", site.name}};
+        if (do_eval) {
+          last_val_loss = evaluate();
+          line["val_loss"] = last_val_loss;
+        }
+        if (opt.outer) line.update(opt.outer->metrics());
+        if (metrics) metrics->write(line);
+        if (run_metrics) run_metrics->write(line);
+        if (progress) progress->update(step, mean_loss, tps, wall_before + seconds_since(start), do_eval ? last_val_loss : NAN);
+        loss_acc = 0;
+        loss_n = 0;
+        window_tokens = 0;
+        window_t0 = Clock::now();
+      }
+      const bool ckpt = cfg.train.checkpoint_every > 0 && step % cfg.train.checkpoint_every == 0;
+      if (ckpt || step == end_step) save_checkpoint();
+    }
+    if (progress) progress->finish();
+    (void)first;
+    return summary();
+  }
+
+  nlohmann::json summary() {
+    const double wall = wall_before + seconds_since(start);
+    nlohmann::json s;
+    s["run"] = cfg.run.name;
+    s["site"] = site.name;
+    s["rank"] = opt.rank;
+    s["global_rank"] = global_rank;
+    s["steps"] = step;
+    s["completed"] = step == cfg.train.steps;
+    s["final_loss"] = last_loss;
+    s["val_loss"] = last_val_loss;
+    s["tokens"] = step * tokens_per_step_rank * world;
+    s["tokens_per_rank"] = step * tokens_per_step_rank;
+    s["wall_s"] = wall;
+    s["compute_s"] = compute_seconds;
+    s["tokens_per_s"] = wall > 0 ? double(step * tokens_per_step_rank * world) / wall : 0;
+    s["params"] = model.layout().total();
+    s["config_hash"] = hex64(cfg.hash);
+    s["memory"] = strategy->memory_json();
+    if (auto* c = strategy->collective(); c && strategy->ranks() > 1) {
+      s["site_collectives"] = c->stats().to_json();
+      s["site_bytes_per_step"] = step > 0 ? double(c->stats().total_bytes_sent()) / double(step) : 0.0;
+    } else {
+      s["site_bytes_per_step"] = 0;
+    }
+    if (opt.outer) s.update(opt.outer->summary());
+    auto full = strategy->full_params();
+    s["params_hash"] = hex64(hash64(full.data(), full.size_bytes()));
+    s["checkpoint"] = (ckpt_dir / step_dir_name(step) / "model.safetensors").string();
+    return s;
+  }
+};
+
+Trainer::Trainer(const RunConfig& cfg, const TrainerOptions& opts) : impl_(std::make_unique<Impl>(cfg, opts)) {}
+Trainer::~Trainer() = default;
+
+nlohmann::json Trainer::run() {
+  auto s = impl_->run();
+  // Per-rank summary; the run-level summary.json is written by the caller (global rank 0).
+  write_text_atomically((impl_->site_dir / fmt::format("rank{}.json", impl_->opt.rank)).string(), s.dump(2) + "\n");
+  return s;
+}
+
+std::vector<float> Trainer::parameters() {
+  auto p = impl_->strategy->full_params();
+  return std::vector<float>(p.begin(), p.end());
+}
+
+}  // namespace geoloco::trainer

@@ -1,0 +1,65 @@
+// Trainer: one rank's inner loop. Reads its batches from the distributed sampler, runs
+// forward/backward with gradient accumulation, lets the site strategy reduce gradients and
+// apply AdamW, hands control to the outer loop (when there is one) after every step, and
+// writes metrics, checkpoints and the summary.
+//
+// Output layout under run.output_dir:
+//   metrics.jsonl, summary.json                 global rank 0 (the run's canonical view)
+//   sites/<site>/metrics.jsonl                  each site's rank 0
+//   sites/<site>/rank<r>.json                   every rank's own summary
+//   checkpoints/<site>/step_<N>/model.safetensors   HF GPT-2 names (site rank 0)
+//   checkpoints/<site>/step_<N>/state.r<r>.safetensors   optimizer, sampler, outer state
+//   checkpoints/<site>/latest                   name of the newest complete checkpoint
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "trainer/loop/outer_hook.hpp"
+#include "trainer/loop/run_config.hpp"
+
+namespace geoloco::parallel {
+class Collective;
+}
+
+namespace geoloco::trainer {
+
+struct TrainerOptions {
+  int site = 0;                   // index into cfg.sites
+  int rank = 0;                   // rank within the site
+  bool resume = false;            // continue from checkpoints/<site>/latest when present
+  int64_t stop_at_step = 0;       // stop cleanly (with a checkpoint) after this step; 0 = run to the end
+  parallel::Collective* collective = nullptr;  // the site's collective (null: one-rank site)
+  OuterHook* outer = nullptr;     // the cross-site loop (null: no outer loop)
+  bool progress = true;           // live progress line on a terminal
+};
+
+class Trainer {
+ public:
+  Trainer(const RunConfig& cfg, const TrainerOptions& opts);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Runs to the end (or stop_at_step) and returns this rank's summary.
+  nlohmann::json run();
+
+  // The full parameters now (gathers under fsdp: a collective, call on every rank).
+  std::vector<float> parameters();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Evaluate a model on a dataset: mean loss over `max_tokens` tokens (sequential windows).
+struct EvalResult {
+  double loss = 0;
+  int64_t tokens = 0;
+  int64_t windows = 0;
+};
+
+}  // namespace geoloco::trainer
