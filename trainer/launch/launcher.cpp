@@ -1,0 +1,436 @@
+#include "trainer/launch/launcher.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "trainer/core/error.hpp"
+#include "trainer/launch/line_prefixer.hpp"
+
+extern char** environ;
+
+namespace geoloco::launch {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  UniqueFd(UniqueFd&& o) noexcept : fd_(o.release()) {}
+  UniqueFd& operator=(UniqueFd&& o) noexcept {
+    if (this != &o) reset(o.release());
+    return *this;
+  }
+  ~UniqueFd() { reset(); }
+  int get() const { return fd_; }
+  int release() {
+    int f = fd_;
+    fd_ = -1;
+    return f;
+  }
+  void reset(int fd = -1) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+[[noreturn]] void sys_fail(const std::string& what) {
+  throw Error(fmt::format("launch: {}: {}", what, std::strerror(errno)));
+}
+
+struct Pipe {
+  UniqueFd read, write;
+};
+Pipe make_pipe() {
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) sys_fail("pipe");
+  return {UniqueFd(p[0]), UniqueFd(p[1])};
+}
+
+// Self-pipe: signal handlers write the signal number, the poll loop reads it.
+std::atomic<int> g_signal_write_fd{-1};
+std::atomic<bool> g_launch_active{false};
+
+extern "C" void on_signal(int sig) {
+  const int saved = errno;
+  const int fd = g_signal_write_fd.load();
+  if (fd >= 0) {
+    unsigned char c = static_cast<unsigned char>(sig);
+    [[maybe_unused]] ssize_t n = ::write(fd, &c, 1);  // pipe full = a wake-up is already pending
+  }
+  errno = saved;
+}
+
+// Installs our handlers for the duration of launch() and restores the previous ones.
+class SignalScope {
+ public:
+  SignalScope(int write_fd, bool handle_term) {
+    g_signal_write_fd.store(write_fd);
+    install(SIGCHLD, SA_NOCLDSTOP);
+    if (handle_term) {
+      install(SIGINT, 0);
+      install(SIGTERM, 0);
+    }
+    // Writing to a closed output (e.g. `geoloco launch | head`) must not kill the launcher
+    // before it has stopped its ranks.
+    struct sigaction ign {};
+    ign.sa_handler = SIG_IGN;
+    sigemptyset(&ign.sa_mask);
+    struct sigaction old {};
+    ::sigaction(SIGPIPE, &ign, &old);
+    saved_.push_back({SIGPIPE, old});
+  }
+  ~SignalScope() {
+    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) ::sigaction(it->first, &it->second, nullptr);
+    g_signal_write_fd.store(-1);
+  }
+
+ private:
+  void install(int sig, int flags) {
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = flags | SA_RESTART;
+    struct sigaction old {};
+    if (::sigaction(sig, &sa, &old) != 0) sys_fail("sigaction");
+    saved_.push_back({sig, old});
+  }
+  std::vector<std::pair<int, struct sigaction>> saved_;
+};
+
+struct Child {
+  const ProcessSpec* spec = nullptr;
+  pid_t pid = -1;
+  UniqueFd out, err;
+  std::unique_ptr<LinePrefixer> out_lines, err_lines;
+  bool reaped = false;
+  int exit_code = 0;    // when exited normally
+  int term_signal = 0;  // when killed by a signal
+  std::string start_error;
+};
+
+// argv/envp as the char* arrays execvpe wants, built before fork (no allocation after it).
+struct ExecArgs {
+  std::vector<std::string> strings_env;
+  std::vector<char*> argv, envp;
+};
+
+ExecArgs build_exec_args(const ProcessSpec& spec) {
+  ExecArgs a;
+  std::set<std::string> overridden;
+  for (const auto& [k, v] : spec.env) overridden.insert(k);
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    std::string entry(*e);
+    auto eq = entry.find('=');
+    if (eq != std::string::npos && overridden.count(entry.substr(0, eq))) continue;
+    a.strings_env.push_back(std::move(entry));
+  }
+  for (const auto& [k, v] : spec.env) a.strings_env.push_back(k + "=" + v);
+  for (const auto& s : spec.argv) a.argv.push_back(const_cast<char*>(s.c_str()));
+  a.argv.push_back(nullptr);
+  for (auto& s : a.strings_env) a.envp.push_back(s.data());
+  a.envp.push_back(nullptr);
+  return a;
+}
+
+std::string describe_exit(const Child& c) {
+  if (!c.start_error.empty()) return "could not be started: " + c.start_error;
+  if (c.term_signal != 0) {
+    const char* abbrev = ::sigabbrev_np(c.term_signal);
+    return fmt::format("was killed by signal {} (SIG{}: {})", c.term_signal, abbrev ? abbrev : "?",
+                       ::strsignal(c.term_signal));
+  }
+  return fmt::format("exited with code {}", c.exit_code);
+}
+
+bool failed(const Child& c) { return !c.start_error.empty() || c.term_signal != 0 || c.exit_code != 0; }
+
+// Forks and execs one child; fills pid/out/err or start_error.
+void start_child(Child& c, int devnull, const sigset_t& original_mask, const LaunchOptions& opts) {
+  ExecArgs args = build_exec_args(*c.spec);
+  Pipe out = make_pipe(), err = make_pipe(), exec_status = make_pipe();
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) sys_fail(fmt::format("fork for {}", c.spec->label));
+  if (pid == 0) {
+    // Child: async-signal-safe calls only until exec.
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);  // the launcher died before prctl took effect
+    ::dup2(devnull, 0);
+    ::dup2(out.write.get(), 1);
+    ::dup2(err.write.get(), 2);
+    for (int fd = 0; fd <= 2; ++fd) ::fcntl(fd, F_SETFD, 0);
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    for (int sig : {SIGINT, SIGTERM, SIGCHLD, SIGPIPE, SIGHUP, SIGQUIT}) ::sigaction(sig, &dfl, nullptr);
+    ::pthread_sigmask(SIG_SETMASK, &original_mask, nullptr);
+    ::execvpe(args.argv[0], args.argv.data(), args.envp.data());
+    int e = errno;
+    [[maybe_unused]] ssize_t n = ::write(exec_status.write.get(), &e, sizeof(e));
+    ::_exit(127);
+  }
+  // Parent. Set the group here too, so kill(-pid) works even before the child runs.
+  ::setpgid(pid, pid);
+  c.pid = pid;
+  out.write.reset();
+  err.write.reset();
+  exec_status.write.reset();
+  int e = 0;
+  ssize_t n;
+  do {
+    n = ::read(exec_status.read.get(), &e, sizeof(e));  // EOF (0) = exec succeeded (CLOEXEC)
+  } while (n < 0 && errno == EINTR);
+  if (n == static_cast<ssize_t>(sizeof(e)))
+    c.start_error = fmt::format("exec '{}': {}", c.spec->argv[0], std::strerror(e));
+  ::fcntl(out.read.get(), F_SETFL, O_NONBLOCK);
+  ::fcntl(err.read.get(), F_SETFL, O_NONBLOCK);
+  c.out = std::move(out.read);
+  c.err = std::move(err.read);
+  c.out_lines = std::make_unique<LinePrefixer>(c.spec->label, opts.out_fd);
+  c.err_lines = std::make_unique<LinePrefixer>(c.spec->label, opts.err_fd);
+}
+
+// Reads what is available now; closes the fd at EOF. Returns false when nothing was read.
+bool pump(UniqueFd& fd, LinePrefixer& lines) {
+  if (fd.get() < 0) return false;
+  char buf[65536];
+  bool any = false;
+  for (;;) {
+    ssize_t n = ::read(fd.get(), buf, sizeof(buf));
+    if (n > 0) {
+      lines.feed(buf, static_cast<size_t>(n));
+      any = true;
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return any;
+    lines.finish();  // EOF or a read error: this stream is over
+    fd.reset();
+    return any;
+  }
+}
+
+class Launcher {
+ public:
+  Launcher(const std::vector<ProcessSpec>& procs, const LaunchOptions& opts) : opts_(opts) {
+    children_.resize(procs.size());
+    for (size_t i = 0; i < procs.size(); ++i) children_[i].spec = &procs[i];
+  }
+
+  int run();
+
+ private:
+  void message(const std::string& text) {
+    std::string line = "[launch] " + text + "\n";
+    write_all_fd(opts_.err_fd, line.data(), line.size());
+  }
+  size_t live() const {
+    size_t n = 0;
+    for (const auto& c : children_) n += (c.pid > 0 && !c.reaped);
+    return n;
+  }
+  void signal_all(int sig) {
+    for (const auto& c : children_)
+      if (c.pid > 0 && !c.reaped) ::kill(-c.pid, sig);
+  }
+  void begin_stop(int code) {
+    if (stopping_) return;
+    stopping_ = true;
+    result_ = code;
+    signal_all(SIGTERM);
+    kill_at_ = Clock::now() + opts_.grace;
+  }
+  void collect_exits();
+  void handle_signal_bytes(int fd);
+
+  const LaunchOptions& opts_;
+  std::vector<Child> children_;
+  bool stopping_ = false;
+  bool killed_ = false;
+  int result_ = kExitOk;
+  Clock::time_point kill_at_{};
+};
+
+void Launcher::collect_exits() {
+  for (auto& c : children_) {
+    if (c.pid <= 0 || c.reaped) continue;
+    siginfo_t info{};
+    // WNOWAIT: look without reaping, so the pid (and its process group id) cannot be reused
+    // while we sweep the group below.
+    if (::waitid(P_PID, static_cast<id_t>(c.pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0) continue;
+    if (info.si_pid != c.pid) continue;  // still running
+    if (info.si_code == CLD_EXITED) {
+      c.exit_code = info.si_status;
+    } else {
+      c.term_signal = info.si_status;
+    }
+    ::kill(-c.pid, SIGKILL);  // helpers it left behind in its group: no orphans
+    int st = 0;
+    while (::waitpid(c.pid, &st, 0) < 0 && errno == EINTR) {
+    }
+    c.reaped = true;
+    // Its last lines before our message about it.
+    pump(c.out, *c.out_lines);
+    pump(c.err, *c.err_lines);
+    if (failed(c) && !stopping_) {
+      const size_t others = live();
+      message(fmt::format("rank {} {}; stopping {} other rank{}", c.spec->label, describe_exit(c), others,
+                          others == 1 ? "" : "s"));
+      begin_stop(kExitRankFailed);
+    }
+  }
+}
+
+void Launcher::handle_signal_bytes(int fd) {
+  unsigned char buf[64];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n <= 0) return;
+    for (ssize_t i = 0; i < n; ++i) {
+      const int sig = buf[i];
+      if (sig != SIGINT && sig != SIGTERM) continue;  // SIGCHLD: just a wake-up
+      if (!stopping_) {
+        message(fmt::format("received SIG{}; stopping {} rank{} (SIGTERM, SIGKILL after {} ms)", ::sigabbrev_np(sig),
+                            live(), live() == 1 ? "" : "s", opts_.grace.count()));
+        begin_stop(128 + sig);
+      } else if (!killed_) {
+        message(fmt::format("received SIG{} again; killing {} rank{} now", ::sigabbrev_np(sig), live(),
+                            live() == 1 ? "" : "s"));
+        signal_all(SIGKILL);
+        killed_ = true;
+      }
+    }
+  }
+}
+
+int Launcher::run() {
+  Pipe sig_pipe = make_pipe();
+  ::fcntl(sig_pipe.read.get(), F_SETFL, O_NONBLOCK);
+  ::fcntl(sig_pipe.write.get(), F_SETFL, O_NONBLOCK);
+  UniqueFd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  if (devnull.get() < 0) sys_fail("open /dev/null");
+
+  SignalScope signals(sig_pipe.write.get(), opts_.handle_signals);
+
+  // Block our signals while forking so a child never runs our handler between fork and
+  // exec; they stay pending and are handled by the loop below.
+  sigset_t block, original;
+  sigemptyset(&block);
+  sigaddset(&block, SIGINT);
+  sigaddset(&block, SIGTERM);
+  sigaddset(&block, SIGCHLD);
+  ::pthread_sigmask(SIG_BLOCK, &block, &original);
+  for (auto& c : children_) {
+    try {
+      start_child(c, devnull.get(), original, opts_);
+    } catch (const Error& e) {
+      c.start_error = e.what();
+    }
+    if (!c.start_error.empty()) {
+      if (c.pid > 0) {
+        int st = 0;
+        ::waitpid(c.pid, &st, 0);
+        c.reaped = true;
+      }
+      message(fmt::format("rank {} {}; stopping {} other rank{}", c.spec->label, describe_exit(c), live(),
+                          live() == 1 ? "" : "s"));
+      begin_stop(kExitRankFailed);
+      break;
+    }
+  }
+  ::pthread_sigmask(SIG_SETMASK, &original, nullptr);
+
+  std::vector<pollfd> pfds;
+  std::vector<std::pair<UniqueFd*, LinePrefixer*>> streams;
+  while (live() > 0) {
+    pfds.clear();
+    streams.clear();
+    pfds.push_back({sig_pipe.read.get(), POLLIN, 0});
+    for (auto& c : children_) {
+      if (c.out.get() >= 0) {
+        pfds.push_back({c.out.get(), POLLIN, 0});
+        streams.push_back({&c.out, c.out_lines.get()});
+      }
+      if (c.err.get() >= 0) {
+        pfds.push_back({c.err.get(), POLLIN, 0});
+        streams.push_back({&c.err, c.err_lines.get()});
+      }
+    }
+    // 250 ms is only a safety net; SIGCHLD and output wake us up earlier.
+    int timeout_ms = 250;
+    if (stopping_ && !killed_) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(kill_at_ - Clock::now()).count();
+      timeout_ms = static_cast<int>(std::clamp<int64_t>(left, 0, 250));
+    }
+    int rc = ::poll(pfds.data(), pfds.size(), timeout_ms);
+    if (rc < 0 && errno != EINTR) sys_fail("poll");
+    if (rc > 0) {
+      if (pfds[0].revents) handle_signal_bytes(sig_pipe.read.get());
+      for (size_t i = 1; i < pfds.size(); ++i)
+        if (pfds[i].revents) pump(*streams[i - 1].first, *streams[i - 1].second);
+    }
+    collect_exits();
+    if (stopping_ && !killed_ && Clock::now() >= kill_at_ && live() > 0) {
+      message(fmt::format("{} rank{} still running after {} ms; sending SIGKILL", live(), live() == 1 ? "" : "s",
+                          opts_.grace.count()));
+      signal_all(SIGKILL);
+      killed_ = true;
+    }
+  }
+  // Every child is reaped and its group swept; read what is left in the pipes (bounded, in
+  // case something escaped its group and still holds a pipe open).
+  const auto drain_until = Clock::now() + std::chrono::milliseconds(500);
+  for (auto& c : children_) {
+    for (auto s : {std::make_pair(&c.out, c.out_lines.get()), std::make_pair(&c.err, c.err_lines.get())}) {
+      while (s.first->get() >= 0 && Clock::now() < drain_until) {
+        pollfd p{s.first->get(), POLLIN, 0};
+        ::poll(&p, 1, 50);
+        pump(*s.first, *s.second);
+      }
+      if (s.second) s.second->finish();
+      s.first->reset();
+    }
+  }
+  return result_;
+}
+
+}  // namespace
+
+int launch(const std::vector<ProcessSpec>& procs, const LaunchOptions& opts) {
+  if (procs.empty()) throw InputError("launch: no processes to start");
+  std::set<std::string> labels;
+  for (const auto& p : procs) {
+    if (p.argv.empty() || p.argv[0].empty()) throw InputError(fmt::format("launch: {}: empty command line", p.label));
+    if (!labels.insert(p.label).second) throw InputError(fmt::format("launch: label '{}' is used twice", p.label));
+  }
+  if (opts.grace.count() < 0) throw InputError("launch: grace period must not be negative");
+  bool expected = false;
+  if (!g_launch_active.compare_exchange_strong(expected, true))
+    throw Error("launch: another launch() is already running in this process");
+  struct Release {
+    ~Release() { g_launch_active.store(false); }
+  } release;
+  Launcher l(procs, opts);
+  return l.run();
+}
+
+}  // namespace geoloco::launch

@@ -1,0 +1,52 @@
+// Multi-process launcher: starts every rank of every site on this machine, prefixes their
+// output, and makes sure that when one rank fails, or the launcher is asked to stop, every
+// rank is stopped and reaped. `geoloco launch` builds the ProcessSpecs from the run config
+// and calls launch().
+//
+// Guarantees:
+//  * each child runs in its own process group (so signals reach its helpers too, and a
+//    terminal's Ctrl-C reaches only the launcher, which then stops the ranks in order);
+//  * each child has PR_SET_PDEATHSIG = SIGKILL: if the launcher itself is SIGKILLed, its
+//    ranks die with it. (Linux ties this to the *thread* that forked: call launch() from a
+//    thread that outlives it, normally the main thread.);
+//  * stdout/stderr lines are prefixed "[label] " and written whole; stdin is /dev/null;
+//  * the first rank that exits non-zero or by a signal ends the run: one message names it
+//    and its code or signal, the others get SIGTERM (to their whole process group), then
+//    SIGKILL after `grace`; all are reaped; launch() returns kExitRankFailed;
+//  * SIGINT / SIGTERM to the launcher: SIGTERM to every rank, SIGKILL after `grace` (a
+//    second signal skips the grace), reap, return 130 / 143;
+//  * when a rank exits, stragglers left in its process group are SIGKILLed: no orphans.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace geoloco::launch {
+
+struct ProcessSpec {
+  std::string label;                                       // "paris/0": the output prefix
+  std::vector<std::string> argv;                           // argv[0] is looked up in PATH
+  std::vector<std::pair<std::string, std::string>> env;    // added to (or replacing in) our environment
+};
+
+struct LaunchOptions {
+  std::chrono::milliseconds grace{5000};  // SIGTERM -> SIGKILL
+  int out_fd = 1;                         // where children's stdout lines go
+  int err_fd = 2;                         // children's stderr lines and the launcher's messages
+  // Install SIGINT/SIGTERM handlers for the duration of launch() (restored afterwards).
+  bool handle_signals = true;
+};
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitRankFailed = 1;       // a rank failed or could not be started
+inline constexpr int kExitInterrupted = 130;    // SIGINT (128 + 2)
+inline constexpr int kExitTerminated = 143;     // SIGTERM (128 + 15)
+
+// Runs all processes to completion. Returns 0 when every one exited 0, otherwise one of the
+// codes above. Throws geoloco::InputError for an empty list, empty argv or duplicate labels,
+// and geoloco::Error when a system call the launcher itself needs fails (pipe, fork).
+int launch(const std::vector<ProcessSpec>& procs, const LaunchOptions& opts = {});
+
+}  // namespace geoloco::launch

@@ -1,0 +1,70 @@
+#include "trainer/launch/line_prefixer.hpp"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace geoloco::launch {
+
+void write_all_fd(int fd, const char* data, size_t len) {
+  while (len > 0) {
+    ssize_t n = ::write(fd, data, len);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) {
+        // A non-blocking sink (terminal set O_NONBLOCK by someone else): wait and retry.
+        ::usleep(1000);
+        continue;
+      }
+      return;
+    }
+    data += n;
+    len -= static_cast<size_t>(n);
+  }
+}
+
+LinePrefixer::LinePrefixer(std::string label, int out_fd) : prefix_("[" + label + "] "), fd_(out_fd) {}
+
+void LinePrefixer::emit(const char* line, size_t len) {
+  while (len > kMaxLine) {
+    emit(line, kMaxLine);
+    line += kMaxLine;
+    len -= kMaxLine;
+  }
+  std::string out;
+  out.reserve(prefix_.size() + len + 1);
+  out.append(prefix_).append(line, len).push_back('\n');
+  write_all_fd(fd_, out.data(), out.size());
+}
+
+void LinePrefixer::feed(const char* data, size_t len) {
+  while (len > 0) {
+    const char* nl = static_cast<const char*>(std::memchr(data, '\n', len));
+    if (nl == nullptr) {
+      pending_.append(data, len);
+      while (pending_.size() >= kMaxLine) {
+        emit(pending_.data(), kMaxLine);
+        pending_.erase(0, kMaxLine);
+      }
+      return;
+    }
+    const size_t part = static_cast<size_t>(nl - data);
+    if (pending_.empty()) {
+      emit(data, part);
+    } else {
+      pending_.append(data, part);
+      emit(pending_.data(), pending_.size());
+      pending_.clear();
+    }
+    data = nl + 1;
+    len -= part + 1;
+  }
+}
+
+void LinePrefixer::finish() {
+  if (!pending_.empty()) emit(pending_.data(), pending_.size());
+  pending_.clear();
+}
+
+}  // namespace geoloco::launch

@@ -1,0 +1,33 @@
+// Turns a child's byte stream into whole lines prefixed with "[label] ", each written with
+// one write(2) so lines from different ranks never interleave mid-line.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace geoloco::launch {
+
+class LinePrefixer {
+ public:
+  // A line longer than this is cut and emitted in pieces (each piece prefixed), so a child
+  // that never prints a newline cannot grow the buffer without bound.
+  static constexpr size_t kMaxLine = 64 * 1024;
+
+  LinePrefixer(std::string label, int out_fd);
+  void feed(const char* data, size_t len);
+  // Emits a trailing partial line (adding the newline). Call once at EOF.
+  void finish();
+
+ private:
+  void emit(const char* line, size_t len);
+
+  std::string prefix_;
+  int fd_;
+  std::string pending_;
+};
+
+// write(2) all of it, retrying on EINTR/short writes; errors (e.g. a closed terminal) are
+// ignored on purpose: losing output must not stop the launcher from reaping its children.
+void write_all_fd(int fd, const char* data, size_t len);
+
+}  // namespace geoloco::launch
