@@ -1,0 +1,188 @@
+// GPT-2 model checkpoints: HF names and shapes, exact round trip, and errors that name the
+// tensor with expected vs found shapes.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "tests/data/temp_dir.hpp"
+#include "trainer/checkpoint/model_checkpoint.hpp"
+#include "trainer/core/error.hpp"
+
+using namespace geoloco;
+using namespace geoloco::trainer;
+using geoloco::test::TempDir;
+
+namespace {
+
+ModelConfig small(int n_layer = 2, int n_embd = 8) {
+  ModelConfig c;
+  c.n_layer = n_layer;
+  c.n_head = 2;
+  c.n_embd = n_embd;
+  c.block_size = 16;
+  c.vocab_size = 32;
+  return c;
+}
+
+// Exactly representable values, distinct per position, so Python can recompute them bit-exactly.
+std::vector<float> filled(const ParamLayout& L) {
+  std::vector<float> p(static_cast<size_t>(L.total()));
+  for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<float>(i % 4093) * 0.125f - 100.0f;
+  return p;
+}
+
+std::string file_error(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const FileError& e) {
+    return e.what();
+  }
+  return "<no FileError>";
+}
+
+}  // namespace
+
+TEST(ModelCheckpoint, RoundTripIsBitExactWithHfNamesShapesAndMetadata) {
+  TempDir dir;
+  ParamLayout L(small());
+  const auto p = filled(L);
+  const auto path = dir.file("model.safetensors");
+  save_model(path, L, p, {{"step", "1200"}, {"run", "abc"}});
+
+  std::vector<float> q(p.size(), 0.0f);
+  load_model(path, L, q);
+  EXPECT_EQ(std::memcmp(p.data(), q.data(), p.size() * 4), 0);
+
+  auto f = read_safetensors(path);
+  EXPECT_EQ(f.tensors().size(), L.views().size());
+  EXPECT_EQ(f.info("transformer.h.0.attn.c_attn.weight").shape, (std::vector<int64_t>{8, 24}));  // [C, 3C]
+  EXPECT_EQ(f.info("transformer.h.1.mlp.c_proj.weight").shape, (std::vector<int64_t>{32, 8}));   // [4C, C]
+  EXPECT_EQ(f.info("transformer.wte.weight").shape, (std::vector<int64_t>{32, 8}));
+  EXPECT_EQ(f.info("transformer.wpe.weight").shape, (std::vector<int64_t>{16, 8}));
+  EXPECT_EQ(f.info("transformer.ln_f.bias").shape, (std::vector<int64_t>{8}));
+  EXPECT_FALSE(f.has("lm_head.weight"));  // tied to wte
+  EXPECT_EQ(f.meta("format"), "geoloco-gpt2");
+  EXPECT_EQ(f.meta("format_version"), "1");
+  EXPECT_EQ(f.meta("n_positions"), "16");
+  EXPECT_EQ(f.meta("step"), "1200");
+  EXPECT_EQ(f.meta("run"), "abc");
+  EXPECT_EQ(read_model_config(path), small());
+  // Tensor data in layout order: the file's data region is the flat buffer itself.
+  EXPECT_EQ(f.tensors().front().name, "transformer.wte.weight");
+  EXPECT_EQ(f.tensors().back().name, "transformer.ln_f.bias");
+  EXPECT_EQ(f.tensors().back().end, static_cast<uint64_t>(L.total()) * 4);
+}
+
+TEST(ModelCheckpoint, HyperparameterMismatchIsNamed) {
+  TempDir dir;
+  ParamLayout L(small(2, 8));
+  const auto path = dir.file("m.safetensors");
+  save_model(path, L, filled(L));
+  ParamLayout wide(small(2, 16));
+  std::vector<float> q(static_cast<size_t>(wide.total()));
+  EXPECT_EQ(file_error([&] { load_model(path, wide, q); }),
+            path + ": checkpoint has n_embd = 8, this model has 16");
+  ParamLayout deep(small(3, 8));
+  std::vector<float> r(static_cast<size_t>(deep.total()));
+  EXPECT_EQ(file_error([&] { load_model(path, deep, r); }), path + ": checkpoint has n_layer = 2, this model has 3");
+}
+
+TEST(ModelCheckpoint, ShapeMismatchNamesTensorExpectedAndFound) {
+  // No metadata (as a foreign exporter might write): the per-tensor checks catch it.
+  TempDir dir;
+  ParamLayout L(small());
+  const auto p = filled(L);
+  auto t = model_tensors(L, p);
+  const auto& v = L.find("transformer.h.1.mlp.c_fc.weight");  // [8, 32]
+  for (auto& w : t)
+    if (w.name == v.name) w.shape = {32, 8};  // transposed: same bytes, wrong layout
+  const auto path = dir.file("s.safetensors");
+  write_safetensors(path, t, {});
+  std::vector<float> q(p.size());
+  EXPECT_EQ(file_error([&] { load_model(path, L, q); }),
+            path + ": tensor 'transformer.h.1.mlp.c_fc.weight' has the wrong shape: expected [8, 32], found [32, 8]");
+}
+
+TEST(ModelCheckpoint, MissingExtraAndWrongDtypeTensors) {
+  TempDir dir;
+  ParamLayout L(small());
+  const auto p = filled(L);
+  std::vector<float> q(p.size());
+  {
+    auto t = model_tensors(L, p);
+    t.erase(t.begin() + 5);
+    const auto path = dir.file("missing.safetensors");
+    write_safetensors(path, t, {});
+    EXPECT_EQ(file_error([&] { load_model(path, L, q); }),
+              path + ": missing tensor '" + L.views()[5].name + "' (expected shape [" +
+                  std::to_string(L.views()[5].shape[0]) + (L.views()[5].shape.size() > 1 ? ", " + std::to_string(L.views()[5].shape[1]) : "") + "])");
+  }
+  {
+    auto t = model_tensors(L, p);
+    const float extra[8] = {};
+    t.push_back(f32_tensor("transformer.h.2.ln_1.weight", {8}, extra));
+    const auto path = dir.file("extra.safetensors");
+    write_safetensors(path, t, {});
+    EXPECT_EQ(file_error([&] { load_model(path, L, q); }),
+              path + ": unexpected tensor 'transformer.h.2.ln_1.weight' [8] (not part of this model)");
+  }
+  {
+    auto t = model_tensors(L, p);
+    std::vector<double> d(8, 1.0);
+    for (auto& w : t)
+      if (w.name == "transformer.ln_f.weight") {
+        w.dtype = Dtype::F64;
+        w.bytes = {reinterpret_cast<const uint8_t*>(d.data()), d.size() * 8};
+      }
+    const auto path = dir.file("f64.safetensors");
+    write_safetensors(path, t, {});
+    EXPECT_EQ(file_error([&] { load_model(path, L, q); }),
+              path + ": tensor 'transformer.ln_f.weight' is F64, expected F32");
+  }
+}
+
+TEST(ModelCheckpoint, HfGpt2ModelNamesAndBuffersLoad) {
+  // GPT2Model saves without the "transformer." prefix and may carry the causal-mask buffers.
+  TempDir dir;
+  ParamLayout L(small());
+  const auto p = filled(L);
+  auto t = model_tensors(L, p);
+  for (auto& w : t) w.name = w.name.substr(std::string("transformer.").size());
+  const float mask[4] = {1, 0, 1, 1};
+  t.push_back(f32_tensor("h.0.attn.bias", {1, 1, 2, 2}, mask));
+  t.push_back(f32_tensor("lm_head.weight", {2, 2}, mask));
+  const auto path = dir.file("hf.safetensors");
+  write_safetensors(path, t, {{"format", "pt"}});
+  std::vector<float> q(p.size());
+  load_model(path, L, q);
+  EXPECT_EQ(q, p);
+  EXPECT_NE(file_error([&] { read_model_config(path); }).find("format 'pt' is not a geoloco-gpt2 model"),
+            std::string::npos);
+}
+
+TEST(ModelCheckpoint, MetadataIsValidated) {
+  TempDir dir;
+  ParamLayout L(small());
+  const auto p = filled(L);
+  EXPECT_THROW(save_model(dir.file("r.safetensors"), L, p, {{"n_layer", "5"}}), Error);  // reserved key
+  std::vector<float> wrong(p.size() - 1);
+  EXPECT_THROW(save_model(dir.file("w.safetensors"), L, wrong), Error);
+
+  auto meta = model_metadata(L.config(), {});
+  meta["n_head"] = "two";
+  const auto path = dir.file("bad.safetensors");
+  write_safetensors(path, model_tensors(L, p), meta);
+  EXPECT_EQ(file_error([&] { read_model_config(path); }),
+            path + ": __metadata__ 'n_head' is 'two', expected a positive integer");
+  meta = model_metadata(L.config(), {});
+  meta["format_version"] = "2";
+  write_safetensors(path, model_tensors(L, p), meta);
+  EXPECT_EQ(file_error([&] { read_model_config(path); }),
+            path + ": model format_version '2' is not supported (expected 1)");
+  meta = model_metadata(L.config(), {});
+  meta.erase("vocab_size");
+  write_safetensors(path, model_tensors(L, p), meta);
+  EXPECT_EQ(file_error([&] { read_model_config(path); }), path + ": __metadata__ has no 'vocab_size'");
+  EXPECT_NE(file_error([&] { read_model_config(dir.file("absent.safetensors")); }).find("cannot open"),
+            std::string::npos);
+}

@@ -1,0 +1,178 @@
+// safetensors writer and reader: exact bytes, round trips, atomic replacement.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "tests/data/temp_dir.hpp"
+#include "trainer/checkpoint/atomic_file.hpp"
+#include "trainer/checkpoint/safetensors.hpp"
+#include "trainer/core/error.hpp"
+
+using namespace geoloco;
+using namespace geoloco::trainer;
+using geoloco::test::TempDir;
+
+namespace {
+
+std::vector<uint8_t> slurp(const std::string& p) {
+  std::ifstream f(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), {}};
+}
+
+}  // namespace
+
+TEST(Safetensors, BytesMatchTheFormatExactly) {
+  const float a[2] = {1.0f, -2.0f};
+  const int64_t b[1] = {258};
+  std::vector<TensorWrite> t = {f32_tensor("a", {2}, a), i64_tensor("b", {1, 1}, b)};
+  const auto bytes = encode_safetensors(t, {{"k", "v"}});
+  const std::string json =
+      R"({"__metadata__":{"k":"v"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+      R"("b":{"dtype":"I64","shape":[1,1],"data_offsets":[8,16]}})";
+  // 8 + N must be a multiple of 8: the JSON is padded with spaces.
+  std::string header = json + std::string((8 - json.size() % 8) % 8, ' ');
+  std::vector<uint8_t> want;
+  const uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) want.push_back(static_cast<uint8_t>(n >> (8 * i)));  // little-endian
+  want.insert(want.end(), header.begin(), header.end());
+  for (uint8_t x : {0x00, 0x00, 0x80, 0x3f, 0x00, 0x00, 0x00, 0xc0}) want.push_back(x);  // 1.0f, -2.0f
+  for (uint8_t x : {0x02, 0x01, 0, 0, 0, 0, 0, 0}) want.push_back(x);                   // 258
+  EXPECT_EQ(bytes, want);
+  EXPECT_EQ((8 + header.size()) % 8, 0u);
+}
+
+TEST(Safetensors, NoMetadataOmitsTheKey) {
+  const uint8_t x[3] = {7, 8, 9};
+  std::vector<TensorWrite> t = {u8_tensor("x", {3}, x)};
+  const auto bytes = encode_safetensors(t, {});
+  const std::string json = R"({"x":{"dtype":"U8","shape":[3],"data_offsets":[0,3]}})";
+  ASSERT_GE(bytes.size(), 8 + json.size());
+  EXPECT_EQ(std::string(bytes.begin() + 8, bytes.begin() + 8 + static_cast<ptrdiff_t>(json.size())), json);
+}
+
+TEST(Safetensors, RoundTripKeepsEveryBitAndTheMetadata) {
+  TempDir dir;
+  std::vector<float> w(6 * 5);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = std::sin(static_cast<float>(i)) * 1e-3f;
+  w[3] = -0.0f;
+  w[4] = std::numeric_limits<float>::denorm_min();
+  std::vector<int64_t> step = {123456789012345LL, -1};
+  std::vector<uint8_t> blob = {1, 2, 3, 4, 5};
+  const float scalar[1] = {42.5f};
+  std::vector<TensorWrite> t = {f32_tensor("layer.w", {6, 5}, w), i64_tensor("step", {2}, step),
+                                u8_tensor("blob", {5}, blob), f32_tensor("empty", {0, 4}, {}),
+                                f32_tensor("scalar", {}, scalar)};
+  const std::map<std::string, std::string> meta = {{"run", "geo-1"}, {"unicode", "µ→∑"}, {"empty", ""}};
+  const auto path = dir.file("x.safetensors");
+  write_safetensors(path, t, meta);
+  auto f = read_safetensors(path);
+  EXPECT_EQ(f.metadata(), meta);
+  ASSERT_EQ(f.tensors().size(), 5u);
+  EXPECT_EQ(f.tensors()[0].name, "layer.w");  // data order = write order
+  EXPECT_EQ(f.info("layer.w").shape, (std::vector<int64_t>{6, 5}));
+  const auto w2 = f.f32("layer.w");
+  ASSERT_EQ(w2.size(), w.size());
+  EXPECT_EQ(std::memcmp(w2.data(), w.data(), w.size() * 4), 0);
+  EXPECT_EQ(f.i64("step"), step);
+  EXPECT_EQ(f.u8("blob"), blob);
+  EXPECT_TRUE(f.f32("empty").empty());
+  EXPECT_EQ(f.info("empty").shape, (std::vector<int64_t>{0, 4}));
+  EXPECT_EQ(f.f32("scalar"), std::vector<float>{42.5f});
+  EXPECT_TRUE(f.info("scalar").shape.empty());
+  // Same inputs, same bytes.
+  EXPECT_EQ(slurp(path), encode_safetensors(t, meta));
+}
+
+TEST(Safetensors, TypedAccessChecksDtypeShapeAndName) {
+  TempDir dir;
+  const int64_t v[2] = {1, 2};
+  std::vector<TensorWrite> t = {i64_tensor("n", {2}, v)};
+  const auto path = dir.file("t.safetensors");
+  write_safetensors(path, t, {});
+  auto f = read_safetensors(path);
+  try {
+    f.f32("n");
+    FAIL();
+  } catch (const FileError& e) {
+    EXPECT_EQ(std::string(e.what()), path + ": tensor 'n' is I64, expected F32");
+  }
+  try {
+    f.info("m");
+    FAIL();
+  } catch (const FileError& e) {
+    EXPECT_EQ(std::string(e.what()), path + ": no tensor 'm'");
+  }
+  const int64_t want_shape[] = {1, 2};
+  try {
+    f.check("n", Dtype::I64, want_shape);
+    FAIL();
+  } catch (const FileError& e) {
+    EXPECT_EQ(std::string(e.what()), path + ": tensor 'n' has shape [2], expected [1, 2]");
+  }
+  EXPECT_THROW(f.meta("absent"), FileError);
+}
+
+TEST(Safetensors, UnalignedDataIsReadCorrectly) {
+  // A foreign writer need not pad: header of 61 bytes puts F32 data at an odd offset.
+  const std::string json = R"({"v":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  std::vector<uint8_t> bytes(8);
+  const uint64_t n = json.size();
+  std::memcpy(bytes.data(), &n, 8);
+  bytes.insert(bytes.end(), json.begin(), json.end());
+  const float vals[2] = {3.25f, -7.5f};
+  const auto* p = reinterpret_cast<const uint8_t*>(vals);
+  bytes.insert(bytes.end(), p, p + 8);
+  ASSERT_NE((8 + json.size()) % 4, 0u);
+  auto f = SafetensorsFile::parse(bytes, "mem");
+  EXPECT_EQ(f.f32("v"), (std::vector<float>{3.25f, -7.5f}));
+}
+
+TEST(Safetensors, WriterRejectsInconsistentTensors) {
+  const float a[3] = {1, 2, 3};
+  std::vector<TensorWrite> wrong_size = {f32_tensor("a", {2, 2}, a)};
+  EXPECT_THROW(encode_safetensors(wrong_size, {}), Error);
+  std::vector<TensorWrite> dup = {f32_tensor("a", {3}, a), f32_tensor("a", {3}, a)};
+  EXPECT_THROW(encode_safetensors(dup, {}), Error);
+  std::vector<TensorWrite> reserved = {f32_tensor("__metadata__", {3}, a)};
+  EXPECT_THROW(encode_safetensors(reserved, {}), Error);
+  std::vector<TensorWrite> neg = {f32_tensor("a", {-1, -3}, a)};
+  EXPECT_THROW(encode_safetensors(neg, {}), Error);
+  std::vector<TensorWrite> ok = {f32_tensor("a", {3}, a)};
+  EXPECT_THROW(encode_safetensors(ok, {{"bad", std::string("\xff\xfe", 2)}}), Error);  // not UTF-8
+}
+
+TEST(AtomicFile, ReplacesAtomicallyAndLeavesNoTemporary) {
+  TempDir dir;
+  const auto path = dir.file("ckpt.safetensors");
+  const float a[1] = {1};
+  const float b[1] = {2};
+  std::vector<TensorWrite> ta = {f32_tensor("x", {1}, a)}, tb = {f32_tensor("x", {1}, b)};
+  write_safetensors(path, ta, {});
+  write_safetensors(path, tb, {});
+  EXPECT_EQ(read_safetensors(path).f32("x"), std::vector<float>{2});
+  size_t entries = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+    (void)e;
+    ++entries;
+  }
+  EXPECT_EQ(entries, 1u) << "a temporary file was left behind";
+  {
+    // A write abandoned before commit (e.g. an exception mid-save) keeps the old file.
+    AtomicFileWriter w(path);
+    w.write(std::vector<uint8_t>(100, 0xab));
+    EXPECT_TRUE(std::filesystem::exists(w.temp_path()));
+    EXPECT_EQ(w.temp_path(), path + ".tmp." + std::to_string(::getpid()));
+  }
+  EXPECT_EQ(read_safetensors(path).f32("x"), std::vector<float>{2});
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp." + std::to_string(::getpid())));
+  // An unwritable destination is an Error naming the path.
+  try {
+    write_safetensors(dir.file("no/such/dir/c.safetensors"), tb, {});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no/such/dir/c.safetensors.tmp."), std::string::npos) << e.what();
+  }
+}
