@@ -16,12 +16,15 @@ FrameInfo info_of(const FrameHeader& h) {
   return FrameInfo{h.codec, h.topk(), h.zstd(), h.elements, h.raw_bytes, h.frame_bytes()};
 }
 
-// Finite and within kMaxAbsValue, as one vectorizable pass over the bit patterns.
+// Finite and within kMaxAbsValue, as one vectorizable max reduction over the bit patterns
+// (with the sign cleared, finite floats order like their bits and NaN/inf sort above all).
 bool all_in_range(const float* x, size_t n) {
-  constexpr uint32_t kLimit = std::bit_cast<uint32_t>(kMaxAbsValue);
-  bool bad = false;
-  for (size_t i = 0; i < n; ++i) bad |= (std::bit_cast<uint32_t>(x[i]) & 0x7fffffffu) > kLimit;
-  return !bad;
+  uint32_t top = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t b = std::bit_cast<uint32_t>(x[i]) & 0x7fffffffu;
+    top = b > top ? b : top;
+  }
+  return top <= std::bit_cast<uint32_t>(kMaxAbsValue);
 }
 
 }  // namespace

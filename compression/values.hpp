@@ -8,7 +8,8 @@
 // Reconstruction and its error bound (per element, s = the group's scale, a = group absmax):
 //   fp32: exact.  fp16/bf16: round to nearest even (relative 2^-11 / 2^-8).
 //   int8: s = a/127, x^ = q*s, |x - x^| <= s/2.   int4: s = a/7, |x - x^| <= s/2.
-//   int2: s = a/3, x^ in {-3,-1,1,3}*s, |x - x^| <= s.
+//   int2: s = 0.75 * mean|x| (absmax scaling of heavy-tailed data would put most values on
+//         +-a/3), x^ in {-3,-1,1,3}*s, |x - x^| <= max(s, |x| - 3s) (beyond 3s it clips).
 //   fp4:  s = a, |x^| in {0} u {2^-6..2^0}*s, |x - x^| <= max(|x|/3, s*2^-7).
 // (plus float rounding of x/s and q*s: a few ulps of |x|, and 2^-149-scale slack when s is
 // subnormal; see tests/compression/test_values.cpp.)
@@ -27,6 +28,9 @@ namespace geoloco::compression {
 // inputs (a pseudo-gradient of 2^64 means the site diverged) and the decoder rejects larger
 // scales, so a decoded product q * s can never overflow.
 inline constexpr float kMaxAbsValue = 0x1p64f;
+// int2 scale = this * mean |x| of the group (minimises the relative L2 error of Student-t
+// like data among the factors tried: 0.3 .. 1.0; see docs/compression.md).
+inline constexpr float kInt2MeanFactor = 0.75f;
 
 // Encodes x (all finite, |x| <= kMaxAbsValue: caller checks) into `scales` (groups x f32,
 // little-endian, scaled codecs only) and `codes` (ceil(n*bits/8) bytes).

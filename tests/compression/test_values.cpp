@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "compression/synthetic.hpp"
+#include "compression/values.hpp"
 #include "test_util.hpp"
 #include "trainer/core/rng.hpp"
 
@@ -29,7 +30,7 @@ double qmax(Codec c) {
 // Slack, and why: 2^-20 (|x| + a) covers float rounding of s = a/qmax, x * (qmax/a) and
 // q * s (a few ulps at 2^-24 each); (qmax + 1) * 2^-149 covers a subnormal scale, whose own
 // rounding error (<= 2^-150) is multiplied by |q| <= qmax.
-double bound(Codec c, double x, double a) {
+double bound(Codec c, double x, double a, double mean_abs) {
   const double ax = std::fabs(x);
   const double slack = 0x1p-20 * (ax + a) + (qmax(c) + 1) * 0x1p-149;
   switch (c) {
@@ -38,7 +39,10 @@ double bound(Codec c, double x, double a) {
     case Codec::kBf16: return std::max(0x1p-8 * ax, 0x1p-134);   // half ulp; bf16 subnormal spacing 2^-133
     case Codec::kInt8: return a / 127 / 2 + slack;
     case Codec::kInt4: return a / 7 / 2 + slack;
-    case Codec::kInt2: return a / 3 + slack;                     // levels 2s apart
+    case Codec::kInt2: {                                         // levels 2s apart, clipped at 3s
+      const double s = kInt2MeanFactor * mean_abs * (1 + 0x1p-16);  // float mean of <= 2^16 terms
+      return std::max(s, ax - 3 * s * (1 - 0x1p-15)) + slack;
+    }
     case Codec::kFp4: return std::max(ax / 3, a * 0x1p-7) + slack;
   }
   return 0;
@@ -49,11 +53,15 @@ void expect_within_bounds(Codec c, uint32_t block, std::span<const float> x, std
   ASSERT_EQ(x.size(), y.size());
   for (size_t b = 0; b * block < x.size(); ++b) {
     const size_t begin = b * block, end = std::min(x.size(), begin + block);
-    double a = 0;
-    for (size_t i = begin; i < end; ++i) a = std::max(a, std::fabs(static_cast<double>(x[i])));
+    double a = 0, sum = 0;
+    for (size_t i = begin; i < end; ++i) {
+      a = std::max(a, std::fabs(static_cast<double>(x[i])));
+      sum += std::fabs(static_cast<double>(x[i]));
+    }
+    const double mean = sum / static_cast<double>(end - begin);
     for (size_t i = begin; i < end; ++i) {
       ASSERT_TRUE(std::isfinite(y[i])) << codec_name(c) << " element " << i;
-      ASSERT_LE(std::fabs(static_cast<double>(x[i]) - y[i]), bound(c, x[i], a))
+      ASSERT_LE(std::fabs(static_cast<double>(x[i]) - y[i]), bound(c, x[i], a, mean))
           << codec_name(c) << " element " << i << " x=" << x[i] << " y=" << y[i] << " absmax=" << a;
     }
   }
@@ -108,7 +116,7 @@ TEST_P(EveryCodec, OneHugeOutlierPerBlock) {
   expect_within_bounds(c, 128, x, y);
   // The outlier is the absmax, i.e. the top level: it comes back to within the rounding of
   // s = a/qmax and q*s (two roundings of 2^-24 each).
-  if (codec_has_scales(c)) {
+  if (codec_has_scales(c) && c != Codec::kInt2) {  // int2 clips outliers to 3s
     for (size_t i = 5; i < x.size(); i += 128) {
       EXPECT_LE(std::fabs(y[i] - x[i]), std::fabs(x[i]) * 0x1p-23) << codec_name(c) << " at " << i;
     }
@@ -173,8 +181,9 @@ TEST(ValueCodecs, ValuesOnTheGridAreExact) {
   x4.push_back(21.0f);
   EXPECT_EQ(round_trip(make_config(Codec::kInt4, 16), x4), x4);
 
-  std::vector<float> x2 = {-3, -1, 1, 3, 3, 1, -1, -3, -3, -3, 1, 1, 3, -1, 3, 1};
-  EXPECT_EQ(round_trip(make_config(Codec::kInt2, 16), x2), x2);
+  // int2: s = 0.75 * mean|x| = 1 needs mean|x| = 4/3: four 3s and twenty 1s in a block of 24.
+  std::vector<float> x2 = {-3, 3, -3, 3, 1, -1, 1, 1, -1, -1, 1, 1, -1, 1, -1, 1, 1, 1, -1, -1, 1, -1, 1, -1};
+  EXPECT_EQ(round_trip(make_config(Codec::kInt2, 24), x2), x2);
 
   std::vector<float> xf = {0.0f, 1.0f, -1.0f};
   for (int e = -6; e <= -1; ++e) {
@@ -214,15 +223,20 @@ TEST(ValueCodecs, RoundingRules) {
   EXPECT_EQ(g[2], 1.0f);
   EXPECT_EQ(g[3], 0.0f);
   EXPECT_EQ(g[4], -0x1p-6f);
-  // int2 with a = 3 (s = 1): 0 -> +1 (tie between -1 and 1 goes to the even code 2), 1.9 -> 1.
-  std::vector<float> t(16, 0.0f);
-  t[0] = 3.0f;
-  t[2] = 1.9f;
-  t[3] = -2.1f;
-  const auto u = round_trip(make_config(Codec::kInt2, 16), t);
+  // int2 with s = 0.75 * mean|x| = 1 (|x| sums to 32 over 24): 0 -> +1 (the tie between -1
+  // and 1 goes to the even code 2), 1.9 -> 1, -2.1 -> -3, 7 clips to 3.
+  std::vector<float> t(24, 1.0f);
+  t[0] = 0.0f;
+  t[1] = 1.9f;
+  t[2] = -2.1f;
+  t[3] = 7.0f;
+  t[4] = 2.0f;
+  const auto u = round_trip(make_config(Codec::kInt2, 24), t);
+  EXPECT_EQ(u[0], 1.0f);
   EXPECT_EQ(u[1], 1.0f);
-  EXPECT_EQ(u[2], 1.0f);
-  EXPECT_EQ(u[3], -3.0f);
+  EXPECT_EQ(u[2], -3.0f);
+  EXPECT_EQ(u[3], 3.0f);
+  EXPECT_EQ(u[5], 1.0f);
 }
 
 TEST(ValueCodecs, Fp16OverflowIsRejectedWithIndex) {
