@@ -73,10 +73,14 @@ std::string format_budget_table(const BudgetReport& r) {
   t.row("sites", fmt::format("{}", in.sites));
   t.row("round trip", fmt::format("{} ({}){}", format_seconds(in.rtt_s), in.rtt_source,
                                   in.rtt_p99_s > 0 ? ", p99 " + format_seconds(in.rtt_p99_s) : ""));
-  t.row("site WAN capacity", std::isfinite(in.site_capacity_Bps())
-                                 ? fmt::format("{} ({} x {} Gbit/s)", format_rate_bits(in.site_capacity_Bps()),
-                                               in.parallel_links, in.link_gbps)
-                                 : "unbounded");
+  {
+    const double cap = in.site_capacity_Bps();
+    const double spec = gbit_to_bytes_per_s(in.link_gbps) * static_cast<double>(in.parallel_links);
+    std::string why = in.link_gbps > 0 && cap >= spec
+                          ? fmt::format("{} x {} Gbit/s", in.parallel_links, in.link_gbps)
+                          : fmt::format("measured with {} connections", in.measured_connections);
+    t.row("site WAN capacity", std::isfinite(cap) ? fmt::format("{} ({})", format_rate_bits(cap), why) : "unbounded");
+  }
   t.row("inner step", fmt::format("{} ({})", format_seconds(in.step_time_s), in.step_time_source));
   t.row("schedule", fmt::format("H {}, {} fragment(s), overlap {} step(s), {} ranks x {} lane(s), {}", in.H,
                                 in.fragments, in.overlap_steps, in.ranks, in.lanes, pattern_name(in.pattern)));

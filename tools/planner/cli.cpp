@@ -1,0 +1,176 @@
+#include "tools/planner/cli.hpp"
+
+#include <fmt/format.h>
+
+#include <iostream>
+#include <sstream>
+
+#include "tools/planner/budget.hpp"
+#include "tools/planner/quantity.hpp"
+#include "tools/planner/strategy.hpp"
+#include "tools/planner/topology.hpp"
+#include "tools/planner/yaml_section.hpp"
+#include "trainer/core/config_node.hpp"
+#include "trainer/model/model_config.hpp"
+
+namespace geoloco::planner {
+namespace {
+
+// The model section of a training run config (its `model:` key).
+trainer::ModelConfig model_from_run_config(const std::string& path) {
+  auto doc = config::load_file(path);
+  auto root = doc.node();
+  if (!root.has("model")) root.fail("model", "missing: the run config has no model: section");
+  return trainer::ModelConfig::from_yaml(root.child("model"));
+}
+
+}  // namespace
+
+std::vector<std::string> budget_overrides(const BudgetFlags& f) {
+  std::vector<std::string> o;
+  auto set = [&](const char* key, const std::string& v) {
+    if (!v.empty()) o.push_back(fmt::format("{}={}", key, v));
+  };
+  if (!f.params.empty() && !f.config.empty()) throw InputError("budget: give --params or --config, not both");
+  if (!f.km.empty() && !f.rtt_ms.empty()) throw InputError("budget: give --km or --rtt-ms, not both");
+  if (!f.params.empty()) {
+    o.push_back("model=null");
+    set("model.params", f.params);
+  }
+  if (!f.config.empty()) {
+    auto mc = model_from_run_config(f.config);
+    o.push_back("model=null");
+    o.push_back(fmt::format("model.params={}", mc.num_params()));
+  }
+  set("compression.bits", f.bits);
+  set("compression.bytes_per_value", f.bytes_per_value);
+  set("sites", f.sites);
+  if (!f.km.empty()) {
+    o.push_back("link.rtt_ms=null");
+    set("link.distance_km", f.km);
+  }
+  if (!f.rtt_ms.empty()) {
+    o.push_back("link.distance_km=null");
+    set("link.rtt_ms", f.rtt_ms);
+  }
+  set("link.rate_gbps", f.rate_gbps);
+  set("link.parallel_links", f.links);
+  set("link.tcp_rmem_max", f.tcp_rmem_max);
+  if (f.slow_start) o.push_back("link.slow_start=true");
+  set("schedule.step_time_s", f.step_time);
+  set("schedule.H", f.H);
+  set("schedule.fragments", f.fragments);
+  set("schedule.overlap_steps", f.overlap);
+  set("schedule.ranks", f.ranks);
+  set("schedule.lanes", f.lanes);
+  set("schedule.pattern", f.pattern);
+  set("target.utilization", f.target);
+  set("target.h_floor", f.h_floor);
+  set("target.h_max", f.h_max);
+  o.insert(o.end(), f.sets.begin(), f.sets.end());
+  return o;
+}
+
+std::string run_budget(const BudgetFlags& f) {
+  const auto overrides = budget_overrides(f);
+  config::Document doc =
+      f.from.empty() ? config::load_string(fmt::format("format: {}\nversion: {}\n", kBudgetFormat, kBudgetVersion),
+                                           "<flags>", overrides)
+                     : config::load_file(f.from, overrides);
+  auto report = plan_budget(BudgetInput::from_yaml(doc.node()));
+  return f.json ? budget_json(report).dump(2) + "\n" : format_budget_table(report);
+}
+
+std::string run_topo(const TopoFlags& f) {
+  if (f.topology.empty()) throw InputError("topo: --topology FILE is required (nvidia-smi topo -m text or YAML)");
+  Topology topo = [&] {
+    if (f.topology != "-") return load_topology_file(f.topology);
+    std::stringstream ss;
+    ss << std::cin.rdbuf();
+    return parse_nvidia_smi_topo(ss.str(), "<stdin>", LinkAssumptions{});
+  }();
+  Workload w;
+  if (f.params.empty() == f.config.empty()) throw InputError("topo: give exactly one of --params or --config");
+  if (!f.params.empty()) {
+    w.params = parse_count(f.params, "--params");
+  } else {
+    auto mc = model_from_run_config(f.config);
+    w.params = static_cast<double>(mc.num_params());
+    w.layers = mc.n_layer;
+  }
+  if (f.layers < 0) throw InputError(fmt::format("topo: --layers: got {}, expected >= 1", f.layers));
+  if (f.layers > 0) w.layers = f.layers;
+  if (f.compute_s > 0) {
+    if (f.tokens_per_gpu > 0 || f.gpu_tflops > 0)
+      throw InputError("topo: give --compute-s, or --tokens-per-gpu with --gpu-tflops, not both");
+    w.compute_s = f.compute_s;
+  } else if (f.tokens_per_gpu > 0 && f.gpu_tflops > 0) {
+    // Forward + backward of a dense transformer: ~6 FLOPs per parameter per token.
+    w.compute_s = 6.0 * w.params * f.tokens_per_gpu / (f.gpu_tflops * 1e12);
+  } else {
+    throw InputError("topo: the step's compute time is needed: --compute-s, or --tokens-per-gpu and "
+                     "--gpu-tflops (achieved, not peak)");
+  }
+  if (!(f.gpu_memory_gb > 0)) throw InputError(fmt::format("topo: --gpu-memory-gb: got {}, expected > 0", f.gpu_memory_gb));
+  if (f.activations_gb < 0) throw InputError(fmt::format("topo: --activations-gb: got {}, expected >= 0", f.activations_gb));
+  if (!(f.grad_bytes > 0)) throw InputError(fmt::format("topo: --grad-bytes: got {}, expected > 0", f.grad_bytes));
+  w.gpu_memory_bytes = f.gpu_memory_gb * 1e9;
+  w.activation_bytes = f.activations_gb * 1e9;
+  w.grad_bytes = f.grad_bytes;
+  if (f.micro_batches < 1) throw InputError(fmt::format("topo: --micro-batches: got {}, expected >= 1", f.micro_batches));
+  w.micro_batches = f.micro_batches;
+  auto plan = plan_topology(topo, w);
+  return f.json ? topo_json(plan).dump(2) + "\n" : format_topo_table(plan);
+}
+
+void add_budget_command(CLI::App& app) {
+  auto f = std::make_shared<BudgetFlags>();
+  auto* cmd = app.add_subcommand("budget", "WAN budget of a DiLoCo sync: bytes, transfer time, TCP window cap, "
+                                           "utilization, smallest H (docs/planning.md)");
+  cmd->add_option("--from", f->from, "budget YAML (written by geoloco probe, or by hand); flags override it");
+  cmd->add_option("--set", f->sets, "override any key: --set link.rtt_ms=40 (repeatable)");
+  cmd->add_option("--params", f->params, "model parameters: 124M, 7B, 1T, 1.5e12");
+  cmd->add_option("--config", f->config, "take the model from a run config's model: section");
+  cmd->add_option("--bits", f->bits, "bits per value after compression: 32, 16, 8, 4, 2");
+  cmd->add_option("--bytes-per-value", f->bytes_per_value, "bytes per value on the wire (overrides --bits)");
+  cmd->add_option("--sites", f->sites, "number of sites");
+  cmd->add_option("--km", f->km, "fiber distance between sites (5 us/km one way)");
+  cmd->add_option("--rtt-ms", f->rtt_ms, "round trip time instead of a distance");
+  cmd->add_option("--rate-gbps", f->rate_gbps, "one WAN link's rate, Gbit/s");
+  cmd->add_option("--links", f->links, "parallel WAN links per site");
+  cmd->add_option("--tcp-rmem-max", f->tcp_rmem_max, "net.ipv4.tcp_rmem max (6MiB default)");
+  cmd->add_flag("--slow-start", f->slow_start, "model TCP slow start after idle on every sync");
+  cmd->add_option("--step-time", f->step_time, "inner step time, seconds");
+  cmd->add_option("-H,--H", f->H, "inner steps between syncs");
+  cmd->add_option("--fragments", f->fragments, "streaming fragments");
+  cmd->add_option("--overlap", f->overlap, "overlap steps (tau) a fragment sync may take");
+  cmd->add_option("--ranks", f->ranks, "ranks per site (connections per site pair)");
+  cmd->add_option("--lanes", f->lanes, "connections per rank pair");
+  cmd->add_option("--pattern", f->pattern, "all_to_all (geoloco) or ring");
+  cmd->add_option("--target", f->target, "target compute utilization for the smallest-H search");
+  cmd->add_option("--h-floor", f->h_floor, "smallest H allowed for model quality (default 25)");
+  cmd->add_option("--h-max", f->h_max, "largest H searched");
+  cmd->add_flag("--json", f->json, "print JSON");
+  cmd->callback([f] { std::cout << run_budget(*f) << std::flush; });
+}
+
+void add_topo_command(CLI::App& app) {
+  auto f = std::make_shared<TopoFlags>();
+  auto* cmd = app.add_subcommand("topo", "intra-site strategy planner: ddp/zero1/zero2/fsdp/hybrid step time and "
+                                         "memory on a GPU topology, with a recommendation");
+  cmd->add_option("--topology", f->topology, "nvidia-smi topo -m output, or a topology YAML; - reads stdin")->required();
+  cmd->add_option("--params", f->params, "model parameters: 1.3B, 7B");
+  cmd->add_option("--config", f->config, "take the model from a run config's model: section");
+  cmd->add_option("--layers", f->layers, "transformer layers (fsdp units); default from --config, else 32");
+  cmd->add_option("--compute-s", f->compute_s, "forward+backward time of one step on one GPU, seconds");
+  cmd->add_option("--micro-batches", f->micro_batches, "gradient accumulation steps per optimizer step (default 1)");
+  cmd->add_option("--tokens-per-gpu", f->tokens_per_gpu, "tokens per GPU per step (with --gpu-tflops)");
+  cmd->add_option("--gpu-tflops", f->gpu_tflops, "achieved TFLOP/s per GPU (with --tokens-per-gpu)");
+  cmd->add_option("--gpu-memory-gb", f->gpu_memory_gb, "memory per GPU, GB (default 80)");
+  cmd->add_option("--activations-gb", f->activations_gb, "activation memory per GPU, GB (default 0)");
+  cmd->add_option("--grad-bytes", f->grad_bytes, "bytes per gradient value in collectives (2 bf16, 4 fp32)");
+  cmd->add_flag("--json", f->json, "print JSON");
+  cmd->callback([f] { std::cout << run_topo(*f) << std::flush; });
+}
+
+}  // namespace geoloco::planner
