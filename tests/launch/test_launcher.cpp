@@ -54,6 +54,9 @@ bool process_dead(pid_t pid) {
   return close != std::string::npos && close + 2 < content.size() && content[close + 2] == 'Z';
 }
 
+// Strict: the process no longer exists at all (killed and reaped).
+bool gone(pid_t pid) { return ::kill(pid, 0) != 0 && errno == ESRCH; }
+
 bool wait_dead(pid_t pid, std::chrono::milliseconds limit) {
   auto deadline = Clock::now() + limit;
   while (Clock::now() < deadline) {
@@ -144,7 +147,8 @@ TEST(Launcher, FailingRankStopsAllWithinABound) {
   auto pids = printed_pids(out);
   ASSERT_EQ(pids.size(), 5u) << out;
   for (pid_t p : pids) {
-    EXPECT_TRUE(process_dead(p)) << "pid " << p << " survived";
+    // Strict: gone, not even a zombie (the launcher reaped its ranks and their helpers).
+    EXPECT_TRUE(gone(p)) << "pid " << p << " survived or was not reaped";
     int st;
     EXPECT_EQ(::waitpid(p, &st, WNOHANG), -1) << "pid " << p << " left unreaped";  // ECHILD: reaped already
   }
@@ -163,7 +167,7 @@ TEST(Launcher, KilledRankIsReportedWithItsSignal) {
   EXPECT_NE(err.find("[launch] rank a/0 was killed by signal 9 (SIGKILL: Killed); stopping 1 other rank"),
             std::string::npos)
       << err;
-  for (pid_t p : printed_pids(read_all(cap.out))) EXPECT_TRUE(process_dead(p)) << p;
+  for (pid_t p : printed_pids(read_all(cap.out))) EXPECT_TRUE(gone(p)) << p;
 }
 
 TEST(Launcher, RankIgnoringSigtermIsKilledAfterGrace) {
@@ -179,7 +183,7 @@ TEST(Launcher, RankIgnoringSigtermIsKilledAfterGrace) {
   EXPECT_LT(took, 3s);
   std::string err = read_all(cap.err);
   EXPECT_NE(err.find("1 rank still running after 400 ms; sending SIGKILL"), std::string::npos) << err;
-  for (pid_t p : printed_pids(read_all(cap.out))) EXPECT_TRUE(process_dead(p)) << p;
+  for (pid_t p : printed_pids(read_all(cap.out))) EXPECT_TRUE(gone(p)) << p;
 }
 
 TEST(Launcher, CommandThatCannotStartStopsTheOthers) {
@@ -198,7 +202,7 @@ TEST(Launcher, CommandThatCannotStartStopsTheOthers) {
             std::string::npos)
       << err;
   EXPECT_EQ(out.find("never"), std::string::npos);  // a/2 was never started
-  for (pid_t p : printed_pids(out)) EXPECT_TRUE(process_dead(p)) << p;
+  for (pid_t p : printed_pids(out)) EXPECT_TRUE(gone(p)) << p;
 }
 
 TEST(Launcher, RejectsBadInput) {
@@ -249,7 +253,8 @@ TEST_P(LauncherSignal, StopsEveryRankAndReturnsTheDocumentedCode) {
   ASSERT_TRUE(WIFEXITED(st)) << "launcher did not exit in time";
   EXPECT_EQ(WEXITSTATUS(st), sig == SIGINT ? kExitInterrupted : kExitTerminated);
   EXPECT_LT(Clock::now() - t0, 3s);
-  for (pid_t p : kids) EXPECT_TRUE(wait_dead(p, 1s)) << "child " << p << " survived the launcher";
+  // The launcher reaped them before exiting: gone at once, not even zombies.
+  for (pid_t p : kids) EXPECT_TRUE(gone(p)) << "child " << p << " survived the launcher";
   std::filesystem::remove_all(dir);
 }
 

@@ -115,6 +115,20 @@ class SignalScope {
   std::vector<std::pair<int, struct sigaction>> saved_;
 };
 
+// Makes this process the subreaper of its descendants for the duration of launch(), so
+// helpers a rank leaves behind are re-parented to us (not to init) and can be reaped.
+class SubreaperScope {
+ public:
+  SubreaperScope() {
+    ::prctl(PR_GET_CHILD_SUBREAPER, &old_);
+    ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  }
+  ~SubreaperScope() { ::prctl(PR_SET_CHILD_SUBREAPER, old_); }
+
+ private:
+  int old_ = 0;
+};
+
 struct Child {
   const ProcessSpec* spec = nullptr;
   pid_t pid = -1;
@@ -260,6 +274,24 @@ class Launcher {
     kill_at_ = Clock::now() + opts_.grace;
   }
   void collect_exits();
+  // SIGKILLs what is left of a finished child's process group and reaps it (we are the
+  // subreaper, so its orphans become our children), until the group is empty.
+  void sweep_group(const Child& c) {
+    const auto deadline = Clock::now() + std::chrono::seconds(2);
+    for (;;) {
+      ::kill(-c.pid, SIGKILL);
+      int st = 0;
+      while (::waitpid(-c.pid, &st, WNOHANG) > 0) {
+      }
+      if (::kill(-c.pid, 0) != 0 && errno == ESRCH) return;
+      if (Clock::now() >= deadline) {
+        message(fmt::format("processes left by rank {} (process group {}) did not exit after SIGKILL", c.spec->label,
+                            c.pid));
+        return;
+      }
+      ::usleep(1000);  // a grandchild whose parent just died is being reparented to us
+    }
+  }
   void handle_signal_bytes(int fd);
 
   const LaunchOptions& opts_;
@@ -288,6 +320,7 @@ void Launcher::collect_exits() {
     while (::waitpid(c.pid, &st, 0) < 0 && errno == EINTR) {
     }
     c.reaped = true;
+    sweep_group(c);
     // Its last lines before our message about it.
     pump(c.out, *c.out_lines);
     pump(c.err, *c.err_lines);
@@ -330,6 +363,7 @@ int Launcher::run() {
   if (devnull.get() < 0) sys_fail("open /dev/null");
 
   SignalScope signals(sig_pipe.write.get(), opts_.handle_signals);
+  SubreaperScope subreaper;
 
   // Block our signals while forking so a child never runs our handler between fork and
   // exec; they stay pending and are handled by the loop below.

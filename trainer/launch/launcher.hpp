@@ -15,7 +15,9 @@
 //    SIGKILL after `grace`; all are reaped; launch() returns kExitRankFailed;
 //  * SIGINT / SIGTERM to the launcher: SIGTERM to every rank, SIGKILL after `grace` (a
 //    second signal skips the grace), reap, return 130 / 143;
-//  * when a rank exits, stragglers left in its process group are SIGKILLed: no orphans.
+//  * when a rank exits, stragglers left in its process group are SIGKILLed and reaped (the
+//    launcher is their subreaper while launch() runs): no orphans, no zombies. A helper that
+//    moved itself to another process group or session (setsid) escapes this sweep.
 #pragma once
 
 #include <chrono>
