@@ -1,0 +1,100 @@
+#include <gtest/gtest.h>
+
+#include "test_util.hpp"
+#include "trainer/loop/run_config.hpp"
+
+using namespace geoloco;
+using namespace geoloco::trainer;
+
+namespace {
+
+std::string error_of(const std::string& yaml, std::vector<std::string> sets = {}) {
+  try {
+    parse_run_config(config::load_string(yaml, "run.yaml", sets));
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+const char* kBase =
+    "run: {name: x}\n"
+    "model: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 16, vocab_size: 64}\n"
+    "data: {train: {kind: synthetic}}\n";
+
+}  // namespace
+
+TEST(RunConfig, DefaultsAndDerivedValues) {
+  auto c = parse_run_config(config::load_string(kBase, "run.yaml"));
+  EXPECT_EQ(c.run.output_dir, "runs/x");
+  EXPECT_EQ(c.sites.size(), 1u);
+  EXPECT_EQ(c.sites[0].name, "local");
+  EXPECT_EQ(c.world_size(), 1);
+  EXPECT_EQ(c.seq_len(), 16);
+  EXPECT_EQ(c.train.micro_batch, 8);
+  EXPECT_DOUBLE_EQ(c.peak_lr(), 3.0e-4);
+}
+
+TEST(RunConfig, LinearLrScalingUsesTheSiteBatch) {
+  auto c = parse_run_config(config::load_string(
+      std::string(kBase) +
+          "train: {micro_batch: 4, grad_accum: 2, optimizer: {lr: 1.0e-3}, lr_scaling: {kind: linear, base_batch: 4}}\n"
+          "sites: [{name: a, ranks: 2, port: 30000}, {name: b, ranks: 2, port: 30100}]\n",
+      "run.yaml"));
+  EXPECT_EQ(c.site_batch(0), 16);
+  EXPECT_EQ(c.global_batch(), 32);
+  EXPECT_DOUBLE_EQ(c.peak_lr(), 4.0e-3);
+  EXPECT_EQ(c.global_rank(1, 1), 3);
+}
+
+// Each class of config error: message and location.
+TEST(RunConfig, UnknownKeyAnywhereIsAnError) {
+  EXPECT_EQ(error_of(std::string(kBase) + "train: {stpes: 3}\n"),
+            "run.yaml:4:9: train.stpes: unknown key (did you mean 'steps'?); allowed keys: checkpoint_every, "
+            "eval_batches, eval_every, grad_accum, grad_clip, keep_checkpoints, log_every, lr_scaling, micro_batch, "
+            "optimizer, precision, schedule, seq_len, steps, threads");
+  EXPECT_NE(error_of(std::string(kBase) + "trian: {steps: 3}\n").find("run.yaml:4:1: trian: unknown key (did you mean 'train'?)"),
+            std::string::npos);
+}
+
+TEST(RunConfig, WrongTypeRangeAndChoice) {
+  EXPECT_EQ(error_of(std::string(kBase) + "train: {steps: many}\n"),
+            "run.yaml:4:16: train.steps: got 'many', expected an integer");
+  EXPECT_EQ(error_of(std::string(kBase) + "train: {micro_batch: 0}\n"),
+            "run.yaml:4:22: train.micro_batch: got '0', expected an integer in [1, 1048576]");
+  EXPECT_EQ(error_of(std::string(kBase) + "site: {strategy: zero3}\n"),
+            "run.yaml:4:18: site.strategy: got 'zero3', expected one of ddp | zero1 | zero2 | fsdp");
+  EXPECT_EQ(error_of(std::string(kBase) + "train: {optimizer: {betas: [0.9]}}\n"),
+            "run.yaml:4:28: train.optimizer.betas: got a list, expected a list of two numbers in [0, 1), e.g. [0.9, 0.95]");
+}
+
+TEST(RunConfig, CrossFieldChecks) {
+  EXPECT_NE(error_of("model: {n_embd: 30, n_head: 4}\n").find("model.n_embd: got 30, expected a multiple of n_head (4)"),
+            std::string::npos);
+  EXPECT_NE(error_of(std::string(kBase) + "train: {seq_len: 17}\n").find("expected at most model.block_size (16)"),
+            std::string::npos);
+  EXPECT_NE(error_of(std::string(kBase) + "sites: [{name: a, port: 30000}, {name: a, port: 31000}]\n")
+                .find("sites[1].name: duplicate site name 'a'"),
+            std::string::npos);
+  EXPECT_NE(error_of(std::string(kBase) + "sites: [{name: a, ranks: 4, port: 30000}, {name: b, port: 30003}]\n")
+                .find("sites[1].port: port range 30003..30004 on 127.0.0.1 overlaps another site's"),
+            std::string::npos);
+  EXPECT_NE(error_of(std::string(kBase) + "train: {lr_scaling: {kind: linear}}\n").find("train.lr_scaling.base_batch: missing"),
+            std::string::npos);
+}
+
+TEST(RunConfig, SetOverridesAreValidatedWithTheirOrigin) {
+  EXPECT_EQ(error_of(kBase, {"train.steps=-5"}),
+            "(--set train.steps=-5): train.steps: got '-5', expected an integer in [1, 1099511627776]");
+  auto c = parse_run_config(config::load_string(kBase, "run.yaml", {"train.steps=77", "model.n_layer=3"}));
+  EXPECT_EQ(c.train.steps, 77);
+  EXPECT_EQ(c.model.n_layer, 3);
+}
+
+TEST(RunConfig, HashFollowsTheContent) {
+  auto a = parse_run_config(config::load_string(kBase, "a.yaml"));
+  auto b = parse_run_config(config::load_string(kBase, "b.yaml"));
+  auto c = parse_run_config(config::load_string(kBase, "a.yaml", {"train.steps=5"}));
+  EXPECT_EQ(a.hash, b.hash);
+  EXPECT_NE(a.hash, c.hash);
+}

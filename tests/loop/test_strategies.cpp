@@ -1,0 +1,138 @@
+// Site strategies on 1, 2 and 3 ranks (threads over Gloo on loopback).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <thread>
+
+#include "test_util.hpp"
+#include "trainer/loop/run_config.hpp"
+#include "trainer/loop/trainer.hpp"
+#include "trainer/parallel/gloo_collective.hpp"
+
+using namespace geoloco;
+using namespace geoloco::trainer;
+using geoloco::testing::TempDir;
+using geoloco::testing::tiny_config;
+
+namespace {
+
+int next_port() {
+  static int offset = 0;
+  offset += 10;
+  return 20000 + (getpid() * 37) % 30000 + offset;
+}
+
+struct RunResult {
+  std::vector<float> params;
+  std::vector<nlohmann::json> summaries;
+};
+
+// Runs one site of `ranks` ranks (threads) with `strategy`.
+RunResult run_site(const std::string& strategy, int ranks, int micro_batch, const std::string& extra_sets = "") {
+  TempDir d;
+  const int port = next_port();
+  std::string yaml = tiny_config(d.path() / "out", "", "site: {strategy: " + strategy + "}\nsites: [{name: s, ranks: " +
+                                                       std::to_string(ranks) + ", port: " + std::to_string(port) + "}]\n");
+  std::vector<std::string> sets = {"train.micro_batch=" + std::to_string(micro_batch), "train.steps=12"};
+  if (!extra_sets.empty()) sets.push_back(extra_sets);
+  auto cfg = load_run_config(d.file("run.yaml", yaml), sets);
+  RunResult res;
+  res.summaries.resize(static_cast<size_t>(ranks));
+  std::vector<std::vector<float>> params(static_cast<size_t>(ranks));
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        std::unique_ptr<parallel::Collective> coll;
+        if (ranks > 1) {
+          parallel::RendezvousOptions ro;
+          ro.site = "s";
+          ro.rank = r;
+          ro.size = ranks;
+          ro.store_port = port + ranks;
+          ro.timeout = std::chrono::milliseconds(20000);
+          coll = parallel::make_gloo(ro);
+        }
+        TrainerOptions o;
+        o.progress = false;
+        o.rank = r;
+        o.collective = coll.get();
+        Trainer t(cfg, o);
+        res.summaries[static_cast<size_t>(r)] = t.run();
+        params[static_cast<size_t>(r)] = t.parameters();
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  for (int r = 1; r < ranks; ++r) EXPECT_EQ(params[0], params[static_cast<size_t>(r)]) << "rank " << r << " diverged";
+  res.params = params[0];
+  return res;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, double(std::fabs(a[i] - b[i])));
+  return m;
+}
+
+}  // namespace
+
+// zero1 only shards the optimizer: the arithmetic is ddp's, bit for bit.
+TEST(Strategies, Zero1EqualsDdpBitForBit) {
+  auto ddp = run_site("ddp", 2, 4);
+  auto z1 = run_site("zero1", 2, 4);
+  EXPECT_EQ(ddp.params, z1.params);
+}
+
+// zero2/fsdp reduce-scatter instead of all-reduce (same bits per shard, see collective.hpp);
+// only the global-norm summation differs, which matters only when clipping is active.
+TEST(Strategies, Zero2AndFsdpEqualDdpWithoutClipping) {
+  auto ddp = run_site("ddp", 2, 4, "train.grad_clip=0");
+  auto z2 = run_site("zero2", 2, 4, "train.grad_clip=0");
+  auto fs = run_site("fsdp", 2, 4, "train.grad_clip=0");
+  EXPECT_EQ(ddp.params, z2.params);
+  EXPECT_EQ(ddp.params, fs.params);
+}
+
+// With clipping on, the norm's rounding differs: equal within a float tolerance.
+TEST(Strategies, AllStrategiesTrainTheSameModelWithClipping) {
+  auto ddp = run_site("ddp", 3, 2, "train.grad_clip=0.5");
+  for (const char* s : {"zero1", "zero2", "fsdp"}) {
+    auto other = run_site(s, 3, 2, "train.grad_clip=0.5");
+    EXPECT_LT(max_abs_diff(ddp.params, other.params), 1e-5) << s;
+    EXPECT_NEAR(ddp.summaries[0]["final_loss"].get<double>(), other.summaries[0]["final_loss"].get<double>(), 1e-5) << s;
+  }
+}
+
+// ddp on N ranks sees the same data per step as one rank with N x the micro-batch (the
+// sampler's union property); only the gradient summation order differs.
+TEST(Strategies, DdpOnNRanksEqualsOneRankWithNTimesTheBatch) {
+  auto one = run_site("ddp", 1, 8);
+  auto two = run_site("ddp", 2, 4);
+  EXPECT_LT(max_abs_diff(one.params, two.params), 1e-4);
+  EXPECT_NEAR(one.summaries[0]["final_loss"].get<double>(), two.summaries[0]["final_loss"].get<double>(), 1e-4);
+}
+
+// Memory accounting follows the definitions.
+TEST(Strategies, MemoryAccounting) {
+  auto ddp = run_site("ddp", 2, 4);
+  auto fs = run_site("fsdp", 2, 4);
+  auto z2 = run_site("zero2", 2, 4);
+  const int64_t n = ddp.summaries[0]["params"].get<int64_t>();
+  auto& md = ddp.summaries[0]["memory"];
+  auto& mf = fs.summaries[0]["memory"];
+  auto& mz = z2.summaries[0]["memory"];
+  EXPECT_EQ(md["param_bytes"].get<int64_t>(), n * 4);
+  EXPECT_EQ(md["optimizer_bytes"].get<int64_t>(), 2 * n * 4);
+  EXPECT_EQ(mf["param_bytes"].get<int64_t>(), ((n + 1) / 2) * 4);
+  EXPECT_EQ(mf["optimizer_bytes"].get<int64_t>(), 2 * ((n + 1) / 2) * 4);
+  EXPECT_EQ(mz["grad_bytes"].get<int64_t>(), 0);
+  EXPECT_EQ(mz["grad_shard_bytes"].get<int64_t>(), ((n + 1) / 2) * 4);
+  EXPECT_GT(ddp.summaries[0]["site_bytes_per_step"].get<double>(), 0);
+}

@@ -1,0 +1,179 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "test_util.hpp"
+#include "trainer/checkpoint/model_checkpoint.hpp"
+#include "trainer/core/hash.hpp"
+#include "trainer/loop/run_config.hpp"
+#include "trainer/loop/trainer.hpp"
+#include "trainer/model/gpt.hpp"
+
+using namespace geoloco;
+using namespace geoloco::trainer;
+using geoloco::testing::TempDir;
+using geoloco::testing::tiny_config;
+
+namespace {
+
+RunConfig load(const TempDir& d, const std::string& yaml, std::vector<std::string> sets = {}) {
+  return load_run_config(d.file("run.yaml", yaml), sets);
+}
+
+TrainerOptions quiet() {
+  TrainerOptions o;
+  o.progress = false;
+  return o;
+}
+
+std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& p) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(p);
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+}  // namespace
+
+TEST(Trainer, LearnsAndWritesOutputs) {
+  TempDir d;
+  auto cfg = load(d, tiny_config(d.path() / "out"), {"train.steps=40"});
+  Trainer t(cfg, quiet());
+  auto s = t.run();
+  auto lines = read_jsonl(d.path() / "out" / "metrics.jsonl");
+  ASSERT_EQ(lines.size(), 8u);  // every 5 steps
+  EXPECT_LT(lines.back()["loss"].get<double>(), lines.front()["loss"].get<double>() - 0.5);
+  for (const char* k : {"step", "loss", "lr", "grad_norm", "tokens_per_s", "tokens"}) EXPECT_TRUE(lines[0].contains(k)) << k;
+  EXPECT_TRUE(lines.back().contains("val_loss"));
+  EXPECT_EQ(s["tokens"].get<int64_t>(), 40 * 4 * 2 * 16);
+  EXPECT_EQ(s["params"].get<int64_t>(), cfg.model.num_params());
+  EXPECT_TRUE(std::filesystem::exists(d.path() / "out" / "checkpoints" / "local" / "step_00000040" / "model.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(d.path() / "out" / "sites" / "local" / "rank0.json"));
+}
+
+// Stop at step 9 (with a checkpoint), resume, finish: bit-identical to the uninterrupted run.
+TEST(Trainer, ResumeAfterStopEqualsUninterruptedRunBitForBit) {
+  TempDir a, b;
+  std::vector<float> whole, resumed;
+  {
+    auto cfg = load(a, tiny_config(a.path() / "out"));
+    Trainer t(cfg, quiet());
+    t.run();
+    whole = t.parameters();
+  }
+  {
+    auto cfg = load(b, tiny_config(b.path() / "out"));
+    auto o = quiet();
+    o.stop_at_step = 9;
+    Trainer t(cfg, o);
+    auto s = t.run();
+    EXPECT_EQ(s["steps"].get<int64_t>(), 9);
+    EXPECT_FALSE(s["completed"].get<bool>());
+  }
+  {
+    auto cfg = load(b, tiny_config(b.path() / "out"));
+    auto o = quiet();
+    o.resume = true;
+    Trainer t(cfg, o);
+    auto s = t.run();
+    EXPECT_EQ(s["steps"].get<int64_t>(), 20);
+    resumed = t.parameters();
+  }
+  ASSERT_EQ(whole.size(), resumed.size());
+  EXPECT_EQ(hash64(whole.data(), whole.size() * 4), hash64(resumed.data(), resumed.size() * 4));
+  EXPECT_EQ(0, std::memcmp(whole.data(), resumed.data(), whole.size() * 4));
+}
+
+TEST(Trainer, SameSeedSameBits) {
+  TempDir a, b;
+  auto ca = load(a, tiny_config(a.path() / "out"), {"train.steps=6"});
+  auto cb = load(b, tiny_config(b.path() / "out"), {"train.steps=6"});
+  Trainer ta(ca, quiet()), tb(cb, quiet());
+  ta.run();
+  tb.run();
+  EXPECT_EQ(ta.parameters(), tb.parameters());
+}
+
+TEST(Trainer, CheckpointRoundTripsThroughSafetensors) {
+  TempDir d;
+  auto cfg = load(d, tiny_config(d.path() / "out"), {"train.steps=5"});
+  Trainer t(cfg, quiet());
+  t.run();
+  auto params = t.parameters();
+  auto path = (d.path() / "out" / "checkpoints" / "local" / "step_00000005" / "model.safetensors").string();
+  EXPECT_EQ(read_model_config(path), cfg.model);
+  Gpt m(cfg.model);
+  std::vector<float> loaded(params.size());
+  load_model(path, m.layout(), loaded);
+  EXPECT_EQ(loaded, params);
+}
+
+TEST(Trainer, CorruptCheckpointOnResumeIsAFileError) {
+  TempDir d;
+  {
+    auto cfg = load(d, tiny_config(d.path() / "out"), {"train.steps=4"});
+    Trainer t(cfg, quiet());
+    t.run();
+  }
+  auto state = d.path() / "out" / "checkpoints" / "local" / "step_00000004" / "state.r0.safetensors";
+  std::filesystem::resize_file(state, std::filesystem::file_size(state) / 2);
+  auto cfg = load(d, tiny_config(d.path() / "out"), {"train.steps=8"});
+  auto o = quiet();
+  o.resume = true;
+  try {
+    Trainer t(cfg, o);
+    FAIL() << "expected FileError";
+  } catch (const FileError& e) {
+    EXPECT_NE(std::string(e.what()).find("state.r0.safetensors"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Trainer, ResumeRefusesAnotherStrategy) {
+  TempDir d;
+  {
+    auto cfg = load(d, tiny_config(d.path() / "out"), {"train.steps=4"});
+    Trainer t(cfg, quiet());
+    t.run();
+  }
+  auto cfg = load(d, tiny_config(d.path() / "out"), {"train.steps=8", "site.strategy=zero2"});
+  auto o = quiet();
+  o.resume = true;
+  EXPECT_THROW({ Trainer t(cfg, o); }, FileError);
+}
+
+// Gradient accumulation: k micro-batches of b rows give the gradient of one batch of k*b.
+TEST(Trainer, AccumulationOfKMicroBatchesEqualsOneBigBatch) {
+  ModelConfig mc;
+  mc.n_layer = 2;
+  mc.n_head = 2;
+  mc.n_embd = 16;
+  mc.block_size = 8;
+  mc.vocab_size = 20;
+  Gpt m(mc);
+  std::vector<float> p(static_cast<size_t>(m.layout().total()));
+  Gpt::init_params(m.layout(), p, 3);
+  const int k = 3, b = 2, T = 8;
+  std::vector<int32_t> in(k * b * T), tg(in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    in[i] = static_cast<int32_t>((i * 7 + 3) % 20);
+    tg[i] = static_cast<int32_t>((i * 11 + 5) % 20);
+  }
+  std::vector<float> g_big(p.size(), 0.0f), g_acc(p.size(), 0.0f);
+  float loss_big = m.forward(p, in.data(), tg.data(), k * b, T);
+  m.backward(p, g_big, 1.0f);
+  double loss_acc = 0;
+  for (int i = 0; i < k; ++i) {
+    loss_acc += m.forward(p, in.data() + i * b * T, tg.data() + i * b * T, b, T) / k;
+    m.backward(p, g_acc, 1.0f / k);
+  }
+  EXPECT_NEAR(loss_acc, loss_big, 1e-5);
+  double max_diff = 0, max_abs = 0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    max_diff = std::max(max_diff, double(std::fabs(g_big[i] - g_acc[i])));
+    max_abs = std::max(max_abs, double(std::fabs(g_big[i])));
+  }
+  // Float summation order differs: tolerance relative to the largest gradient.
+  EXPECT_LT(max_diff, 1e-5 * max_abs) << max_diff << " vs " << max_abs;
+}
