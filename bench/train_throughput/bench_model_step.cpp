@@ -7,6 +7,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "trainer/core/rng.hpp"
@@ -38,6 +41,26 @@ struct AdamW {
   }
 };
 
+// Writes a NumPy .npy file (format 1.0: magic, version, header dict padded to 64 bytes),
+// which numpy reads with its own checks; used by --dump_dir for check_vs_torch.py.
+template <class T>
+void write_npy(const std::string& path, const char* descr, const std::vector<int64_t>& shape, const T* data) {
+  std::string dims;
+  int64_t n = 1;
+  for (auto d : shape) dims += std::to_string(d) + ",", n *= d;
+  std::string header = "{'descr': '" + std::string(descr) + "', 'fortran_order': False, 'shape': (" + dims + "), }";
+  const size_t total = 10 + header.size() + 1;
+  header.append((64 - total % 64) % 64, ' ');
+  header += '\n';
+  std::ofstream f(path, std::ios::binary);
+  const uint16_t len = static_cast<uint16_t>(header.size());
+  f.write("\x93NUMPY\x01\x00", 8);
+  f.write(reinterpret_cast<const char*>(&len), 2);
+  f << header;
+  f.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(sizeof(T) * size_t(n)));
+  if (!f) throw std::runtime_error("cannot write " + path);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -47,6 +70,7 @@ int main(int argc, char** argv) {
   cfg.n_layer = 2, cfg.n_head = 4, cfg.n_embd = 128, cfg.block_size = 64, cfg.vocab_size = 256;
   int batch = 8, seq = 64, steps = 50, warmup = 5, threads = 1;
   uint64_t seed = 1;
+  std::string dump_dir;
   app.add_option("--n_layer", cfg.n_layer)->check(CLI::PositiveNumber);
   app.add_option("--n_head", cfg.n_head)->check(CLI::PositiveNumber);
   app.add_option("--n_embd", cfg.n_embd)->check(CLI::PositiveNumber);
@@ -58,6 +82,9 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup)->check(CLI::NonNegativeNumber);
   app.add_option("--threads", threads)->check(CLI::PositiveNumber);
   app.add_option("--seed", seed);
+  app.add_option("--dump_dir", dump_dir,
+                 "write x, y, params, grads (.npy) and meta.json of one fwd+bwd to this existing folder, then exit "
+                 "(for check_vs_torch.py)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -69,6 +96,20 @@ int main(int argc, char** argv) {
     geoloco::Rng rng(seed + 1);
     for (auto& t : x) t = int32_t(rng.below(uint64_t(cfg.vocab_size)));
     for (auto& t : y) t = int32_t(rng.below(uint64_t(cfg.vocab_size)));
+    if (!dump_dir.empty()) {
+      std::fill(grads.begin(), grads.end(), 0.0f);
+      const float l = gpt.forward(params, x.data(), y.data(), batch, seq);
+      gpt.backward(params, grads);
+      write_npy(dump_dir + "/x.npy", "<i4", {batch, seq}, x.data());
+      write_npy(dump_dir + "/y.npy", "<i4", {batch, seq}, y.data());
+      write_npy(dump_dir + "/params.npy", "<f4", {int64_t(params.size())}, params.data());
+      write_npy(dump_dir + "/grads.npy", "<f4", {int64_t(grads.size())}, grads.data());
+      nlohmann::json meta = {{"n_layer", cfg.n_layer}, {"n_head", cfg.n_head}, {"n_embd", cfg.n_embd},
+                             {"block_size", cfg.block_size}, {"vocab_size", cfg.vocab_size}, {"loss", l}};
+      std::ofstream(dump_dir + "/meta.json") << meta.dump() << "\n";
+      std::printf("%s\n", meta.dump().c_str());
+      return 0;
+    }
     AdamW opt;
     float loss = 0;
     auto step = [&] {
