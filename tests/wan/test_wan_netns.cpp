@@ -193,6 +193,22 @@ TEST_F(WanNetns, LinkCutMidTransferIsSurvived) {
             << "; total " << secs << " s\n";
 }
 
+// A bring-up that fails midway tears down what it had created. Forcing the netem path gives
+// a real failure on kernels without sch_netem (like the CI machines); where netem exists the
+// same command must succeed and report the netem path. Either way nothing may be left behind.
+TEST_F(WanNetns, FailedBringUpTearsDown) {
+  const Result r = sh("GEOLOCO_WAN_PATH=netem " + kWan + "up --prefix " + kPrefix + " --no-check " +
+                      scenario("tfail", "{delay_ms: 5, rate_mbit: 100}"), 60);
+  if (r.rc == 0) {
+    EXPECT_NE(r.out.find("emulation path: netem"), std::string::npos) << r.out;
+    ASSERT_EQ(sh(kWan + "down --prefix " + kPrefix, 30).rc, 0);
+  } else {
+    EXPECT_NE(r.out.find("bring-up failed; tearing down"), std::string::npos) << r.out;
+  }
+  EXPECT_EQ(sh("ip netns list | grep -q \"^glt-\"").rc, 1) << "namespaces left after a failed bring-up";
+  EXPECT_FALSE(fs::exists(state_dir()));
+}
+
 // Crash: the runner is killed with SIGKILL while its processes run inside the namespaces.
 // The next `up` finds the stale namespaces, kills what runs in them and starts clean; `down`
 // then leaves no namespace, no process and no iptables rule behind.

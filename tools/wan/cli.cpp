@@ -26,6 +26,7 @@ void add_delayline(CLI::App& app) {
   c->add_option("--loss", opt->loss_pct, "per-packet loss (percent)");
   c->add_option("--seed", opt->seed, "seed for jitter and loss draws");
   c->add_flag("--reorder", opt->reorder, "let jitter reorder packets");
+  c->add_flag("!--no-compensate", opt->compensate, "do not wake early by the measured timer latency");
   c->add_option("--queue-maxlen", opt->queue_maxlen, "kernel queue length (packets)");
   c->add_option("--gso", *gso, "pass GSO super-packets whole: auto (on unless --loss > 0), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}));

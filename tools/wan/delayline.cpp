@@ -91,6 +91,7 @@ struct Stats {
   uint64_t max_held = 0;
   double lateness_sum_ns = 0;  // release time - due time, over delayed packets
   int64_t lateness_max_ns = 0;
+  double abs_lateness_sum_ns = 0;
   int64_t recv_errors = 0;     // ENOBUFS: the kernel dropped notifications (batch verdicts recover)
 };
 
@@ -153,7 +154,9 @@ class Delayline {
       release(now);
       if (now >= stop_at) break;
       int64_t wait_ns = stop_at - now;
-      if (!pending_.empty()) wait_ns = std::min(wait_ns, std::max<int64_t>(0, pending_.next_due() - now));
+      // Wake `lead_ns_` before the next due time: the measured wake-up latency of this host.
+      const int64_t target = pending_.empty() ? INT64_MAX : pending_.next_due() - lead_ns_;
+      if (target != INT64_MAX) wait_ns = std::min(wait_ns, std::max<int64_t>(0, target - now));
       timespec ts{};
       const timespec* tsp = nullptr;
       if (wait_ns != INT64_MAX) {
@@ -167,6 +170,7 @@ class Delayline {
         if (errno == EINTR) continue;
         throw Error("delayline: ppoll: " + errno_text(errno));
       }
+      if (r == 0 && target != INT64_MAX && opt_.compensate) adapt_lead(mono_ns() - target);
       if (pfd[1].revents & POLLIN) {
         signalfd_siginfo si{};
         while (read(sfd.get(), &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
@@ -205,6 +209,9 @@ class Delayline {
     j["max_held"] = st_.max_held;
     j["lateness_mean_ms"] = st_.delayed ? st_.lateness_sum_ns / static_cast<double>(st_.delayed) / 1e6 : 0.0;
     j["lateness_max_ms"] = static_cast<double>(st_.lateness_max_ns) / 1e6;
+    j["lateness_abs_mean_ms"] = st_.delayed ? st_.abs_lateness_sum_ns / static_cast<double>(st_.delayed) / 1e6 : 0.0;
+    j["compensate"] = opt_.compensate;
+    j["lead_ms"] = static_cast<double>(lead_ns_) / 1e6;
     j["recv_errors"] = st_.recv_errors;
     timespec cpu{};
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu);
@@ -243,14 +250,24 @@ class Delayline {
     }
   }
 
+  // Timer wake-ups arrive late by the scheduler's latency (~0.1 ms idle, more on a busy host);
+  // waking that much earlier centres release times on the due times. EWMA (1/16) of the
+  // observed latency, capped so a long stall cannot make the line release far too early.
+  void adapt_lead(int64_t late_ns) {
+    const int64_t cap = std::min<int64_t>(500'000, std::llround(opt_.delay_ms * 1e6 / 4));
+    const int64_t observed = std::clamp<int64_t>(late_ns, 0, cap);
+    lead_ns_ += (observed - lead_ns_) / 16;
+  }
+
   void release(int64_t now) {
     due_.clear();
-    pending_.pop_due(now, due_);
+    pending_.pop_due(now + lead_ns_, due_);
     if (due_.empty()) return;
     for (const auto& e : due_) {
       const int64_t late = now - e.due_ns;
-      st_.lateness_sum_ns += static_cast<double>(late);
+      st_.lateness_sum_ns += static_cast<double>(late);  // signed: early releases count negative
       st_.lateness_max_ns = std::max(st_.lateness_max_ns, late);
+      st_.abs_lateness_sum_ns += static_cast<double>(late < 0 ? -late : late);
     }
     st_.delayed += due_.size();
     accept(due_);
@@ -288,6 +305,7 @@ class Delayline {
   ReleaseQueue pending_;
   std::vector<ReleaseQueue::Entry> due_;
   Stats st_;
+  int64_t lead_ns_ = 0;
   // Destruction order: queue before handle.
   std::unique_ptr<nfq_handle, NfqCloser> handle_;
   std::unique_ptr<nfq_q_handle, QueueDestroyer> qh_;

@@ -21,6 +21,7 @@ struct DelaylineOptions {
   uint32_t queue_maxlen = 65536;  // kernel queue length (packets); overflow drops
   bool gso = true;            // let GSO super-packets through whole (cheap); false makes the
                               // kernel segment them first so loss applies per wire packet
+  bool compensate = true;     // wake early by the measured timer latency (see adapt_lead)
   std::string stats_file;     // JSON stats written on exit ("" = none)
   std::string ready_file;     // created once the queue is bound ("" = none)
   double duration_s = 0.0;    // > 0: exit after this long (tests)

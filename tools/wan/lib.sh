@@ -22,7 +22,8 @@ wan_find_bin() {
   local c
   for c in "$wan_root/build/geoloco" "$wan_root/build/tools/wan/geoloco_wan_dev" \
            "$wan_root"/build-*/tools/wan/geoloco_wan_dev; do
-    if [[ -x "$c" ]] && "$c" wan-plan --help >/dev/null 2>&1; then
+    # Listed among the subcommands (an unknown subcommand's --help may still exit 0).
+    if [[ -x "$c" ]] && [[ "$("$c" --help 2>&1 || true)" == *wan-plan* ]]; then
       echo "$c"
       return
     fi
