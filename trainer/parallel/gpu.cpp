@@ -36,3 +36,17 @@ bool gpu_available() { return gpu_count() > 0; }
 std::string gpu_unavailable_reason() { return probe().reason; }
 
 }  // namespace geoloco::parallel
+
+#ifndef GEOLOCO_HAVE_CUDA
+#include "trainer/parallel/errors.hpp"
+#include "trainer/parallel/nccl_collective.hpp"
+
+namespace geoloco::parallel {
+
+std::unique_ptr<Collective> make_nccl(const RendezvousOptions& opts) {
+  throw CollectiveError(fmt::format("site {} rank {}: the NCCL backend is not available: {}", opts.site, opts.rank,
+                                    gpu_unavailable_reason()));
+}
+
+}  // namespace geoloco::parallel
+#endif
