@@ -4,7 +4,7 @@
 //   D->L HELLO     {version, run_id, config_hash, chunk_bytes, lanes, lane, site, rank, nonce_D}
 //   L->D HELLO_ACK {same fields of L, nonce_L, mac_L = HMAC(psk, transcript("listener"))}
 //   D->L AUTH      {mac_D = HMAC(psk, transcript("dialer"))}
-//   L->D AUTH_OK   {}
+//   L->D AUTH_OK   {port}   (the gate tells the UCX listener's port; 0 on UCX lanes)
 // Either side may answer REJECT {reason} instead and close; the reason is logged on both
 // sides. The transcript binds both nonces, both identities, run id, config hash and lane,
 // so a MAC is useless on any other connection or in the other direction.
@@ -53,6 +53,8 @@ struct HsMessage {
   Mac mac{};
   // kReject
   std::string reason;
+  // kAuthOk from the gate: the port of the UCX listener behind it
+  uint32_t port = 0;
 
   std::vector<uint8_t> encode() const;
 };

@@ -24,6 +24,7 @@
 
 #include "trainer/core/hash.hpp"
 #include "trainer/core/log.hpp"
+#include "transport/gate.hpp"
 #include "transport/handshake.hpp"
 #include "transport/ucx_env.hpp"
 #include "transport/ucx_handles.hpp"
@@ -86,6 +87,7 @@ std::string PeerInfo::name() const { return fmt::format("{}/{} ({}:{})", site, r
 nlohmann::json TransportStats::to_json() const {
   nlohmann::json j;
   j["handshakes_refused"] = handshakes_refused;
+  j["gate_refused"] = gate_refused;
   j["frames_rejected_unauthenticated"] = frames_rejected_unauthenticated;
   j["peers"] = nlohmann::json::array();
   for (const auto& p : peers) {
@@ -196,6 +198,7 @@ struct Unexpected {
 struct Peer {
   PeerInfo info;
   bool we_dial = false;
+  int ucx_port = 0;  // learned from the peer's gate (peers we dial)
   std::vector<ucp_ep_h> lane_ep;
   std::vector<Clock::time_point> redial_at;
   std::vector<bool> dial_active;
@@ -261,11 +264,48 @@ class Transport::Impl {
   }
 
   void connect(std::vector<PeerInfo> peers) {
+    std::set<std::pair<std::string, int>> seen;
+    for (const auto& p : peers) {
+      if (p.site == self_.site && p.rank == self_.rank)
+        throw ConfigError(fmt::format("transport: peer list contains ourselves ({})", p.name()));
+      if (!seen.insert({p.site, p.rank}).second) throw ConfigError(fmt::format("transport: duplicate peer {}", p.name()));
+      if (p.site.empty() || p.site.size() > kMaxSiteBytes)
+        throw ConfigError(fmt::format("transport: peer site name '{}' must have 1..{} bytes", p.site, kMaxSiteBytes));
+    }
+    Gate* gate;
+    {
+      std::lock_guard<std::mutex> lock(info_mu_);
+      gate = gate_.get();
+      if (gate == nullptr) throw TransportError("transport: connect() before listen()");
+      if (connect_called_) throw TransportError("transport: connect() called twice");
+      connect_called_ = true;
+    }
+    auto deadline = Clock::now() + seconds(cfg_.connect_timeout_s);
+    gate->set_peers(peers);
+    // Authenticate with the gates of the peers we dial (in parallel) to learn their UCX ports.
+    std::vector<std::future<int>> dials_f(peers.size());
+    for (size_t i = 0; i < peers.size(); ++i)
+      if (dials(self_, peers[i]))
+        dials_f[i] = std::async(std::launch::async, [&, i] { return gate_dial(peers[i], self_, cfg_, version_, deadline); });
+    std::vector<int> ucx_ports(peers.size(), 0);
+    std::vector<std::string> gate_errors(peers.size());
+    std::exception_ptr fatal;
+    for (size_t i = 0; i < peers.size(); ++i) {
+      if (!dials_f[i].valid()) continue;
+      try {
+        ucx_ports[i] = dials_f[i].get();
+      } catch (const HandshakeError&) {
+        if (!fatal) fatal = std::current_exception();
+      } catch (const std::exception& e) {
+        gate_errors[i] = e.what();
+      }
+    }
+    if (fatal) std::rethrow_exception(fatal);
     auto pr = std::make_shared<std::promise<void>>();
     auto fut = pr->get_future();
-    post([this, peers = std::move(peers), pr]() mutable {
+    post([this, peers = std::move(peers), ucx_ports, gate_errors, deadline, pr]() mutable {
       try {
-        do_connect(std::move(peers), pr);
+        do_connect(std::move(peers), ucx_ports, gate_errors, deadline, pr);
       } catch (...) {
         pr->set_exception(std::current_exception());
       }
@@ -417,15 +457,23 @@ class Transport::Impl {
     worker_ = std::make_unique<ucx::Worker>(*context_);
     set_am_handler(kAmHandshake, &Impl::on_handshake_am, UCP_AM_FLAG_WHOLE_MSG);
     set_am_handler(kAmFrame, &Impl::on_frame_am, UCP_AM_FLAG_WHOLE_MSG | UCP_AM_FLAG_PERSISTENT_DATA);
-    listener_ = std::make_unique<ucx::Listener>(*worker_, host, port, &Impl::on_conn_request, this);
+    // UCX listens on an ephemeral port; the configured port is the gate's (gate.hpp says why).
+    listener_ = std::make_unique<ucx::Listener>(*worker_, host, 0, &Impl::on_conn_request, this);
+    auto gate = std::make_unique<Gate>(host, port, self_, cfg_, version_, listener_->port());
+    int gate_port = gate->port();
+    {
+      std::lock_guard<std::mutex> lock(info_mu_);
+      gate_ = std::move(gate);
+    }
     listen_host_ = host;
     for (const auto& n : notes) spdlog::debug("transport: ucx {}", n);
     {
       std::lock_guard<std::mutex> lock(info_mu_);
       ucx_notes_ = notes;
     }
-    spdlog::info("transport: {}/{} listening on {}:{}", self_.site, self_.rank, host, listener_->port());
-    return listener_->port();
+    spdlog::info("transport: {}/{} listening on {}:{} (ucx {})", self_.site, self_.rank, host, gate_port,
+                 listener_->port());
+    return gate_port;
   }
 
   void set_am_handler(unsigned id, ucp_am_recv_callback_t cb, uint32_t flags) {
@@ -439,26 +487,22 @@ class Transport::Impl {
     check_ucs(ucp_worker_set_am_recv_handler(worker_->get(), &p), fmt::format("set active message handler {}", id));
   }
 
-  void do_connect(std::vector<PeerInfo> peers, std::shared_ptr<std::promise<void>> pr) {
+  void do_connect(std::vector<PeerInfo> peers, const std::vector<int>& ucx_ports,
+                  const std::vector<std::string>& gate_errors, Clock::time_point deadline,
+                  std::shared_ptr<std::promise<void>> pr) {
     if (!worker_) throw TransportError("transport: connect() before listen()");
-    if (connect_started_) throw TransportError("transport: connect() called twice");
-    std::set<std::pair<std::string, int>> seen;
-    for (const auto& p : peers) {
-      if (p.site == self_.site && p.rank == self_.rank)
-        throw ConfigError(fmt::format("transport: peer list contains ourselves ({})", p.name()));
-      if (!seen.insert({p.site, p.rank}).second) throw ConfigError(fmt::format("transport: duplicate peer {}", p.name()));
-      if (p.site.empty() || p.site.size() > kMaxSiteBytes)
-        throw ConfigError(fmt::format("transport: peer site name '{}' must have 1..{} bytes", p.site, kMaxSiteBytes));
-    }
     connect_started_ = true;
     peer_infos_ = peers;  // read by API threads only after connect() returns
     auto now = Clock::now();
-    connect_deadline_ = now + seconds(cfg_.connect_timeout_s);
+    connect_deadline_ = deadline;
     connect_promise_ = std::move(pr);
-    for (auto& info : peers) {
+    for (size_t i = 0; i < peers.size(); ++i) {
+      const PeerInfo& info = peers[i];
       Peer p;
       p.info = info;
-      p.we_dial = std::make_pair(self_.site, self_.rank) < std::make_pair(info.site, info.rank);
+      p.we_dial = dials(self_, info);
+      p.ucx_port = ucx_ports[i];
+      p.last_error = gate_errors[i];
       p.lane_ep.assign(cfg_.lanes, nullptr);
       p.redial_at.assign(cfg_.lanes, now);
       p.dial_active.assign(cfg_.lanes, false);
@@ -489,7 +533,7 @@ class Transport::Impl {
     p.dial_active[lane] = true;
     struct sockaddr_in sa{};
     sa.sin_family = AF_INET;
-    sa.sin_port = htons(static_cast<uint16_t>(p.info.port));
+    sa.sin_port = htons(static_cast<uint16_t>(p.ucx_port));
     if (inet_pton(AF_INET, p.info.host.c_str(), &sa.sin_addr) != 1) {
       p.fatal = fmt::format("peer {}: host '{}' is not an IPv4 address", p.info.name(), p.info.host);
       return;
@@ -519,7 +563,7 @@ class Transport::Impl {
     rec->state = EpState::kAwaitAck;
     rec->my_nonce = random_nonce();
     rec->hs_deadline = Clock::now() + seconds(cfg_.handshake_timeout_s);
-    rec->remote = fmt::format("{}:{}", p.info.host, p.info.port);
+    rec->remote = fmt::format("{}:{}", p.info.host, p.ucx_port);
     EpRec& r = *rec;
     eps_[h] = std::move(rec);
     HsMessage hello = my_hello(HsType::kHello, lane, r.my_nonce);
@@ -654,18 +698,6 @@ class Transport::Impl {
     refuse(rec, reason);
   }
 
-  // Fields both sides must agree on; "" when they do.
-  std::string mismatch(const HsMessage& m) const {
-    if (m.run_id != self_.run_id) return fmt::format("run id mismatch: peer '{}', ours '{}'", m.run_id, self_.run_id);
-    if (m.config_hash != self_.config_hash)
-      return fmt::format("config hash mismatch: peer {}, ours {}", hex64(m.config_hash), hex64(self_.config_hash));
-    if (m.chunk_bytes != cfg_.chunk_bytes)
-      return fmt::format("chunk_bytes mismatch: peer {}, ours {}", m.chunk_bytes, cfg_.chunk_bytes);
-    if (m.lanes != cfg_.lanes) return fmt::format("lanes mismatch: peer {}, ours {}", m.lanes, cfg_.lanes);
-    if (m.lane >= m.lanes) return fmt::format("lane {} out of range (lanes {})", m.lane, m.lanes);
-    return {};
-  }
-
   HsTranscript transcript(const EpRec& rec, const std::string& peer_site, int peer_rank) const {
     HsTranscript t;
     t.run_id = self_.run_id;
@@ -695,7 +727,7 @@ class Transport::Impl {
     };
     if (p.we_dial) return bad("we dial this peer, it must not dial us");
     if (p.failed) return bad("peer already failed: " + p.failure);
-    if (std::string e = mismatch(m); !e.empty()) return bad(e);
+    if (std::string e = hello_mismatch(m, self_, cfg_); !e.empty()) return bad(e);
     if (p.lane_ep[m.lane] != nullptr) return bad(fmt::format("lane {} is already connected", m.lane));
     rec.peer = pi;
     rec.lane = m.lane;
@@ -712,7 +744,7 @@ class Transport::Impl {
     Peer& p = peers_[rec.peer];
     if (m.site != p.info.site || m.rank != p.info.rank)
       return refuse_fatal(rec, fmt::format("dialed {} but {}/{} answered", p.info.name(), m.site, m.rank));
-    if (std::string e = mismatch(m); !e.empty()) return refuse_fatal(rec, e);
+    if (std::string e = hello_mismatch(m, self_, cfg_); !e.empty()) return refuse_fatal(rec, e);
     if (m.lane != rec.lane) return refuse_fatal(rec, fmt::format("lane mismatch: asked {}, got {}", rec.lane, m.lane));
     rec.peer_nonce = m.nonce;
     HsTranscript t = transcript(rec, m.site, m.rank);
@@ -756,9 +788,11 @@ class Transport::Impl {
     for (auto& p : peers_) {
       if (!p.fatal.empty()) return finish_connect(make_error(FailKind::kHandshake, p.fatal));
       if (p.failed) return finish_connect(make_error(p.fail_kind, p.failure));
-      if (p.ready_lanes() != p.lane_ep.size())
+      if (p.ready_lanes() != p.lane_ep.size()) {
+        std::string last = p.last_error.empty() ? gate_->refusal_for(p.info.site, p.info.rank) : p.last_error;
         missing.push_back(fmt::format("{} ({}/{} lanes{}{})", p.info.name(), p.ready_lanes(), p.lane_ep.size(),
-                                      p.last_error.empty() ? "" : "; last error: ", p.last_error));
+                                      last.empty() ? "" : "; last error: ", last));
+      }
     }
     if (missing.empty()) {
       connected_ = true;
@@ -1346,7 +1380,7 @@ class Transport::Impl {
     if (connect_promise_) {
       for (size_t i = 0; i < peers_.size(); ++i) {
         Peer& p = peers_[i];
-        if (!p.we_dial || p.failed || !p.fatal.empty()) continue;
+        if (!p.we_dial || p.ucx_port == 0 || p.failed || !p.fatal.empty()) continue;
         for (int l = 0; l < cfg_.lanes; ++l) {
           if (p.lane_ep[l] != nullptr || p.dial_active[l]) continue;
           if (now >= p.redial_at[l]) dial(static_cast<int>(i), l);
@@ -1401,7 +1435,13 @@ class Transport::Impl {
   }
 
   void publish_stats() {
+    uint64_t gate_refused = 0;
+    {
+      std::lock_guard<std::mutex> lock(info_mu_);
+      if (gate_) gate_refused = gate_->refused();
+    }
     std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_.gate_refused = gate_refused;
     stats_.peers.clear();
     for (auto& p : peers_) stats_.peers.push_back(p.stats);
   }
@@ -1417,6 +1457,14 @@ class Transport::Impl {
                 fmt::format("transport {}/{} shut down", self_.site, self_.rank));
     process_failures();
     if (connect_promise_) finish_connect(make_error(FailKind::kTransport, "transport shut down during connect"));
+    {
+      std::unique_ptr<Gate> gate;
+      {
+        std::lock_guard<std::mutex> lock(info_mu_);
+        gate = std::move(gate_);
+      }
+      gate.reset();  // joins its threads (each bounded by the handshake timeout)
+    }
     for (auto& [h, rec] : eps_)
       if (rec->state != EpState::kDead) kill_ep(*rec, true);
     auto deadline = Clock::now() + std::chrono::seconds(5);
@@ -1448,6 +1496,8 @@ class Transport::Impl {
 
   mutable std::mutex info_mu_;
   bool info_ready_ = false;
+  bool connect_called_ = false;
+  std::unique_ptr<Gate> gate_;
   std::vector<std::string> ucx_notes_;
   std::vector<PeerInfo> peer_infos_;
 

@@ -24,26 +24,11 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "transport/frame.hpp"
+#include "transport/peer.hpp"
 #include "transport/transport_config.hpp"
 #include "transport/transport_error.hpp"
 
 namespace geoloco::transport {
-
-struct PeerInfo {
-  std::string site;
-  int rank = 0;
-  std::string host;
-  int port = 0;
-  // "site/rank (host:port)" -- how every message names a peer.
-  std::string name() const;
-};
-
-struct Identity {
-  std::string site;
-  int rank = 0;
-  std::string run_id;
-  uint64_t config_hash = 0;
-};
 
 struct PeerStats {
   std::string site;
@@ -58,7 +43,8 @@ struct PeerStats {
 
 struct TransportStats {
   std::vector<PeerStats> peers;
-  uint64_t handshakes_refused = 0;          // connections we refused or that refused us
+  uint64_t handshakes_refused = 0;          // UCX lanes we refused or that refused us
+  uint64_t gate_refused = 0;                // gate connections refused (garbage, bad key, ...)
   uint64_t frames_rejected_unauthenticated = 0;  // frames on endpoints not (yet) authenticated
   nlohmann::json to_json() const;
 };
@@ -107,6 +93,8 @@ class Transport {
   Transport& operator=(const Transport&) = delete;
 
   // Starts listening on host:port (IPv4; port 0 picks a free port). Returns the bound port.
+  // That port is served by geoloco's gate (gate.hpp); UCX itself listens on an ephemeral
+  // port of the same address, revealed only to authenticated peers.
   int listen(const std::string& host, int port);
   // Connects to and authenticates with every peer (lanes endpoints each) within
   // connect_timeout_s. The smaller (site, rank) dials, the other accepts; dials are retried
