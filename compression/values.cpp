@@ -13,6 +13,7 @@
 #include "compression/bytes.hpp"
 #include "compression/encode_error.hpp"
 #include "compression/frame.hpp"
+#include "compression/half.hpp"
 
 namespace geoloco::compression {
 namespace {
@@ -241,13 +242,12 @@ void encode_values(Codec codec, std::span<const float> x, size_t group, uint8_t*
       u16_unaligned* __restrict out = reinterpret_cast<u16_unaligned*>(codes);
       size_t i0 = 0;
 #ifdef __F16C__
-      // gcc does not vectorize _Float16 conversions without AVX512-FP16; F16C does 8 at a
-      // time with the same IEEE round-to-nearest-even result.
+      // F16C converts 8 at a time with the same round-to-nearest-even result as half_from_float.
       for (; i0 + 8 <= n; i0 += 8)
         _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + 2 * i0),
                          _mm256_cvtps_ph(_mm256_loadu_ps(x.data() + i0), _MM_FROUND_TO_NEAREST_INT));
 #endif
-      for (size_t i = i0; i < n; ++i) out[i] = std::bit_cast<uint16_t>(static_cast<_Float16>(x[i]));
+      for (size_t i = i0; i < n; ++i) out[i] = half_from_float(x[i]);
       // Overflow shows as the fp16 infinity (0x7c00 with the sign cleared): a max reduction.
       uint16_t top = 0;
       for (size_t i = 0; i < n; ++i) {
@@ -331,7 +331,7 @@ void decode_values(Codec codec, const uint8_t* scales, const uint8_t* codes, siz
         for (; i0 + 8 <= n; i0 += 8)
           _mm256_storeu_ps(o + i0, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 2 * i0))));
 #endif
-        for (size_t i = i0; i < n; ++i) o[i] = static_cast<float>(std::bit_cast<_Float16>(static_cast<uint16_t>(in[i])));
+        for (size_t i = i0; i < n; ++i) o[i] = float_from_half(static_cast<uint16_t>(in[i]));
       } else {
         for (size_t i = 0; i < n; ++i) o[i] = std::bit_cast<float>(static_cast<uint32_t>(in[i]) << 16);
       }
