@@ -31,6 +31,17 @@ wan_find_bin() {
   wan_die "no geoloco binary with the wan-* subcommands; build it or set GEOLOCO_BIN"
 }
 
+# Real-time priority for the delay lines and the check's ping-pong: on a busy host a normal
+# process waits milliseconds for a CPU, which would show up as extra, random link delay. They
+# sleep almost always, and the kernel's RT throttling (sched_rt_runtime_us) still caps them.
+# GEOLOCO_WAN_RT_PRIO=0 disables it.
+wan_rt_prefix() {
+  local prio="${GEOLOCO_WAN_RT_PRIO:-10}"
+  if [[ "$prio" != 0 ]] && command -v chrt >/dev/null && chrt -f "$prio" true 2>/dev/null; then
+    echo "chrt -f $prio"
+  fi
+}
+
 wan_require_root() {
   [[ $(id -u) -eq 0 ]] || wan_die "needs root (network namespaces, tc, iptables)"
   command -v ip >/dev/null || wan_die "iproute2 ('ip') is not installed"
