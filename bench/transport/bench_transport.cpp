@@ -13,7 +13,7 @@
 #include <cstdio>
 #include <iostream>
 
-#include <spdlog/sinks/stderr_color_sinks.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
 
 #include "trainer/core/log.hpp"
 #include "transport/transport.hpp"
