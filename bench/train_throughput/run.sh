@@ -58,7 +58,9 @@ keys = ["threads", "n_layer", "n_head", "n_embd", "block_size", "vocab_size", "b
 out = {"bench": "train_throughput", "geoloco_tokens_per_s": round(g["tokens_per_s"], 1),
        "pytorch_tokens_per_s": round(p["tokens_per_s"], 1),
        "ratio": round(g["tokens_per_s"] / p["tokens_per_s"], 3),
-       "n_params": g["n_params"], "pytorch_n_params": p["n_params"]}
+       "n_params": g["n_params"], "pytorch_n_params": p["n_params"],
+       # other work on the machine during the runs: figures from a busy machine are low on both sides
+       "loadavg_1min_after": float(open("/proc/loadavg").read().split()[0])}
 out.update({k: g[k] for k in keys})
 out["geoloco"], out["pytorch"] = g, p
 print(json.dumps(out, indent=1))
