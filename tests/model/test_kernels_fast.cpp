@@ -107,18 +107,24 @@ TEST(FastKernels, MatmulMatchesReference) {
 }
 
 TEST(FastKernels, AttentionMatchesReference) {
-  // T = 150: three row blocks of 64, 64 and 22 queries.
+  // T = 150: three row blocks of 64, 64 and 22 queries. Two threads: (b, h) slices run
+  // concurrently with OpenBLAS held to one thread.
+  for (int threads : {1, 2})
   for (int T : {1, 7, 64, 150}) {
+    fast::set_num_threads(threads);
     const int B = 2, C = 32, NH = 2;
     Vec qkv = random_vec(size_t(B) * T * 3 * C, 30 + T), dout = random_vec(size_t(B) * T * C, 31);
     Vec of(size_t(B) * T * C), orf(of.size()), af(size_t(B) * NH * T * T, 7.0f), ar(af.size());
     fast::attention_forward(of.data(), af.data(), qkv.data(), B, T, C, NH);
     ref::attention_forward(orf.data(), ar.data(), qkv.data(), B, T, C, NH);
-    SCOPED_TRACE("T=" + std::to_string(T));
+    fast::set_num_threads(1);
+    SCOPED_TRACE("T=" + std::to_string(T) + " threads=" + std::to_string(threads));
     expect_close("out", of, orf);
     expect_close("att", af, ar);  // including the zeros above the diagonal
     Vec dqf = random_vec(qkv.size(), 32), dqr = dqf;
+    fast::set_num_threads(threads);
     fast::attention_backward(dqf.data(), dout.data(), qkv.data(), ar.data(), B, T, C, NH);
+    fast::set_num_threads(1);
     ref::attention_backward(dqr.data(), dout.data(), qkv.data(), ar.data(), B, T, C, NH);
     expect_close("dqkv", dqf, dqr);
   }

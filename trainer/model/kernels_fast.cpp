@@ -49,6 +49,24 @@ std::vector<float>& scratch(size_t n) {
   return buf;
 }
 
+// While OpenMP threads each call cblas_sgemm on their own (b, h) slices, OpenBLAS must not
+// also fan out to its own pthread pool: that oversubscribes the cores and serializes on the
+// pool. Single-threaded BLAS for the scope, restored after.
+class SerialBlasScope {
+ public:
+  SerialBlasScope() : saved_(openblas_get_num_threads()) {
+    if (saved_ > 1 && omp_get_max_threads() > 1) openblas_set_num_threads(1);
+  }
+  ~SerialBlasScope() {
+    if (openblas_get_num_threads() != saved_) openblas_set_num_threads(saved_);
+  }
+  SerialBlasScope(const SerialBlasScope&) = delete;
+  SerialBlasScope& operator=(const SerialBlasScope&) = delete;
+
+ private:
+  int saved_;
+};
+
 }  // namespace
 
 void set_num_threads(int n) {
@@ -185,6 +203,7 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(float(hs));
   const int C3 = 3 * C;
+  SerialBlasScope serial_blas;
 #pragma omp parallel for schedule(static) collapse(2)
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < NH; ++h) {
@@ -225,6 +244,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(float(hs));
   const int C3 = 3 * C;
+  SerialBlasScope serial_blas;
 #pragma omp parallel for schedule(static) collapse(2)
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < NH; ++h) {
