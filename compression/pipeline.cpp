@@ -82,7 +82,7 @@ FrameInfo Pipeline::encode(std::span<const float> values, ErrorFeedback* ef, std
   size_t group = config_.block;
   if (h.topk()) {
     kept_.resize(layout.kept);
-    topk_select(input, layout, h.block, raw + layout.index_offset, kept_.data(), keys_);
+    topk_select(input, layout, h.block, raw + layout.index_offset, kept_.data(), topk_scratch_);
     dense = kept_;
     group = layout.kept_full;
   }

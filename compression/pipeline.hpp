@@ -84,7 +84,7 @@ class Pipeline {
   std::vector<float> decoded_;
   std::vector<uint8_t> raw_;
   std::vector<uint8_t> codes_;
-  std::vector<uint64_t> keys_;
+  std::vector<uint32_t> topk_scratch_;
 };
 
 }  // namespace geoloco::compression

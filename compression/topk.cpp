@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
-#include <functional>
 
 namespace geoloco::compression {
 namespace {
@@ -82,33 +81,57 @@ BlockGeometry geometry(const PayloadLayout& l, uint32_t block, uint64_t b) {
 
 }  // namespace
 
+// Number of magnitudes >= t: a branch-free counting loop the compiler vectorizes.
+static uint32_t count_at_least(const uint32_t* __restrict mag, uint32_t n, uint32_t t) {
+  uint32_t c = 0;
+  for (uint32_t i = 0; i < n; ++i) c += mag[i] >= t ? 1u : 0u;
+  return c;
+}
+
 void topk_select(std::span<const float> x, const PayloadLayout& l, uint32_t block, uint8_t* index, float* kept,
-                 std::vector<uint64_t>& keys) {
+                 std::vector<uint32_t>& scratch) {
   if (l.index_bytes) std::memset(index, 0, l.index_bytes);
-  keys.resize(block);
+  scratch.resize(2 * static_cast<size_t>(block));
+  uint32_t* mag = scratch.data();
+  uint32_t* pos = scratch.data() + block;
   for (uint64_t b = 0; b < l.blocks; ++b) {
     const BlockGeometry g = geometry(l, block, b);
     const float* xb = x.data() + g.begin;
-    // Key: |x| bits (orders finite magnitudes) above the inverted index (lower index wins).
-    for (uint32_t i = 0; i < g.len; ++i) {
-      const uint64_t mag = std::bit_cast<uint32_t>(xb[i]) & 0x7fffffffu;
-      keys[i] = (mag << 32) | (0xffffffffu - i);
+    // |x| as bits: orders finite magnitudes exactly.
+    for (uint32_t i = 0; i < g.len; ++i) mag[i] = std::bit_cast<uint32_t>(xb[i]) & 0x7fffffffu;
+    uint32_t count = 0;
+    if (g.kept == g.len) {
+      for (uint32_t i = 0; i < g.len; ++i) pos[count++] = i;
+    } else {
+      // Threshold T = the kept-th largest magnitude: the largest t with at least `kept`
+      // magnitudes >= t, by bisection over the 31-bit magnitude space (31 vectorized counts
+      // per block instead of a selection sort). Everything above T is kept; ties at T go to
+      // the lowest indices, so the choice is a pure function of the input bits.
+      uint32_t lo = 0, hi = 0x80000000u;  // count(>= lo) >= kept, count(>= hi) < kept
+      while (hi - lo > 1) {
+        const uint32_t mid = lo + (hi - lo) / 2;
+        if (count_at_least(mag, g.len, mid) >= g.kept)
+          lo = mid;
+        else
+          hi = mid;
+      }
+      uint32_t ties = g.kept - count_at_least(mag, g.len, lo + 1);
+      for (uint32_t i = 0; i < g.len; ++i) {
+        const bool take = mag[i] > lo || (mag[i] == lo && ties > 0);
+        if (mag[i] == lo && take) --ties;
+        if (take) pos[count++] = i;
+      }
     }
-    uint64_t* kb = keys.data();
-    if (g.kept < g.len) std::nth_element(kb, kb + g.kept, kb + g.len, std::greater<uint64_t>());
-    // Positions of the kept values, ascending.
-    for (uint32_t j = 0; j < g.kept; ++j) kb[j] = 0xffffffffu - (kb[j] & 0xffffffffu);
-    std::sort(kb, kb + g.kept);
     uint8_t* ib = index + g.index_offset;
     if (g.bitmap) {
-      for (uint32_t j = 0; j < g.kept; ++j) ib[kb[j] / 8] |= static_cast<uint8_t>(1u << (kb[j] % 8));
+      for (uint32_t j = 0; j < count; ++j) ib[pos[j] / 8] |= static_cast<uint8_t>(1u << (pos[j] % 8));
     } else {
       BitWriter w(ib);
-      for (uint32_t j = 0; j < g.kept; ++j) w.put(static_cast<uint32_t>(kb[j]), l.index_width);
+      for (uint32_t j = 0; j < count; ++j) w.put(pos[j], l.index_width);
       w.flush();
     }
     float* kout = kept + g.kept_offset;
-    for (uint32_t j = 0; j < g.kept; ++j) kout[j] = xb[kb[j]];
+    for (uint32_t j = 0; j < count; ++j) kout[j] = xb[pos[j]];
   }
 }
 

@@ -16,7 +16,7 @@ namespace geoloco::compression {
 // Writes the index section (layout.index_bytes bytes) and the kept values in ascending index
 // order, block after block, to `kept` (layout.kept values).
 void topk_select(std::span<const float> x, const PayloadLayout& layout, uint32_t block, uint8_t* index,
-                 float* kept, std::vector<uint64_t>& scratch);
+                 float* kept, std::vector<uint32_t>& scratch);
 
 // Reads the index section and writes out[i] = kept value for kept positions, 0 elsewhere
 // (out.size() == elements). Throws FrameError(kPayload) for indices out of range or not
