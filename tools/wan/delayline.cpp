@@ -20,6 +20,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -91,6 +92,8 @@ struct Stats {
   uint64_t max_held = 0;
   double lateness_sum_ns = 0;  // release time - due time, over delayed packets
   int64_t lateness_max_ns = 0;
+  uint64_t kernel_stamped = 0;   // arrivals timed by the kernel's packet timestamp
+  double stamp_age_sum_ns = 0;   // how long those waited before this process read them
   double abs_lateness_sum_ns = 0;
   int64_t recv_errors = 0;     // ENOBUFS: the kernel dropped notifications (batch verdicts recover)
 };
@@ -106,7 +109,7 @@ class Delayline {
     auto* me = static_cast<Delayline*>(self);
     const nfqnl_msg_packet_hdr* ph = nfq_get_msg_packet_hdr(nfa);
     if (ph == nullptr) return 0;
-    me->admit(ntohl(ph->packet_id));
+    me->admit(ntohl(ph->packet_id), me->arrival_ns(nfa));
     return 0;
   }
 
@@ -134,6 +137,10 @@ class Delayline {
     int one = 1;
     setsockopt(fd, SOL_NETLINK, NETLINK_NO_ENOBUFS, &one, sizeof one);
     prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);  // wake-ups on time, not 50 us late
+    // The kernel stamps received packets only while some socket asks for timestamps; this
+    // otherwise unused socket asks, so queued packets carry their arrival time (see arrival_ns).
+    stamp_sock_ = std::make_unique<Fd>(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    if (stamp_sock_->get() >= 0) setsockopt(stamp_sock_->get(), SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof one);
 
     SignalBlock sigs;
     Fd sfd(signalfd(-1, &sigs.set(), SFD_NONBLOCK | SFD_CLOEXEC));
@@ -211,6 +218,8 @@ class Delayline {
     j["lateness_max_ms"] = static_cast<double>(st_.lateness_max_ns) / 1e6;
     j["lateness_abs_mean_ms"] = st_.delayed ? st_.abs_lateness_sum_ns / static_cast<double>(st_.delayed) / 1e6 : 0.0;
     j["compensate"] = opt_.compensate;
+    j["kernel_stamped"] = st_.kernel_stamped;
+    j["stamp_age_mean_ms"] = st_.kernel_stamped ? st_.stamp_age_sum_ns / static_cast<double>(st_.kernel_stamped) / 1e6 : 0.0;
     j["lead_ms"] = static_cast<double>(lead_ns_) / 1e6;
     j["recv_errors"] = st_.recv_errors;
     timespec cpu{};
@@ -220,10 +229,29 @@ class Delayline {
   }
 
  private:
-  void admit(uint32_t id) {
+  // When the kernel stamped the packet (skb->tstamp, wall clock), the delay counts from that
+  // moment rather than from when this process got to read it: the wake-up latency of the
+  // daemon would otherwise be added to every packet. Converted to CLOCK_MONOTONIC via the
+  // current offset; ages outside [0, 20 ms] (clock steps, no stamp) fall back to "now".
+  int64_t arrival_ns(nfq_data* nfa) {
+    const int64_t now = mono_ns();
+    timeval tv{};
+    if (nfq_get_timestamp(nfa, &tv) != 0 || tv.tv_sec == 0) return now;
+    timespec rt{};
+    clock_gettime(CLOCK_REALTIME, &rt);
+    const int64_t age = (static_cast<int64_t>(rt.tv_sec) - tv.tv_sec) * 1000000000LL + rt.tv_nsec -
+                        static_cast<int64_t>(tv.tv_usec) * 1000;
+    if (age < 0 || age > 20'000'000) return now;
+    ++st_.kernel_stamped;
+    st_.stamp_age_sum_ns += static_cast<double>(age);
+    return std::max(now - age, last_arrival_);
+  }
+
+  void admit(uint32_t id, int64_t arrival) {
+    last_arrival_ = arrival;
     ++st_.received;
     if (schedule_.loss_enabled()) ++st_.received_loss_on;
-    const Decision d = schedule_.admit(mono_ns());
+    const Decision d = schedule_.admit(arrival);
     if (d.drop) {
       ++st_.dropped;
       verdict_one(id, NF_DROP);
@@ -254,7 +282,7 @@ class Delayline {
   // waking that much earlier centres release times on the due times. EWMA (1/16) of the
   // observed latency, capped so a long stall cannot make the line release far too early.
   void adapt_lead(int64_t late_ns) {
-    const int64_t cap = std::min<int64_t>(500'000, std::llround(opt_.delay_ms * 1e6 / 4));
+    const int64_t cap = std::min<int64_t>(500'000, std::llround(opt_.delay_ms * 1e6 / 2));
     const int64_t observed = std::clamp<int64_t>(late_ns, 0, cap);
     lead_ns_ += (observed - lead_ns_) / 16;
   }
@@ -306,6 +334,8 @@ class Delayline {
   std::vector<ReleaseQueue::Entry> due_;
   Stats st_;
   int64_t lead_ns_ = 0;
+  int64_t last_arrival_ = INT64_MIN;
+  std::unique_ptr<Fd> stamp_sock_;  // arrivals handed to the schedule stay non-decreasing
   // Destruction order: queue before handle.
   std::unique_ptr<nfq_handle, NfqCloser> handle_;
   std::unique_ptr<nfq_q_handle, QueueDestroyer> qh_;
