@@ -11,6 +11,11 @@
 #include <cmath>
 #include <cstdint>
 
+// The rounding trick in exp_fast needs IEEE semantics: -ffast-math would fold it away.
+#ifdef __FAST_MATH__
+#error "trainer/model/fast_math.hpp must not be compiled with -ffast-math"
+#endif
+
 namespace geoloco::trainer::fastmath {
 
 inline float exp_fast(float x) {

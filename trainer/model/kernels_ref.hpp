@@ -8,7 +8,8 @@
 // Conventions shared with kernels_fast.hpp:
 //   * every *_backward ACCUMULATES (+=) into each gradient it produces, so callers zero
 //     scratch gradients and parameter gradients accumulate over micro-batches;
-//   * crossentropy_backward is the one exception: it WRITES dlogits (it starts the chain).
+//   * crossentropy_backward is the one exception: it WRITES dlogits (it starts the chain);
+//   * token ids and targets must already be in [0, V) (Gpt::forward validates them).
 #pragma once
 
 #include <cstdint>
