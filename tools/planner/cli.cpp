@@ -26,59 +26,88 @@ trainer::ModelConfig model_from_run_config(const std::string& path) {
 
 }  // namespace
 
-std::vector<std::string> budget_overrides(const BudgetFlags& f) {
-  std::vector<std::string> o;
-  auto set = [&](const char* key, const std::string& v) {
-    if (!v.empty()) o.push_back(fmt::format("{}={}", key, v));
+namespace {
+
+// One override and the flag it came from, so errors can quote what the user typed.
+struct Override {
+  std::string spec;  // key.path=value
+  std::string flag;  // "--sites abc"; empty for --set and implied clears
+};
+
+std::vector<Override> flag_overrides(const BudgetFlags& f) {
+  std::vector<Override> o;
+  auto set = [&](const char* key, const char* flag, const std::string& v) {
+    if (!v.empty()) o.push_back({fmt::format("{}={}", key, v), fmt::format("{} {}", flag, v)});
   };
   if (!f.params.empty() && !f.config.empty()) throw InputError("budget: give --params or --config, not both");
   if (!f.km.empty() && !f.rtt_ms.empty()) throw InputError("budget: give --km or --rtt-ms, not both");
   if (!f.params.empty()) {
-    o.push_back("model=null");
-    set("model.params", f.params);
+    o.push_back({"model=null", ""});
+    set("model.params", "--params", f.params);
   }
   if (!f.config.empty()) {
     auto mc = model_from_run_config(f.config);
-    o.push_back("model=null");
-    o.push_back(fmt::format("model.params={}", mc.num_params()));
+    o.push_back({"model=null", ""});
+    o.push_back({fmt::format("model.params={}", mc.num_params()), "--config " + f.config});
   }
-  set("compression.bits", f.bits);
-  set("compression.bytes_per_value", f.bytes_per_value);
-  set("sites", f.sites);
+  set("compression.bits", "--bits", f.bits);
+  set("compression.bytes_per_value", "--bytes-per-value", f.bytes_per_value);
+  set("sites", "--sites", f.sites);
   if (!f.km.empty()) {
-    o.push_back("link.rtt_ms=null");
-    set("link.distance_km", f.km);
+    o.push_back({"link.rtt_ms=null", ""});
+    set("link.distance_km", "--km", f.km);
   }
   if (!f.rtt_ms.empty()) {
-    o.push_back("link.distance_km=null");
-    set("link.rtt_ms", f.rtt_ms);
+    o.push_back({"link.distance_km=null", ""});
+    set("link.rtt_ms", "--rtt-ms", f.rtt_ms);
   }
-  set("link.rate_gbps", f.rate_gbps);
-  set("link.parallel_links", f.links);
-  set("link.tcp_rmem_max", f.tcp_rmem_max);
-  if (f.slow_start) o.push_back("link.slow_start=true");
-  set("schedule.step_time_s", f.step_time);
-  set("schedule.H", f.H);
-  set("schedule.fragments", f.fragments);
-  set("schedule.overlap_steps", f.overlap);
-  set("schedule.ranks", f.ranks);
-  set("schedule.lanes", f.lanes);
-  set("schedule.pattern", f.pattern);
-  set("target.utilization", f.target);
-  set("target.h_floor", f.h_floor);
-  set("target.h_max", f.h_max);
-  o.insert(o.end(), f.sets.begin(), f.sets.end());
+  set("link.rate_gbps", "--rate-gbps", f.rate_gbps);
+  set("link.parallel_links", "--links", f.links);
+  set("link.tcp_rmem_max", "--tcp-rmem-max", f.tcp_rmem_max);
+  if (f.slow_start) o.push_back({"link.slow_start=true", "--slow-start"});
+  set("schedule.step_time_s", "--step-time", f.step_time);
+  set("schedule.H", "-H", f.H);
+  set("schedule.fragments", "--fragments", f.fragments);
+  set("schedule.overlap_steps", "--overlap", f.overlap);
+  set("schedule.ranks", "--ranks", f.ranks);
+  set("schedule.lanes", "--lanes", f.lanes);
+  set("schedule.pattern", "--pattern", f.pattern);
+  set("target.utilization", "--target", f.target);
+  set("target.h_floor", "--h-floor", f.h_floor);
+  set("target.h_max", "--h-max", f.h_max);
+  for (const auto& s : f.sets) o.push_back({s, ""});
   return o;
 }
 
+}  // namespace
+
+std::vector<std::string> budget_overrides(const BudgetFlags& f) {
+  std::vector<std::string> out;
+  for (const auto& o : flag_overrides(f)) out.push_back(o.spec);
+  return out;
+}
+
 std::string run_budget(const BudgetFlags& f) {
-  const auto overrides = budget_overrides(f);
-  config::Document doc =
-      f.from.empty() ? config::load_string(fmt::format("format: {}\nversion: {}\n", kBudgetFormat, kBudgetVersion),
-                                           "<flags>", overrides)
-                     : config::load_file(f.from, overrides);
-  auto report = plan_budget(BudgetInput::from_yaml(doc.node()));
-  return f.json ? budget_json(report).dump(2) + "\n" : format_budget_table(report);
+  const auto overrides = flag_overrides(f);
+  const auto specs = budget_overrides(f);
+  try {
+    config::Document doc =
+        f.from.empty() ? config::load_string(fmt::format("format: {}\nversion: {}\n", kBudgetFormat, kBudgetVersion),
+                                             "<flags>", specs)
+                       : config::load_file(f.from, specs);
+    auto report = plan_budget(BudgetInput::from_yaml(doc.node()));
+    return f.json ? budget_json(report).dump(2) + "\n" : format_budget_table(report);
+  } catch (const ConfigError& e) {
+    // Core locates an overridden value as "(--set key=value)"; name the flag instead.
+    std::string msg = e.what();
+    for (const auto& o : overrides) {
+      if (o.flag.empty()) continue;
+      const std::string from = "(--set " + o.spec + ")";
+      for (auto pos = msg.find(from); pos != std::string::npos; pos = msg.find(from, pos))
+        msg.replace(pos, from.size(), "(" + o.flag + ")");
+    }
+    throw ConfigError(msg);
+  }
 }
 
 std::string run_topo(const TopoFlags& f) {

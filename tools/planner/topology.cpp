@@ -132,6 +132,17 @@ std::vector<std::vector<int>> Topology::nvlink_islands() const {
 Topology::Ring Topology::best_ring(const std::vector<int>& members) const {
   const int n = static_cast<int>(members.size());
   if (n < 2) throw InputError(fmt::format("{}: a ring needs at least 2 GPUs", name_));
+  // Every hop alike (a switch, or a uniform PCIe tree): any order is a best ring.
+  {
+    const PairLink& first = link(members[0], members[1]);
+    bool uniform = true;
+    for (int i = 0; i < n && uniform; ++i)
+      for (int j = i + 1; j < n && uniform; ++j) {
+        const PairLink& l = link(members[static_cast<size_t>(i)], members[static_cast<size_t>(j)]);
+        uniform = l.bandwidth_Bps == first.bandwidth_Bps && l.latency_s == first.latency_s;
+      }
+    if (uniform) return Ring{first.bandwidth_Bps, first.latency_s, first.token, members};
+  }
   if (n > 16) throw InputError(fmt::format("{}: {} GPUs in one ring; the exact ring search supports 16", name_, n));
   auto bw = [&](int i, int j) { return link(members[static_cast<size_t>(i)], members[static_cast<size_t>(j)]).bandwidth_Bps; };
   Ring best;

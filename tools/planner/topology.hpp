@@ -55,7 +55,7 @@ class Topology {
   std::vector<std::vector<int>> nvlink_islands() const;
 
   // Best ring through `members` (all distinct GPU ids): the Hamiltonian cycle maximizing its
-  // slowest hop. Returns that hop. Exact search (bitmask DP), at most 16 members.
+  // slowest hop. Returns that hop. Exact search (bitmask DP), at most 16 members unless every hop is alike.
   struct Ring {
     double bandwidth_Bps = 0;
     double latency_s = 0;  // of the slowest hop
