@@ -153,6 +153,14 @@ TEST(AtomicFile, ReplacesAtomicallyAndLeavesNoTemporary) {
   write_safetensors(path, ta, {});
   write_safetensors(path, tb, {});
   EXPECT_EQ(read_safetensors(path).f32("x"), std::vector<float>{2});
+  {
+    // A reader keeps the version it opened: the replacement is a new inode.
+    auto old = read_safetensors(path);
+    write_safetensors(path, ta, {});
+    EXPECT_EQ(old.f32("x"), std::vector<float>{2});
+    EXPECT_EQ(read_safetensors(path).f32("x"), std::vector<float>{1});
+    write_safetensors(path, tb, {});
+  }
   size_t entries = 0;
   for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
     (void)e;

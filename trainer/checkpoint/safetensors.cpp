@@ -2,9 +2,14 @@
 
 #include <algorithm>
 #include <bit>
+#include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <set>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -160,22 +165,57 @@ void write_safetensors(const std::string& path, std::span<const TensorWrite> ten
   w.commit();
 }
 
+namespace {
+
+// A read-only private mapping of a whole file, unmapped when the last SafetensorsFile copy
+// that serves bytes from it goes away.
+struct Mapping {
+  void* addr = nullptr;
+  size_t size = 0;
+  ~Mapping() {
+    if (addr != nullptr) ::munmap(addr, size);
+  }
+};
+
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+}  // namespace
+
 SafetensorsFile SafetensorsFile::read(const std::string& path) {
-  std::ifstream f(path, std::ios::binary | std::ios::ate);
-  if (!f) throw FileError(path, fmt::format("cannot open: {}", std::strerror(errno)));
-  const std::streamoff size = f.tellg();
-  if (size < 0) throw FileError(path, "cannot determine the file size");
-  std::vector<uint8_t> bytes(static_cast<size_t>(size));
-  f.seekg(0);
-  if (size > 0 && !f.read(reinterpret_cast<char*>(bytes.data()), size))
-    throw FileError(path, "read failed");
-  return parse(std::move(bytes), path);
+  Fd f;
+  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (f.fd < 0) throw FileError(path, fmt::format("cannot open: {}", std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0) throw FileError(path, fmt::format("fstat failed: {}", std::strerror(errno)));
+  if (!S_ISREG(st.st_mode)) throw FileError(path, "not a regular file");
+  auto m = std::make_shared<Mapping>();
+  m->size = static_cast<size_t>(st.st_size);
+  if (m->size > 0) {
+    void* p = ::mmap(nullptr, m->size, PROT_READ, MAP_PRIVATE, f.fd, 0);
+    if (p == MAP_FAILED) throw FileError(path, fmt::format("mmap failed: {}", std::strerror(errno)));
+    m->addr = p;
+  }
+  const std::span<const uint8_t> bytes(static_cast<const uint8_t*>(m->addr), m->size);
+  return parse_storage(std::move(m), bytes, path);
 }
 
 SafetensorsFile SafetensorsFile::parse(std::vector<uint8_t> bytes, const std::string& source) {
+  auto owner = std::make_shared<std::vector<uint8_t>>(std::move(bytes));
+  const std::span<const uint8_t> view(owner->data(), owner->size());
+  return parse_storage(std::move(owner), view, source);
+}
+
+SafetensorsFile SafetensorsFile::parse_storage(std::shared_ptr<const void> owner, std::span<const uint8_t> bytes,
+                                               const std::string& source) {
   SafetensorsFile s;
   s.path_ = source;
-  s.file_ = std::move(bytes);
+  s.owner_ = std::move(owner);
+  s.file_ = bytes;
   auto bad = [&](const std::string& problem) { return FileError(source, problem); };
   const uint64_t size = s.file_.size();
   if (size < 8) throw bad(fmt::format("file is {} bytes, too short for the 8-byte header length", size));

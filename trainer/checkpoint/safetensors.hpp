@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -65,7 +66,9 @@ std::string shape_string(std::span<const int64_t> shape);
 
 class SafetensorsFile {
  public:
-  // Reads and validates the whole file. FileError on any problem.
+  // Maps (read-only mmap) and validates the whole file. FileError on any problem. Tensor
+  // bytes are served from the mapping, so opening a large checkpoint costs page cache, not a
+  // heap copy. The file must not be truncated by someone else while this object lives.
   static SafetensorsFile read(const std::string& path);
   // Same, from bytes already in memory (`source` names them in errors).
   static SafetensorsFile parse(std::vector<uint8_t> bytes, const std::string& source);
@@ -89,8 +92,12 @@ class SafetensorsFile {
   void check(const std::string& name, Dtype dtype, std::span<const int64_t> shape) const;
 
  private:
+  static SafetensorsFile parse_storage(std::shared_ptr<const void> owner, std::span<const uint8_t> bytes,
+                                       const std::string& source);
+
   std::string path_;
-  std::vector<uint8_t> file_;
+  std::shared_ptr<const void> owner_;  // keeps file_ alive: a mapping or a byte vector
+  std::span<const uint8_t> file_;
   uint64_t data_start_ = 0;
   std::map<std::string, std::string> metadata_;
   std::vector<TensorInfo> tensors_;
