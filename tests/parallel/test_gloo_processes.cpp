@@ -131,7 +131,7 @@ TEST(GlooProcesses, KilledPeerGivesTheOthersAnErrorWithinABound) {
   for (int r : {0, 2}) {
     int st = wait_with_limit(pids[static_cast<size_t>(r)], 10s);
     ASSERT_NE(st, -1) << "rank " << r << " did not notice the dead peer";
-    ASSERT_TRUE(WIFEXITED(st));
+    ASSERT_TRUE(WIFEXITED(st)) << "rank " << r << " died by signal " << (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
     EXPECT_EQ(WEXITSTATUS(st), kExitCollectiveError) << "rank " << r;
   }
   // The group timeout is 3 s; a closed socket is normally seen at once.

@@ -5,6 +5,8 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include <signal.h>
+
 #include <chrono>
 #include <cstring>
 #include <exception>
@@ -55,10 +57,19 @@ class GlooCollective final : public Collective {
   uint64_t ring_reduce_scatter(const T* in, T* acc, int64_t n);
   // Ring all-gather: rank i's chunk [off[i], off[i] + len[i]) of base must be in place.
   uint64_t ring_all_gather(std::byte* base, size_t total, const std::vector<size_t>& off, const std::vector<size_t>& len);
-  // Posts a receive and a send (either may be empty) and waits for both.
-  void exchange(gloo::transport::UnboundBuffer* sbuf, int dst, size_t soff, size_t sbytes,
-                gloo::transport::UnboundBuffer* rbuf, int src, size_t roff, size_t rbytes, uint64_t slot);
-  uint64_t next_slot_base() { return (seq_++) << 20; }
+  // Sends sbytes at sptr to dst and receives rbytes into rptr from src (either may be 0),
+  // cut into segments of segment_bytes_ that are all in flight at once; on_segment(offset,
+  // len) runs for each received segment in order as soon as it has arrived, so the caller's
+  // reduction overlaps the rest of the transfer.
+  template <class OnSegment>
+  void exchange(const void* sptr, size_t sbytes, int dst, void* rptr, size_t rbytes, int src, uint64_t slot,
+                OnSegment&& on_segment);
+  void exchange(const void* sptr, size_t sbytes, int dst, void* rptr, size_t rbytes, int src, uint64_t slot) {
+    exchange(sptr, sbytes, dst, rptr, rbytes, src, slot, [](size_t, size_t) {});
+  }
+  // Slot layout: [op sequence : 32][step : 16][segment : 16].
+  uint64_t next_slot_base() { return (seq_++) << 32; }
+  static uint64_t step_slot(uint64_t base, int step) { return base + (static_cast<uint64_t>(step) << 16); }
 
   Rendezvous rdzv_;
   int rank_ = 0;
@@ -66,14 +77,16 @@ class GlooCollective final : public Collective {
   std::chrono::milliseconds timeout_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
-  std::vector<std::byte> scratch_;
+  std::vector<std::byte> scratch_;       // reduce_scatter's accumulator (n elements)
+  std::vector<std::byte> recv_scratch_;  // one chunk being received
   uint64_t seq_ = 1;
   bool broken_ = false;
   const char* current_op_ = "";
+  size_t segment_bytes_ = size_t{1} << 20;
 };
 
 GlooCollective::GlooCollective(const RendezvousOptions& opts)
-    : rdzv_(opts), rank_(opts.rank), size_(opts.size), timeout_(opts.timeout) {
+    : rdzv_(opts), rank_(opts.rank), size_(opts.size), timeout_(opts.timeout), segment_bytes_(opts.segment_bytes) {
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = opts.bind_address;
@@ -125,16 +138,39 @@ void GlooCollective::run(CollectiveKind kind, size_t n, size_t elem_bytes, F&& b
   s.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-void GlooCollective::exchange(gloo::transport::UnboundBuffer* sbuf, int dst, size_t soff, size_t sbytes,
-                              gloo::transport::UnboundBuffer* rbuf, int src, size_t roff, size_t rbytes,
-                              uint64_t slot) {
-  if (rbytes > 0) rbuf->recv(src, slot, roff, rbytes);
-  if (sbytes > 0) sbuf->send(dst, slot, soff, sbytes);
+template <class OnSegment>
+void GlooCollective::exchange(const void* sptr, size_t sbytes, int dst, void* rptr, size_t rbytes, int src,
+                              uint64_t slot, OnSegment&& on_segment) {
+  const size_t seg = segment_bytes_;
+  const size_t nsend = (sbytes + seg - 1) / seg, nrecv = (rbytes + seg - 1) / seg;
+  if (std::max(nsend, nrecv) > 0xFFFF)
+    throw CollectiveError(fmt::format("{}: {}: {} bytes need more than 65535 segments of {} bytes", rdzv_.who(),
+                                      current_op_, std::max(sbytes, rbytes), seg));
+  // One unbound buffer per segment: gloo allows one pending operation per buffer.
+  std::vector<UBuf> recvs, sends;
+  recvs.reserve(nrecv);
+  sends.reserve(nsend);
+  auto* rbase = static_cast<char*>(rptr);
+  auto* sbase = static_cast<char*>(const_cast<void*>(sptr));
+  for (size_t k = 0; k < nrecv; ++k) {
+    const size_t len = std::min(seg, rbytes - k * seg);
+    recvs.push_back(context_->createUnboundBuffer(rbase + k * seg, len));
+    recvs.back()->recv(src, slot + k);
+  }
+  for (size_t k = 0; k < nsend; ++k) {
+    const size_t len = std::min(seg, sbytes - k * seg);
+    sends.push_back(context_->createUnboundBuffer(sbase + k * seg, len));
+    sends.back()->send(dst, slot + k);
+  }
   // gloo throws IoException on timeout or a closed peer; false means aborted.
-  if (rbytes > 0 && !rbuf->waitRecv(timeout_))
-    throw CollectiveError(fmt::format("{}: {}: receive from rank {} was aborted", rdzv_.who(), current_op_, src));
-  if (sbytes > 0 && !sbuf->waitSend(timeout_))
-    throw CollectiveError(fmt::format("{}: {}: send to rank {} was aborted", rdzv_.who(), current_op_, dst));
+  for (size_t k = 0; k < nrecv; ++k) {
+    if (!recvs[k]->waitRecv(timeout_))
+      throw CollectiveError(fmt::format("{}: {}: receive from rank {} was aborted", rdzv_.who(), current_op_, src));
+    on_segment(k * seg, std::min(seg, rbytes - k * seg));
+  }
+  for (size_t k = 0; k < nsend; ++k)
+    if (!sends[k]->waitSend(timeout_))
+      throw CollectiveError(fmt::format("{}: {}: send to rank {} was aborted", rdzv_.who(), current_op_, dst));
 }
 
 template <class T>
@@ -145,12 +181,9 @@ uint64_t GlooCollective::ring_reduce_scatter(const T* in, T* acc, int64_t n) {
     return 0;
   }
   const int right = mod(r + 1, P), left = mod(r - 1, P);
-  const size_t bytes = static_cast<size_t>(n) * sizeof(T);
   const int64_t max_chunk = shard_of(n, 0, P).count;
-  std::vector<T> tmp(static_cast<size_t>(max_chunk));
-  UBuf in_buf = context_->createUnboundBuffer(const_cast<T*>(in), bytes);
-  UBuf acc_buf = context_->createUnboundBuffer(acc, bytes);
-  UBuf tmp_buf = context_->createUnboundBuffer(tmp.data(), tmp.size() * sizeof(T));
+  recv_scratch_.resize(static_cast<size_t>(max_chunk) * sizeof(T));
+  T* tmp = reinterpret_cast<T*>(recv_scratch_.data());
   const uint64_t slot = next_slot_base();
   uint64_t sent = 0;
   for (int s = 0; s < P - 1; ++s) {
@@ -159,13 +192,15 @@ uint64_t GlooCollective::ring_reduce_scatter(const T* in, T* acc, int64_t n) {
     // summed is chunk r: complete.
     const ShardRange sc = shard_of(n, mod(r - s - 1, P), P);
     const ShardRange rc = shard_of(n, mod(r - s - 2, P), P);
-    exchange(s == 0 ? in_buf.get() : acc_buf.get(), right, static_cast<size_t>(sc.offset) * sizeof(T),
-             static_cast<size_t>(sc.count) * sizeof(T), tmp_buf.get(), left, 0,
-             static_cast<size_t>(rc.count) * sizeof(T), slot + static_cast<uint64_t>(s));
-    sent += static_cast<uint64_t>(sc.count) * sizeof(T);
+    const T* send_from = (s == 0 ? in : acc) + sc.offset;
     const T* src = in + rc.offset;
     T* dst = acc + rc.offset;
-    for (int64_t i = 0; i < rc.count; ++i) dst[i] = tmp[static_cast<size_t>(i)] + src[i];
+    exchange(send_from, static_cast<size_t>(sc.count) * sizeof(T), right, tmp,
+             static_cast<size_t>(rc.count) * sizeof(T), left, step_slot(slot, s), [&](size_t off, size_t len) {
+               const size_t first = off / sizeof(T), count = len / sizeof(T);
+               for (size_t i = first; i < first + count; ++i) dst[i] = tmp[i] + src[i];
+             });
+    sent += static_cast<uint64_t>(sc.count) * sizeof(T);
   }
   return sent;
 }
@@ -175,17 +210,13 @@ uint64_t GlooCollective::ring_all_gather(std::byte* base, size_t total, const st
   const int P = size_, r = rank_;
   if (P == 1 || total == 0) return 0;
   const int right = mod(r + 1, P), left = mod(r - 1, P);
-  // Two buffers over the same memory: gloo allows one pending operation per buffer.
-  UBuf send_buf = context_->createUnboundBuffer(base, total);
-  UBuf recv_buf = context_->createUnboundBuffer(base, total);
   const uint64_t slot = next_slot_base();
   uint64_t sent = 0;
   for (int s = 0; s < P - 1; ++s) {
     // Step s: forward chunk r-s (ours at s = 0, received at s-1 after), receive chunk r-s-1.
     const size_t sc = static_cast<size_t>(mod(r - s, P));
     const size_t rc = static_cast<size_t>(mod(r - s - 1, P));
-    exchange(send_buf.get(), right, off[sc], len[sc], recv_buf.get(), left, off[rc], len[rc],
-             slot + static_cast<uint64_t>(s));
+    exchange(base + off[sc], len[sc], right, base + off[rc], len[rc], left, step_slot(slot, s));
     sent += len[sc];
   }
   return sent;
@@ -251,23 +282,30 @@ void GlooCollective::broadcast(std::span<float> data, int root) {
     throw CollectiveError(fmt::format("{}: broadcast root {} is outside [0, {})", rdzv_.who(), root, size_));
   run(CollectiveKind::kBroadcast, data.size(), sizeof(float), [&]() -> uint64_t {
     if (data.empty() || size_ == 1) return 0;
-    UBuf buf = context_->createUnboundBuffer(data.data(), data.size_bytes());
     const uint64_t slot = next_slot_base();
     if (rank_ != root) {
-      buf->recv(root, slot);
-      if (!buf->waitRecv(timeout_))
-        throw CollectiveError(fmt::format("{}: broadcast: receive from root {} was aborted", rdzv_.who(), root));
+      exchange(nullptr, 0, root, data.data(), data.size_bytes(), root, slot);
       return 0;
     }
-    // Post every send before waiting so the peers receive in parallel.
-    std::vector<UBuf> sends;
+    // Root: every peer's segments in flight at once, then wait for all of them.
+    const size_t seg = segment_bytes_;
+    const size_t nseg = (data.size_bytes() + seg - 1) / seg;
+    if (nseg > 0xFFFF)
+      throw CollectiveError(fmt::format("{}: broadcast of {} bytes needs more than 65535 segments of {} bytes",
+                                        rdzv_.who(), data.size_bytes(), seg));
+    auto* base = reinterpret_cast<char*>(data.data());
+    std::vector<std::pair<int, UBuf>> sends;
     for (int i = 0; i < size_; ++i) {
       if (i == root) continue;
-      sends.push_back(context_->createUnboundBuffer(data.data(), data.size_bytes()));
-      sends.back()->send(i, slot);
+      for (size_t k = 0; k < nseg; ++k) {
+        const size_t len = std::min(seg, data.size_bytes() - k * seg);
+        sends.emplace_back(i, context_->createUnboundBuffer(base + k * seg, len));
+        sends.back().second->send(i, slot + k);
+      }
     }
-    for (auto& b : sends)
-      if (!b->waitSend(timeout_)) throw CollectiveError(fmt::format("{}: broadcast: a send was aborted", rdzv_.who()));
+    for (auto& [peer, b] : sends)
+      if (!b->waitSend(timeout_))
+        throw CollectiveError(fmt::format("{}: broadcast: send to rank {} was aborted", rdzv_.who(), peer));
     return static_cast<uint64_t>(size_ - 1) * data.size_bytes();
   });
 }
@@ -277,12 +315,9 @@ void GlooCollective::barrier() {
     uint64_t sent = 0;
     const uint64_t slot = next_slot_base();
     char out_byte = 1, in_byte = 0;
-    UBuf sbuf = context_->createUnboundBuffer(&out_byte, 1);
-    UBuf rbuf = context_->createUnboundBuffer(&in_byte, 1);
     // Dissemination: after round k every rank has heard (transitively) from 2^(k+1) ranks.
     for (int dist = 1, round = 0; dist < size_; dist *= 2, ++round) {
-      exchange(sbuf.get(), mod(rank_ + dist, size_), 0, 1, rbuf.get(), mod(rank_ - dist, size_), 0, 1,
-               slot + static_cast<uint64_t>(round));
+      exchange(&out_byte, 1, mod(rank_ + dist, size_), &in_byte, 1, mod(rank_ - dist, size_), step_slot(slot, round));
       sent += 1;
     }
     return sent;
@@ -320,6 +355,22 @@ std::vector<std::vector<std::byte>> GlooCollective::all_gather_bytes(std::span<c
 
 }  // namespace
 
-std::unique_ptr<Collective> make_gloo(const RendezvousOptions& opts) { return std::make_unique<GlooCollective>(opts); }
+std::unique_ptr<Collective> make_gloo(const RendezvousOptions& opts) {
+  // gloo's TCP pairs write without MSG_NOSIGNAL: a peer that dies mid-transfer would kill
+  // this process with SIGPIPE instead of surfacing as an I/O error we can report. Ignore it
+  // (process-wide, once; only when nobody installed a handler of their own).
+  static const bool sigpipe_ignored = [] {
+    struct sigaction old {};
+    if (::sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) {
+      struct sigaction ign {};
+      ign.sa_handler = SIG_IGN;
+      sigemptyset(&ign.sa_mask);
+      ::sigaction(SIGPIPE, &ign, nullptr);
+    }
+    return true;
+  }();
+  (void)sigpipe_ignored;
+  return std::make_unique<GlooCollective>(opts);
+}
 
 }  // namespace geoloco::parallel

@@ -27,6 +27,8 @@ namespace geoloco::parallel {
 
 // Runs the rendezvous (may throw RendezvousTimeout / RendezvousError) and connects the full
 // mesh. Throws CollectiveError when gloo cannot set up its device or pairs.
+// Side effect: sets SIGPIPE to SIG_IGN if it was SIG_DFL (gloo writes to sockets without
+// MSG_NOSIGNAL; a dead peer must be an error, not a silent process death).
 std::unique_ptr<Collective> make_gloo(const RendezvousOptions& opts);
 
 }  // namespace geoloco::parallel

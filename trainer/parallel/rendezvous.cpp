@@ -19,6 +19,8 @@ void RendezvousOptions::validate() const {
   if (store_port < 1 || store_port > 65535)
     throw InputError(fmt::format("site {}: store port {} is outside [1, 65535]", site, store_port));
   if (timeout.count() <= 0) throw InputError(fmt::format("site {}: rendezvous timeout must be positive", site));
+  if (segment_bytes < 8 || segment_bytes % 8 != 0)
+    throw InputError(fmt::format("site {}: segment_bytes {} must be a positive multiple of 8", site, segment_bytes));
 }
 
 namespace {

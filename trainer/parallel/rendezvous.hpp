@@ -6,6 +6,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <memory>
 #include <string>
 
@@ -26,6 +27,10 @@ struct RendezvousOptions {
   std::chrono::milliseconds timeout{30000};
   // CUDA device for the NCCL backend; -1 picks the local rank modulo the device count.
   int cuda_device = -1;
+  // Gloo backend: transfers are cut into segments of this many bytes, all in flight at
+  // once, so the reduction of one overlaps the transfer of the next. A multiple of 8 (so
+  // segments never split an element); tests shrink it to exercise many segments.
+  size_t segment_bytes = size_t{1} << 20;
 
   // Throws InputError naming the bad field.
   void validate() const;
