@@ -194,7 +194,7 @@ Gate::~Gate() {
   uint64_t one = 1;
   [[maybe_unused]] auto n = ::write(stop_fd_, &one, sizeof(one));
   acceptor_.join();
-  for (auto& t : clients_) t.join();  // each has a deadline
+  for (auto& c : clients_) c.thread.join();  // each has a deadline
   ::close(listen_fd_);
   ::close(stop_fd_);
 }
@@ -235,10 +235,21 @@ void Gate::accept_loop() {
     }
     ++active_;
     std::lock_guard<std::mutex> lock(mu_);
-    clients_.emplace_back([this, fd, remote] {
-      serve(fd, remote);
-      --active_;
-    });
+    for (auto it = clients_.begin(); it != clients_.end();) {
+      if (it->done->load()) {
+        it->thread.join();
+        it = clients_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    clients_.push_back(Client{std::thread([this, fd, remote, done] {
+                                serve(fd, remote);
+                                --active_;
+                                done->store(true);
+                              }),
+                              done});
   }
 }
 

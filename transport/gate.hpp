@@ -16,6 +16,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -71,7 +72,11 @@ class Gate {
   std::condition_variable cv_;
   std::optional<std::vector<PeerInfo>> peers_;
   std::map<std::string, std::string> refusals_;
-  std::vector<std::thread> clients_;
+  struct Client {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::vector<Client> clients_;  // finished ones are joined by the acceptor (no leak under a flood)
   bool stopping_ = false;
 };
 

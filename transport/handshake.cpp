@@ -31,6 +31,7 @@ std::vector<uint8_t> HsMessage::encode() const {
       break;
     case HsType::kAuth: w.bytes(mac); break;
     case HsType::kAuthOk: w.u32(port); break;
+    case HsType::kBye: break;
     case HsType::kReject: w.str(reason.substr(0, kMaxReasonBytes)); break;
   }
   return w.take();
@@ -83,6 +84,7 @@ HsDecoded decode_handshake(std::span<const uint8_t> in, uint16_t expected_versio
     }
     case HsType::kAuth: ok = r.bytes(m.mac); break;
     case HsType::kAuthOk: ok = r.u32(m.port); break;
+    case HsType::kBye: break;
     default:
       out.error = fmt::format("unknown handshake message type {}", type);
       return out;

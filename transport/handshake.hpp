@@ -35,7 +35,9 @@ inline constexpr size_t kMacBytes = 32;
 using Nonce = std::array<uint8_t, kNonceBytes>;
 using Mac = std::array<uint8_t, kMacBytes>;
 
-enum class HsType : uint16_t { kHello = 1, kHelloAck = 2, kAuth = 3, kAuthOk = 4, kReject = 5 };
+// kBye: sent on every lane by a transport shutting down cleanly, so the peer reports
+// "shut down" instead of a connection error.
+enum class HsType : uint16_t { kHello = 1, kHelloAck = 2, kAuth = 3, kAuthOk = 4, kReject = 5, kBye = 6 };
 
 struct HsMessage {
   uint16_t version = kProtocolVersion;

@@ -684,8 +684,15 @@ class Transport::Impl {
         lane_ready(rec);
         return;
       case EpState::kReady:
-      case EpState::kDead:
+        if (m.type == HsType::kBye && rec.peer >= 0) {
+          spdlog::info("transport: peer {} shut down", peers_[rec.peer].info.name());
+          fail_peer(rec.peer, FailKind::kTransport, fmt::format("peer {} shut down", peers_[rec.peer].info.name()),
+                    /*quiet=*/true);
+          return;
+        }
         return refuse(rec, "unexpected handshake message on an established connection");
+      case EpState::kDead:
+        return;
     }
   }
 
@@ -809,7 +816,13 @@ class Transport::Impl {
     connect_promise_.reset();
     if (e) {
       // Nothing half-connected survives a failed connect.
-      for (size_t i = 0; i < peers_.size(); ++i) fail_peer(static_cast<int>(i), FailKind::kTransport, "connect failed");
+      std::string what = "connect failed";
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& x) {
+        what = x.what();
+      }
+      for (size_t i = 0; i < peers_.size(); ++i) fail_peer(static_cast<int>(i), FailKind::kTransport, what, /*quiet=*/true);
       for (auto& [h, rec] : eps_) kill_ep(*rec, true);
       pr->set_exception(e);
     } else {
@@ -1324,14 +1337,14 @@ class Transport::Impl {
 
   // Records the first failure of a peer; the teardown runs in process_failures (outside
   // UCX callbacks).
-  void fail_peer(int pi, FailKind kind, const std::string& msg) {
+  void fail_peer(int pi, FailKind kind, const std::string& msg, bool quiet = false) {
     Peer& p = peers_[pi];
     if (p.failed) return;
     p.failed = true;
     p.fail_kind = kind;
     p.failure = msg;
     p.stats.failure = msg;
-    if (!stopping_) spdlog::error("transport: {}", msg);
+    if (!stopping_ && !quiet) spdlog::error("transport: {}", msg);
     for (auto& [k, op] : p.recvs) {
       if (!op->failed) {
         op->failed = true;
@@ -1452,6 +1465,20 @@ class Transport::Impl {
   }
 
   void shutdown() {
+    // Say goodbye on every healthy lane; the flush-close below delivers it.
+    std::set<int> busy;
+    for (size_t i = 0; i < peers_.size(); ++i)
+      if (peers_[i].inflight > 0 || !peers_[i].recvs.empty()) busy.insert(static_cast<int>(i));
+    for (auto& [h, rec] : eps_) {
+      if (rec->state != EpState::kReady || rec->peer < 0 || peers_[rec->peer].failed) continue;
+      HsMessage bye;
+      bye.version = version_;
+      bye.type = HsType::kBye;
+      send_hs(*rec, bye, false);
+      // Flush-close when nothing of ours is in flight; otherwise force (rendezvous
+      // transfers could keep a flush waiting on the peer).
+      kill_ep(*rec, busy.count(rec->peer) > 0);
+    }
     for (size_t i = 0; i < peers_.size(); ++i)
       fail_peer(static_cast<int>(i), FailKind::kTransport,
                 fmt::format("transport {}/{} shut down", self_.site, self_.rank));
