@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <ctime>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -40,6 +41,12 @@ struct AdamW {
     }
   }
 };
+
+double cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
 
 // Writes a NumPy .npy file (format 1.0: magic, version, header dict padded to 64 bytes),
 // which numpy reads with its own checks; used by --dump_dir for check_vs_torch.py.
@@ -119,9 +126,13 @@ int main(int argc, char** argv) {
       opt.step(params, grads);
     };
     for (int i = 0; i < warmup; ++i) step();
+    // Wall time is the figure; process CPU time is reported too because on a shared, busy
+    // machine it is the steadier of the two (it excludes time spent waiting for a core).
+    const double c0 = cpu_seconds();
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < steps; ++i) step();
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double cpu = cpu_seconds() - c0;
     nlohmann::json out = {{"impl", "geoloco"},
                           {"threads", threads},
                           {"n_layer", cfg.n_layer},
@@ -136,6 +147,8 @@ int main(int argc, char** argv) {
                           {"seconds", dt},
                           {"steps_per_s", steps / dt},
                           {"tokens_per_s", double(steps) * batch * seq / dt},
+                          {"cpu_seconds", cpu},
+                          {"tokens_per_cpu_s", double(steps) * batch * seq / cpu},
                           {"final_loss", loss},
                           {"blas", geoloco::trainer::blas_description()}};
     std::printf("%s\n", out.dump().c_str());

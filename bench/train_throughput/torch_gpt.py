@@ -95,16 +95,18 @@ def main():
 
     for _ in range(a.warmup):
         step()
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     for _ in range(a.steps):
         loss = step()
     dt = time.perf_counter() - t0
+    cpu = time.process_time() - c0
     print(json.dumps({
         "impl": "pytorch", "torch_version": torch.__version__, "threads": a.threads,
         "n_layer": a.n_layer, "n_head": a.n_head, "n_embd": a.n_embd, "block_size": a.block_size,
         "vocab_size": a.vocab_size, "batch": a.batch, "seq": a.seq, "n_params": n_params,
         "steps": a.steps, "seconds": dt, "steps_per_s": a.steps / dt,
-        "tokens_per_s": a.steps * a.batch * a.seq / dt, "final_loss": float(loss),
+        "tokens_per_s": a.steps * a.batch * a.seq / dt, "cpu_seconds": cpu,
+        "tokens_per_cpu_s": a.steps * a.batch * a.seq / cpu, "final_loss": float(loss),
     }))
 
 
