@@ -193,6 +193,44 @@ TEST_F(WanNetns, LinkCutMidTransferIsSurvived) {
             << "; total " << secs << " s\n";
 }
 
+// tools/wan/run: one process per site and rank inside the right namespace, placeholders and
+// environment filled in, CONFIG's sites mapped by name onto the scenario's (here in reverse
+// order) with the --set host rewrites; the first failure's status is returned; --timeout
+// bounds a hung run (124); everything is torn down after each run.
+TEST_F(WanNetns, RunLaunchesPerSiteAndRankAndTearsDown) {
+  const std::string scen = scenario("trun", "{delay_ms: 2, rate_mbit: 100}");
+  const std::string cfg = (dir_ / "train.yaml").string();
+  std::ofstream(cfg) << "sites:\n  - {name: b, host: 127.0.0.1}\n  - {name: a, host: 127.0.0.1}\n";
+  const std::string out = dir_.string();
+  Result r = sh(kWan + "run --prefix " + kPrefix + " --no-check --ranks-per-site 2 " + scen + " " + cfg +
+                    " -- sh -c \"echo \\$GEOLOCO_WAN_ADDR {addr} {site_index} \\$(ip -4 -o addr show wan0 | wc -l) \\$*"
+                    " > " + out + "/{site}-{rank}\" x {hosts}",
+                60);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  auto read = [&](const std::string& f) {
+    std::ifstream in(out + "/" + f);
+    std::string s;
+    std::getline(in, s);
+    return s;
+  };
+  const std::string hosts = "--set sites.0.host=198.18.2.2 --set sites.1.host=198.18.1.2";
+  EXPECT_EQ(read("b-0"), "198.18.2.2 198.18.2.2 0 1 " + hosts);
+  EXPECT_EQ(read("b-1"), "198.18.2.2 198.18.2.2 0 1 " + hosts);
+  EXPECT_EQ(read("a-0"), "198.18.1.2 198.18.1.2 1 1 " + hosts);
+  EXPECT_EQ(read("a-1"), "198.18.1.2 198.18.1.2 1 1 " + hosts);
+  EXPECT_EQ(sh("ip netns list | grep -q \"^glt-\"").rc, 1) << "run left namespaces behind";
+
+  r = sh(kWan + "run --prefix " + kPrefix + " --no-check " + scen + " -- sh -c \"exit 3\"", 60);
+  EXPECT_EQ(r.rc, 3) << r.out;
+  EXPECT_EQ(sh("ip netns list | grep -q \"^glt-\"").rc, 1);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  r = sh(kWan + "run --prefix " + kPrefix + " --no-check --timeout 2 " + scen + " -- sleep 100", 60);
+  EXPECT_EQ(r.rc, 124) << r.out;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+  EXPECT_EQ(sh("ip netns list | grep -q \"^glt-\"").rc, 1);
+}
+
 // A bring-up that fails midway tears down what it had created. Forcing the netem path gives
 // a real failure on kernels without sch_netem (like the CI machines); where netem exists the
 // same command must succeed and report the netem path. Either way nothing may be left behind.
