@@ -131,11 +131,11 @@ nlohmann::json bench_one(const PipelineConfig& cfg, std::span<const float> x, in
 }
 
 nlohmann::json bench_data(const std::string& name, std::span<const float> x, uint32_t block, int reps,
-                          const std::string& only) {
+                          const std::string& only, const std::vector<int>& zstd_levels) {
   nlohmann::json rows = nlohmann::json::array();
   std::vector<PipelineConfig> configs;
   for (Codec c : {Codec::kFp32, Codec::kFp16, Codec::kBf16, Codec::kInt8, Codec::kInt4, Codec::kFp4, Codec::kInt2})
-    for (int z : {0, 3}) {
+    for (int z : zstd_levels) {
       PipelineConfig cfg;
       cfg.codec = c;
       cfg.block = block;
@@ -143,7 +143,7 @@ nlohmann::json bench_data(const std::string& name, std::span<const float> x, uin
       configs.push_back(cfg);
     }
   for (Codec c : {Codec::kInt8, Codec::kInt4})
-    for (int z : {0, 3}) {
+    for (int z : zstd_levels) {
       PipelineConfig cfg;
       cfg.codec = c;
       cfg.block = block;
@@ -172,11 +172,13 @@ int main(int argc, char** argv) {
   std::string real;
   uint64_t seed = 1;
   std::string only;
+  std::vector<int> zstd_levels = {0, 3};
   app.add_option("--mib", mib, "synthetic data size in MiB of fp32")->check(CLI::Range(1, 4096));
   app.add_option("--block", block, "block size for every codec")->check(CLI::Range(16, 65536));
   app.add_option("--reps", reps, "repetitions; the best time counts")->check(CLI::Range(1, 100));
   app.add_option("--real", real, "captured pseudo-gradients: raw .f32 or .safetensors (F32 tensors)");
   app.add_option("--seed", seed, "synthetic data seed");
+  app.add_option("--zstd", zstd_levels, "zstd levels to run per codec (0 = off)")->delimiter(',')->check(CLI::Range(0, 19));
   app.add_flag("--wall", g_wall_clock, "time with the wall clock instead of thread CPU time");
   app.add_option("--only", only, "comma-separated config names to run (e.g. int8/b128,int4/b128/zstd3)");
   CLI11_PARSE(app, argc, argv);
@@ -186,10 +188,10 @@ int main(int argc, char** argv) {
     out["threads"] = 1;
     out["timing"] = g_wall_clock ? "wall clock, best of reps" : "thread CPU time, best of reps";
     const auto x = synthetic_pseudo_gradient(mib * (1u << 20) / 4, seed);
-    out["synthetic"] = bench_data("synthetic-student-t3-lognormal-rows", x, block, reps, only);
+    out["synthetic"] = bench_data("synthetic-student-t3-lognormal-rows", x, block, reps, only, zstd_levels);
     if (!real.empty()) {
       const auto r = read_real(real);
-      out["real"] = bench_data(real, r, block, reps, only);
+      out["real"] = bench_data(real, r, block, reps, only, zstd_levels);
     }
     // Targets from the issue, judged on the synthetic set (and the real one when given).
     nlohmann::json targets = nlohmann::json::array();
