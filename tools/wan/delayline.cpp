@@ -163,6 +163,8 @@ class Delayline {
       int64_t wait_ns = stop_at - now;
       // Wake `lead_ns_` before the next due time: the measured wake-up latency of this host.
       const int64_t target = pending_.empty() ? INT64_MAX : pending_.next_due() - lead_ns_;
+      // Only a real sleep on the release timer measures the timer's latency.
+      const bool timer_sleep = target != INT64_MAX && target > now && target <= stop_at;
       if (target != INT64_MAX) wait_ns = std::min(wait_ns, std::max<int64_t>(0, target - now));
       timespec ts{};
       const timespec* tsp = nullptr;
@@ -177,7 +179,7 @@ class Delayline {
         if (errno == EINTR) continue;
         throw Error("delayline: ppoll: " + errno_text(errno));
       }
-      if (r == 0 && target != INT64_MAX && opt_.compensate) adapt_lead(mono_ns() - target);
+      if (r == 0 && timer_sleep && opt_.compensate) adapt_lead(mono_ns() - target);
       if (pfd[1].revents & POLLIN) {
         signalfd_siginfo si{};
         while (read(sfd.get(), &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
