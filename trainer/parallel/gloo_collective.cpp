@@ -23,6 +23,22 @@ using UBuf = std::unique_ptr<gloo::transport::UnboundBuffer>;
 
 int mod(int a, int p) { return ((a % p) + p) % p; }
 
+// Grow-only scratch memory, not zero-filled (every byte is written before it is read).
+class Scratch {
+ public:
+  std::byte* get(size_t bytes) {
+    if (bytes > size_) {
+      data_ = std::make_unique_for_overwrite<std::byte[]>(bytes);
+      size_ = bytes;
+    }
+    return data_.get();
+  }
+
+ private:
+  std::unique_ptr<std::byte[]> data_;
+  size_t size_ = 0;
+};
+
 class GlooCollective final : public Collective {
  public:
   explicit GlooCollective(const RendezvousOptions& opts);
@@ -77,8 +93,8 @@ class GlooCollective final : public Collective {
   std::chrono::milliseconds timeout_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
-  std::vector<std::byte> scratch_;       // reduce_scatter's accumulator (n elements)
-  std::vector<std::byte> recv_scratch_;  // one chunk being received
+  Scratch scratch_;       // reduce_scatter's accumulator (n elements)
+  Scratch recv_scratch_;  // one chunk being received
   uint64_t seq_ = 1;
   bool broken_ = false;
   const char* current_op_ = "";
@@ -182,8 +198,7 @@ uint64_t GlooCollective::ring_reduce_scatter(const T* in, T* acc, int64_t n) {
   }
   const int right = mod(r + 1, P), left = mod(r - 1, P);
   const int64_t max_chunk = shard_of(n, 0, P).count;
-  recv_scratch_.resize(static_cast<size_t>(max_chunk) * sizeof(T));
-  T* tmp = reinterpret_cast<T*>(recv_scratch_.data());
+  T* tmp = reinterpret_cast<T*>(recv_scratch_.get(static_cast<size_t>(max_chunk) * sizeof(T)));
   const uint64_t slot = next_slot_base();
   uint64_t sent = 0;
   for (int s = 0; s < P - 1; ++s) {
@@ -248,8 +263,7 @@ void GlooCollective::reduce_scatter_sum(std::span<const float> in, std::span<flo
                                       rdzv_.who(), n, out.size(), mine.count));
   run(CollectiveKind::kReduceScatter, in.size(), sizeof(float), [&]() -> uint64_t {
     if (n == 0) return 0;
-    scratch_.resize(in.size_bytes());
-    float* acc = reinterpret_cast<float*>(scratch_.data());
+    float* acc = reinterpret_cast<float*>(scratch_.get(in.size_bytes()));
     uint64_t sent = ring_reduce_scatter<float>(in.data(), acc, n);
     std::memcpy(out.data(), acc + mine.offset, out.size_bytes());
     return sent;
