@@ -34,10 +34,15 @@ wan_find_bin() {
 # Real-time priority for the delay lines and the check's ping-pong: on a busy host a normal
 # process waits milliseconds for a CPU, which would show up as extra, random link delay. They
 # sleep almost always, and the kernel's RT throttling (sched_rt_runtime_us) still caps them.
-# GEOLOCO_WAN_RT_PRIO=0 disables it.
+# Delay lines get GEOLOCO_WAN_RT_PRIO + 10 so that they preempt the measuring processes
+# (SCHED_FIFO tasks of equal priority do not preempt each other). GEOLOCO_WAN_RT_PRIO=0: off.
+# Usage: wan_rt_prefix [EXTRA]  -> "chrt -f PRIO" or nothing
 wan_rt_prefix() {
   local prio="${GEOLOCO_WAN_RT_PRIO:-10}"
-  if [[ "$prio" != 0 ]] && command -v chrt >/dev/null && chrt -f "$prio" true 2>/dev/null; then
+  [[ "$prio" =~ ^[0-9]+$ ]] || wan_die "GEOLOCO_WAN_RT_PRIO must be a number 0..89"
+  ((prio == 0)) && return 0
+  prio=$((prio + ${1:-0}))
+  if command -v chrt >/dev/null && chrt -f "$prio" true 2>/dev/null; then
     echo "chrt -f $prio"
   fi
 }
