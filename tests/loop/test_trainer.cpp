@@ -124,6 +124,7 @@ TEST(Trainer, CorruptCheckpointOnResumeIsAFileError) {
   o.resume = true;
   try {
     Trainer t(cfg, o);
+    t.run();
     FAIL() << "expected FileError";
   } catch (const FileError& e) {
     EXPECT_NE(std::string(e.what()).find("state.r0.safetensors"), std::string::npos) << e.what();
@@ -140,7 +141,10 @@ TEST(Trainer, ResumeRefusesAnotherStrategy) {
   auto cfg = load(d, tiny_config(d.path() / "out"), {"train.steps=8", "site.strategy=zero2"});
   auto o = quiet();
   o.resume = true;
-  EXPECT_THROW({ Trainer t(cfg, o); }, FileError);
+  EXPECT_THROW({
+    Trainer t(cfg, o);
+    t.run();
+  }, FileError);
 }
 
 // Gradient accumulation: k micro-batches of b rows give the gradient of one batch of k*b.

@@ -21,8 +21,10 @@ double num(const nlohmann::json& j, const char* k) {
 }
 }  // namespace
 
-nlohmann::json write_run_summary(const trainer::RunConfig& cfg, const std::vector<nlohmann::json>& ranks) {
+nlohmann::json write_run_summary(const trainer::RunConfig& cfg, const std::vector<nlohmann::json>& ranks,
+                                 const nlohmann::json& totals) {
   nlohmann::json s = ranks.at(0);
+  if (totals.is_object()) s.update(totals);
   s.erase("rank");
   s.erase("global_rank");
   s["sites"] = cfg.sites.size();

@@ -11,7 +11,8 @@ namespace geoloco::app {
 
 // Merges per-rank summaries (global rank 0 first) into summary.json under run.output_dir;
 // returns it.
-nlohmann::json write_run_summary(const trainer::RunConfig& cfg, const std::vector<nlohmann::json>& ranks);
+nlohmann::json write_run_summary(const trainer::RunConfig& cfg, const std::vector<nlohmann::json>& ranks,
+                                 const nlohmann::json& totals);
 void print_human_summary(const trainer::RunConfig& cfg, const nlohmann::json& summary);
 
 }  // namespace geoloco::app

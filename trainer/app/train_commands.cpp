@@ -58,7 +58,7 @@ void run_train(const TrainArgs& a) {
   opt.stop_at_step = a.stop_at;
   trainer::Trainer t(cfg, opt);
   auto rank_summary = t.run();
-  auto summary = write_run_summary(cfg, {rank_summary});
+  auto summary = write_run_summary(cfg, {rank_summary}, nlohmann::json::object());
   print_human_summary(cfg, summary);
 }
 
@@ -84,6 +84,7 @@ void add_train_commands(CLI::App& app) {
 
 void register_commands(CLI::App& app) {
   add_train_commands(app);
+  add_worker_commands(app);
   add_eval_command(app);
 }
 

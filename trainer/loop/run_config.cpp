@@ -143,6 +143,19 @@ RunConfig parse_run_config(const config::Document& doc) {
     root.child("train").fail("seq_len", fmt::format("got {}, expected at most model.block_size ({})",
                                                     c.train.seq_len, c.model.block_size));
   c.sites = parse_sites(root);
+  if (root.has("outer") || c.sites.size() > 1) c.outer = outer::OuterConfig::from_yaml(root.child("outer"));
+  if (root.has("transport")) c.transport = transport::TransportConfig::from_yaml(root.child("transport"), c.dir);
+  if (c.sites.size() > 1) {
+    if (!c.transport)
+      root.fail("transport", "missing: a multi-site run needs a transport section with psk_file (the pre-shared key)");
+    // Shard-parallel sync pairs rank r of every site: every site needs the same rank count.
+    auto items = root.items("sites");
+    for (size_t i = 1; i < c.sites.size(); ++i)
+      if (c.sites[i].ranks != c.sites[0].ranks)
+        items[i].fail("ranks", fmt::format("got {}, but site '{}' has {}: every site needs the same number of ranks "
+                                           "(rank r of each site syncs the same shard)",
+                                           c.sites[i].ranks, c.sites[0].name, c.sites[0].ranks));
+  }
   root.finish();
 
   YAML::Emitter out;

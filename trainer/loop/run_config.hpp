@@ -7,7 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "outer_optimizer/outer_config.hpp"
 #include "trainer/core/config_node.hpp"
+#include "transport/transport_config.hpp"
 #include "trainer/data/data_config.hpp"
 #include "trainer/model/model_config.hpp"
 #include "trainer/optim/adamw.hpp"
@@ -64,6 +66,8 @@ struct RunConfig {
   DataConfig data;
   TrainConfig train;
   std::vector<SiteConfig> sites;
+  outer::OuterConfig outer;  // enabled for every multi-site run (defaults), or when present
+  std::optional<transport::TransportConfig> transport;  // required for multi-site runs
   uint64_t hash = 0;      // hash of the canonical (post-override) YAML: sites refuse mismatches
 
   int world_size() const;                     // ranks over all sites

@@ -99,7 +99,6 @@ struct Trainer::Impl {
     if (global_rank == 0) run_metrics = std::make_unique<MetricsWriter>((out_dir / "metrics.jsonl").string(), append);
     if (global_rank == 0 || (world == 1))
       progress = std::make_unique<ProgressLine>(opt.progress, cfg.train.steps);
-    if (opt.resume) restore_latest();
   }
 
   // ---- checkpoints -------------------------------------------------------------------
@@ -267,6 +266,7 @@ struct Trainer::Impl {
   double last_lr = 0, last_grad_norm = 0;
 
   nlohmann::json run() {
+    if (opt.resume) restore_latest();
     const int64_t end_step = opt.stop_at_step > 0 ? std::min(opt.stop_at_step, cfg.train.steps) : cfg.train.steps;
     if (opt.rank == 0 && step == 0)
       log_info(fmt::format("site {}: {} rank(s), strategy {}, model {:.2f}M params, {} steps, {} tokens/step/rank, data {}",
@@ -364,6 +364,9 @@ nlohmann::json Trainer::run() {
   write_text_atomically((impl_->site_dir / fmt::format("rank{}.json", impl_->opt.rank)).string(), s.dump(2) + "\n");
   return s;
 }
+
+SiteStrategy& Trainer::strategy() { return *impl_->strategy; }
+void Trainer::set_outer(OuterHook* outer) { impl_->opt.outer = outer; }
 
 std::vector<float> Trainer::parameters() {
   auto p = impl_->strategy->full_params();

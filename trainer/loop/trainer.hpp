@@ -50,6 +50,11 @@ class Trainer {
   // The full parameters now (gathers under fsdp: a collective, call on every rank).
   std::vector<float> parameters();
 
+  // The site strategy (the outer loop is built on it), and the outer loop to call; set it
+  // before run(). With --resume, run() restores the checkpoint (outer state included).
+  SiteStrategy& strategy();
+  void set_outer(OuterHook* outer);
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

@@ -1,0 +1,60 @@
+#include "outer_optimizer/envelope.hpp"
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+namespace geoloco::outer {
+
+namespace {
+template <class T>
+void put(std::vector<uint8_t>& out, size_t off, T v) {
+  std::memcpy(out.data() + off, &v, sizeof v);  // little-endian hosts only (x86-64, aarch64)
+}
+template <class T>
+T get(std::span<const uint8_t> in, size_t off) {
+  T v;
+  std::memcpy(&v, in.data() + off, sizeof v);
+  return v;
+}
+}  // namespace
+
+void write_envelope(const Envelope& e, std::vector<uint8_t>& out) {
+  out.resize(kEnvelopeBytes + e.body.size());
+  std::memcpy(out.data(), kEnvelopeMagic, 4);
+  put<uint16_t>(out, 4, kEnvelopeVersion);
+  put<uint16_t>(out, 6, static_cast<uint16_t>(e.kind));
+  put<uint64_t>(out, 8, e.round);
+  put<uint32_t>(out, 16, e.site);
+  put<uint32_t>(out, 20, e.rank);
+  put<uint64_t>(out, 24, e.value);
+  put<uint64_t>(out, 32, e.body.size());
+  if (!e.body.empty()) std::memcpy(out.data() + kEnvelopeBytes, e.body.data(), e.body.size());
+}
+
+Envelope read_envelope(std::span<const uint8_t> in, EnvelopeKind kind, uint64_t round, uint32_t site, uint32_t rank,
+                       uint64_t max_body, const std::string& who) {
+  auto fail = [&](const std::string& what) -> Envelope {
+    throw EnvelopeError(fmt::format("outer round {}: message from {} rejected: {}", round, who, what));
+  };
+  if (in.size() < kEnvelopeBytes) return fail(fmt::format("{} bytes, shorter than the {}-byte envelope", in.size(), kEnvelopeBytes));
+  if (std::memcmp(in.data(), kEnvelopeMagic, 4) != 0) return fail("bad magic");
+  if (auto v = get<uint16_t>(in, 4); v != kEnvelopeVersion) return fail(fmt::format("version {} (expected {})", v, kEnvelopeVersion));
+  if (auto k = get<uint16_t>(in, 6); k != static_cast<uint16_t>(kind))
+    return fail(fmt::format("kind {} (expected {})", k, static_cast<uint16_t>(kind)));
+  Envelope e;
+  e.kind = kind;
+  e.round = get<uint64_t>(in, 8);
+  e.site = get<uint32_t>(in, 16);
+  e.rank = get<uint32_t>(in, 20);
+  e.value = get<uint64_t>(in, 24);
+  const uint64_t body = get<uint64_t>(in, 32);
+  if (e.round != round) return fail(fmt::format("round {} (expected {}: replayed or out of order)", e.round, round));
+  if (e.site != site || e.rank != rank) return fail(fmt::format("claims site {} rank {} (expected site {} rank {})", e.site, e.rank, site, rank));
+  if (body > max_body) return fail(fmt::format("body of {} bytes exceeds the {} this round allows", body, max_body));
+  if (body != in.size() - kEnvelopeBytes) return fail(fmt::format("body length {} but {} bytes arrived", body, in.size() - kEnvelopeBytes));
+  e.body = in.subspan(kEnvelopeBytes);
+  return e;
+}
+
+}  // namespace geoloco::outer

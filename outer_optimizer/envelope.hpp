@@ -1,0 +1,53 @@
+// The outer loop's envelope around a compressed pseudo-gradient frame and its control
+// messages. Every field is checked against what the receiving round expects before the
+// frame inside is decoded.
+//
+//   off size field
+//     0    4 magic "GLOS"
+//     4    2 version (1)
+//     6    2 kind: 1 pseudo-gradient, 2 weights hash, 3 rank summary
+//     8    8 round (outer step)
+//    16    4 site index (config order)
+//    20    4 rank
+//    24    8 tokens the site processed in this round (pseudo-gradient), or the hash
+//    32    8 body bytes that follow
+//    40    . body
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "trainer/core/error.hpp"
+
+namespace geoloco::outer {
+
+inline constexpr uint8_t kEnvelopeMagic[4] = {'G', 'L', 'O', 'S'};
+inline constexpr uint16_t kEnvelopeVersion = 1;
+inline constexpr size_t kEnvelopeBytes = 40;
+
+enum class EnvelopeKind : uint16_t { kPseudoGradient = 1, kWeightsHash = 2, kRankSummary = 3 };
+
+struct Envelope {
+  EnvelopeKind kind = EnvelopeKind::kPseudoGradient;
+  uint64_t round = 0;
+  uint32_t site = 0;
+  uint32_t rank = 0;
+  uint64_t value = 0;  // tokens or hash
+  std::span<const uint8_t> body;
+};
+
+// A peer sent something that is not what this round expects.
+class EnvelopeError : public Error {
+ public:
+  using Error::Error;
+};
+
+void write_envelope(const Envelope& e, std::vector<uint8_t>& out);  // header + body
+// Parses and checks magic, version, kind, round, site, rank and the body length against
+// the bytes received and `max_body`. `who` names the peer in errors.
+Envelope read_envelope(std::span<const uint8_t> bytes, EnvelopeKind kind, uint64_t round, uint32_t site,
+                       uint32_t rank, uint64_t max_body, const std::string& who);
+
+}  // namespace geoloco::outer

@@ -1,0 +1,36 @@
+#include "outer_optimizer/outer_config.hpp"
+
+namespace geoloco::outer {
+
+OuterOptimizerConfig OuterOptimizerConfig::from_yaml(const config::Node& n) {
+  OuterOptimizerConfig c;
+  c.kind = n.get_choice("kind", c.kind, {"sgd", "nesterov", "adam"});
+  c.lr = n.get_double("lr", c.kind == "adam" ? 1e-3 : c.lr, 0.0, 100.0);
+  c.momentum = n.get_double("momentum", c.kind == "sgd" ? 0.0 : c.momentum, 0.0, 0.999999);
+  if (n.has("betas")) {
+    auto b = n.get<std::vector<double>>("betas", {});
+    if (b.size() != 2 || !(b[0] >= 0 && b[0] < 1) || !(b[1] >= 0 && b[1] < 1))
+      n.fail_value("betas", "a list of two numbers in [0, 1), e.g. [0.9, 0.999]");
+    c.beta1 = b[0];
+    c.beta2 = b[1];
+  }
+  c.eps = n.get_double("eps", c.eps, 0.0, 1.0);
+  if (c.kind == "adam" && n.has("momentum")) n.fail("momentum", "not used by adam (set betas)");
+  n.finish();
+  return c;
+}
+
+OuterConfig OuterConfig::from_yaml(const config::Node& n) {
+  OuterConfig c;
+  c.enabled = true;
+  c.interval = n.get_int("interval", c.interval, 1, int64_t{1} << 40);
+  c.optimizer = OuterOptimizerConfig::from_yaml(n.child("optimizer"));
+  c.compression = compression::PipelineConfig::from_yaml(n.child("compression"));
+  c.weighting = n.get_choice("weighting", c.weighting, {"uniform", "tokens"});
+  c.inner_state = n.get_choice("inner_state", c.inner_state, {"keep", "reset"});
+  c.check_hash = n.get<bool>("check_hash", c.check_hash);
+  n.finish();
+  return c;
+}
+
+}  // namespace geoloco::outer

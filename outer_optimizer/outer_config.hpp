@@ -1,0 +1,41 @@
+// OuterConfig: the `outer:` section -- how sites synchronize (DiLoCo).
+//
+//   outer:
+//     interval: 100                 # H: inner steps between syncs
+//     optimizer: {kind: nesterov, lr: 0.7, momentum: 0.9}   # sgd | nesterov | adam
+//     compression: {codec: int8, block: 128, error_feedback: true, zstd_level: 3}
+//     weighting: uniform            # uniform | tokens (each site weighted by tokens processed)
+//     inner_state: keep             # keep | reset (AdamW moments after each outer step)
+//     check_hash: true              # compare global-weight hashes across sites every sync
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "compression/config.hpp"
+#include "trainer/core/config_node.hpp"
+
+namespace geoloco::outer {
+
+struct OuterOptimizerConfig {
+  std::string kind = "nesterov";  // sgd | nesterov | adam
+  double lr = 0.7;
+  double momentum = 0.9;          // sgd (heavy ball when > 0) and nesterov
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam
+
+  static OuterOptimizerConfig from_yaml(const config::Node& node);
+};
+
+struct OuterConfig {
+  bool enabled = false;           // true when the section is present
+  int64_t interval = 100;         // H
+  OuterOptimizerConfig optimizer;
+  compression::PipelineConfig compression;
+  std::string weighting = "uniform";
+  std::string inner_state = "keep";
+  bool check_hash = true;
+
+  static OuterConfig from_yaml(const config::Node& node);
+};
+
+}  // namespace geoloco::outer
