@@ -1,7 +1,7 @@
 // bench_codecs: single-thread encode/decode throughput, bytes on the wire and reconstruction
 // error of every codec, with and without zstd, on synthetic pseudo-gradients (64 MiB by
 // default) and optionally on captured ones (--real: raw little-endian .f32, or a
-// .safetensors file whose F32 tensors are concatenated in header order).
+// .safetensors file whose F32 tensors are concatenated in file order).
 //
 // Prints one JSON document. The peer figure is memcpy of the same fp32 bytes on the same
 // core (the floor any codec pass is measured against); "targets" checks the goals:
@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <cmath>
@@ -42,13 +43,20 @@ std::vector<float> read_safetensors(const std::string& path) {
   if (hlen > b.size() - 8) throw FileError(path, "header length past the end of the file");
   const auto header = nlohmann::json::parse(b.begin() + 8, b.begin() + 8 + static_cast<long>(hlen));
   const size_t base = 8 + hlen;
-  std::vector<float> out;
+  // Tensors in file order (by data offset); the JSON object itself is unordered.
+  std::vector<std::pair<uint64_t, uint64_t>> spans;
   for (const auto& [name, t] : header.items()) {
     if (name == "__metadata__") continue;
-    if (t.at("dtype") != "F32") throw FileError(path, "tensor " + name + " is " + t.at("dtype").get<std::string>() + ", only F32 is read");
+    if (t.at("dtype") != "F32")
+      throw FileError(path, "tensor " + name + " is " + t.at("dtype").get<std::string>() + ", only F32 is read");
     const uint64_t lo = t.at("data_offsets").at(0), hi = t.at("data_offsets").at(1);
     if (lo > hi || hi > b.size() - base || (hi - lo) % 4)
       throw FileError(path, "tensor " + name + " has bad data_offsets");
+    spans.emplace_back(lo, hi);
+  }
+  std::sort(spans.begin(), spans.end());
+  std::vector<float> out;
+  for (const auto& [lo, hi] : spans) {
     const size_t n = (hi - lo) / 4;
     const size_t at = out.size();
     out.resize(at + n);

@@ -37,6 +37,8 @@ TEST(CompressionConfig, FullMapping) {
 
 TEST(CompressionConfig, DefaultsAreExactFp32WithoutFeedback) {
   auto c = parse("outer:\n  compression: {}\n");
+  // An absent section gives the same defaults.
+  EXPECT_EQ(parse("outer: {}\n").describe(), c.describe());
   EXPECT_EQ(c.codec, Codec::kFp32);
   EXPECT_EQ(c.block, 128u);
   EXPECT_FALSE(c.topk.has_value());
