@@ -261,6 +261,37 @@ TEST_P(LauncherSignal, StopsEveryRankAndReturnsTheDocumentedCode) {
 INSTANTIATE_TEST_SUITE_P(Signals, LauncherSignal, ::testing::Values(SIGTERM, SIGINT),
                          [](const auto& info) { return info.param == SIGINT ? std::string("SIGINT") : "SIGTERM"; });
 
+TEST(Launcher, SecondSignalSkipsTheGrace) {
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  pid_t helper = ::fork();
+  if (helper == 0) {
+    ::close(ready[0]);
+    ::dup2(ready[1], 3);
+    // The rank ignores SIGTERM; only SIGKILL stops it. The grace is far beyond the bound.
+    std::vector<ProcessSpec> procs = {sh("t/0", "trap '' TERM; echo $$ >&3; exec sleep 100")};
+    LaunchOptions o;
+    o.grace = 30s;
+    o.out_fd = o.err_fd = ::open("/dev/null", O_WRONLY);
+    ::_exit(launch(procs, o));
+  }
+  ::close(ready[1]);
+  FILE* in = ::fdopen(ready[0], "r");
+  int kid = 0;
+  ASSERT_EQ(std::fscanf(in, "%d", &kid), 1);
+  std::fclose(in);
+  auto t0 = Clock::now();
+  ::kill(helper, SIGTERM);
+  std::this_thread::sleep_for(200ms);
+  ::kill(helper, SIGTERM);
+  int st = 0;
+  while (::waitpid(helper, &st, WNOHANG) == 0 && Clock::now() - t0 < 5s) std::this_thread::sleep_for(10ms);
+  ASSERT_TRUE(WIFEXITED(st)) << "launcher still waiting for the grace period";
+  EXPECT_EQ(WEXITSTATUS(st), kExitTerminated);
+  EXPECT_LT(Clock::now() - t0, 3s);
+  EXPECT_TRUE(gone(kid));
+}
+
 TEST(Launcher, RanksDieWhenTheLauncherIsKilled) {
   int ready[2];
   ASSERT_EQ(::pipe(ready), 0);
