@@ -115,10 +115,9 @@ FrameInfo Pipeline::encode(std::span<const float> values, ErrorFeedback* ef, std
   const size_t body = kHeaderBytes + stored;
   bytes::store<uint64_t>(frame_out.data() + body, frame_checksum({frame_out.data(), body}));
 
-  totals_.frames += 1;
-  totals_.elements += n;
-  totals_.frame_bytes += h.frame_bytes();
-  return info_of(h);
+  const FrameInfo info = info_of(h);
+  totals_.add(info);
+  return info;
 }
 
 void Pipeline::decode_payload(const FrameHeader& h, const uint8_t* payload, std::span<float> out) {

@@ -37,12 +37,25 @@ struct FrameInfo {
   double ratio() const { return frame_bytes ? 4.0 * static_cast<double>(elements) / frame_bytes : 0.0; }
 };
 
-// Running totals of what a Pipeline encoded, for summary.json.
+// Running totals of what was encoded, for summary.json ("bytes on the wire per outer step":
+// frame_bytes / outer steps; "compression ratio": ratio()). Sum several pipelines' totals
+// (one per thread) with +=.
 struct WireTotals {
   uint64_t frames = 0;
   uint64_t elements = 0;
   uint64_t frame_bytes = 0;
   double ratio() const { return frame_bytes ? 4.0 * static_cast<double>(elements) / frame_bytes : 0.0; }
+  void add(const FrameInfo& f) {
+    frames += 1;
+    elements += f.elements;
+    frame_bytes += f.frame_bytes;
+  }
+  WireTotals& operator+=(const WireTotals& o) {
+    frames += o.frames;
+    elements += o.elements;
+    frame_bytes += o.frame_bytes;
+    return *this;
+  }
 };
 
 class Pipeline {

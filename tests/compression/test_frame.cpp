@@ -274,4 +274,18 @@ TEST(Frame, WireTotalsForTheSummary) {
   EXPECT_EQ(t.elements, 2560u);
   EXPECT_EQ(t.frame_bytes, 2u * (48 + 40 + 1280));
   EXPECT_DOUBLE_EQ(t.ratio(), 2560.0 * 4 / (2 * 1368));
+  WireTotals all;
+  all += t;
+  all += t;
+  EXPECT_EQ(all.frames, 4u);
+  EXPECT_EQ(all.frame_bytes, 4u * 1368);
+  EXPECT_DOUBLE_EQ(all.ratio(), t.ratio());
+}
+
+TEST(Frame, ClaimsBeyondTheElementLimitAreRefusedEvenWhenExpected) {
+  // inspect() needs no output buffer, so even an absurd shard size reaches the limit check.
+  const uint64_t huge = kMaxElements + 1;
+  auto f = encode(make_config(Codec::kInt8, 64), kData);
+  bytes::store<uint64_t>(f.data() + 16, huge);
+  EXPECT_EQ(fault_of([&] { Pipeline::inspect(f, huge); }), FrameFault::kElementCount);
 }
