@@ -30,40 +30,15 @@ struct Shard {
   }
 };
 
-int32_t header_int(const MappedFile& f, size_t i) {
+int32_t header_int(std::span<const uint8_t> bytes, size_t i) {
   int32_t v;
-  std::memcpy(&v, f.bytes().data() + i * sizeof(int32_t), sizeof v);
+  std::memcpy(&v, bytes.data() + i * sizeof(int32_t), sizeof v);
   return v;
 }
 
 Shard open_shard(const std::string& path, int vocab_size) {
   Shard s{MappedFile(path)};
-  const size_t bytes = s.file.size();
-  if (bytes < kShardHeaderBytes)
-    throw FileError(path, fmt::format("truncated header: {} bytes, an llm.c shard header is {} bytes", bytes,
-                                      kShardHeaderBytes));
-  const int32_t magic = header_int(s.file, 0);
-  if (magic != kShardMagic)
-    throw FileError(path, fmt::format("bad magic {} (expected {}): not an llm.c token shard", magic, kShardMagic));
-  const int32_t version = header_int(s.file, 1);
-  if (version != kShardVersion)
-    throw FileError(path, fmt::format("unsupported shard version {} (expected {})", version, kShardVersion));
-  const int32_t count = header_int(s.file, 2);
-  if (count < 0) throw FileError(path, fmt::format("negative token count {} in header", count));
-  const uint64_t want = kShardHeaderBytes + 2 * static_cast<uint64_t>(count);
-  if (bytes < want)
-    throw FileError(path, fmt::format("truncated: header says {} tokens ({} bytes) but the file has {} bytes", count,
-                                      want, bytes));
-  if (bytes > want)
-    throw FileError(path, fmt::format("{} trailing bytes after the {} tokens the header declares", bytes - want,
-                                      count));
-  s.count = static_cast<uint64_t>(count);
-  // Data is 2-byte aligned: the mapping is page aligned and the header is 1024 bytes.
-  const uint16_t* t = s.tokens();
-  for (uint64_t i = 0; i < s.count; ++i) {
-    if (t[i] >= vocab_size)
-      throw FileError(path, fmt::format("token {} at index {} is >= vocab_size {}", t[i], i, vocab_size));
-  }
+  s.count = validate_shard(s.file.bytes(), path, vocab_size);
   return s;
 }
 
@@ -111,6 +86,37 @@ class ShardStream final : public TokenStream {
 };
 
 }  // namespace
+
+uint64_t validate_shard(std::span<const uint8_t> bytes, const std::string& path, int vocab_size) {
+  const size_t size = bytes.size();
+  if (size < kShardHeaderBytes)
+    throw FileError(path, fmt::format("truncated header: {} bytes, an llm.c shard header is {} bytes", size,
+                                      kShardHeaderBytes));
+  const int32_t magic = header_int(bytes, 0);
+  if (magic != kShardMagic)
+    throw FileError(path, fmt::format("bad magic {} (expected {}): not an llm.c token shard", magic, kShardMagic));
+  const int32_t version = header_int(bytes, 1);
+  if (version != kShardVersion)
+    throw FileError(path, fmt::format("unsupported shard version {} (expected {})", version, kShardVersion));
+  const int32_t count = header_int(bytes, 2);
+  if (count < 0) throw FileError(path, fmt::format("negative token count {} in header", count));
+  const uint64_t want = kShardHeaderBytes + 2 * static_cast<uint64_t>(count);
+  if (size < want)
+    throw FileError(path, fmt::format("truncated: header says {} tokens ({} bytes) but the file has {} bytes", count,
+                                      want, size));
+  if (size > want)
+    throw FileError(path, fmt::format("{} trailing bytes after the {} tokens the header declares", size - want,
+                                      count));
+  // memcpy per token: `bytes` need not be 2-byte aligned (a mapping is; a fuzzer's input is not).
+  const uint8_t* t = bytes.data() + kShardHeaderBytes;
+  for (uint64_t i = 0; i < static_cast<uint64_t>(count); ++i) {
+    uint16_t tok;
+    std::memcpy(&tok, t + 2 * i, 2);
+    if (tok >= vocab_size)
+      throw FileError(path, fmt::format("token {} at index {} is >= vocab_size {}", tok, i, vocab_size));
+  }
+  return static_cast<uint64_t>(count);
+}
 
 std::vector<std::string> resolve_shard_paths(const std::string& path) {
   std::vector<std::string> out;

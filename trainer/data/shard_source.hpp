@@ -29,6 +29,10 @@ std::vector<std::string> resolve_shard_paths(const std::string& path);
 // Opens and validates every shard; tokens must be < vocab_size.
 std::shared_ptr<const TokenStream> open_shard_stream(const std::string& path, int vocab_size);
 
+// Validates one shard held in memory (header, size, every token < vocab_size) and returns
+// its token count. FileError(path, problem) otherwise. Used by the opener and the fuzzer.
+uint64_t validate_shard(std::span<const uint8_t> bytes, const std::string& path, int vocab_size);
+
 // Writes one shard (for tests and data-preparation tools). Throws FileError on I/O failure.
 void write_shard(const std::string& path, std::span<const uint16_t> tokens);
 
