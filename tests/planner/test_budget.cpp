@@ -310,3 +310,23 @@ TEST(Budget, ShippedExampleFilesParseAndPlan) {
   }
   EXPECT_GE(n, 2);
 }
+
+TEST(Budget, MeasuredSectionRoundTripsBitExact) {
+  MeasuredPath m;
+  m.rtt_median_ms = 40.512345678901234;
+  m.rtt_p99_ms = 41.0000000001;
+  m.per_connection_gbps = 0.6291456;
+  m.connections = 8;
+  m.connections_gbps = 1.0 / 3.0;
+  m.step_time_s = 0.1 + 0.2;  // not representable in short decimal
+  const std::string text = std::string("model: {params: 1e9}\nlink: {rate_gbps: 10}\n") + measured_yaml(m);
+  auto in = parse(text);
+  EXPECT_EQ(in.rtt_s, m.rtt_median_ms * 1e-3);
+  EXPECT_EQ(in.rtt_p99_s, m.rtt_p99_ms * 1e-3);
+  EXPECT_EQ(*in.measured_per_connection_Bps, gbit_to_bytes_per_s(m.per_connection_gbps));
+  EXPECT_EQ(in.measured_connections, 8);
+  EXPECT_EQ(*in.measured_path_Bps, gbit_to_bytes_per_s(1.0 / 3.0));
+  EXPECT_EQ(in.step_time_s, 0.1 + 0.2);
+  // Nothing measured: an empty section, still a valid document once the rest is given.
+  EXPECT_EQ(measured_yaml(MeasuredPath{}), "measured: {}\n");
+}

@@ -342,4 +342,20 @@ BudgetReport plan_budget(const BudgetInput& in) {
   return r;
 }
 
+std::string measured_yaml(const MeasuredPath& m) {
+  // fmt's "{}" prints the shortest text that parses back to the same double.
+  std::string out = "measured:\n";
+  if (m.rtt_median_ms > 0) {
+    out += fmt::format("  rtt_ms: {{median: {}", m.rtt_median_ms);
+    if (m.rtt_p99_ms > 0) out += fmt::format(", p99: {}", m.rtt_p99_ms);
+    out += "}\n";
+  }
+  if (m.per_connection_gbps > 0) out += fmt::format("  per_connection_gbps: {}\n", m.per_connection_gbps);
+  if (m.connections_gbps > 0 && m.connections > 0)
+    out += fmt::format("  connections: {}\n  connections_gbps: {}\n", m.connections, m.connections_gbps);
+  if (m.step_time_s > 0) out += fmt::format("  step_time_s: {}\n", m.step_time_s);
+  if (out == "measured:\n") out = "measured: {}\n";
+  return out;
+}
+
 }  // namespace geoloco::planner

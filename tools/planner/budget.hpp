@@ -162,6 +162,20 @@ struct BudgetReport {
 };
 
 BudgetReport plan_budget(const BudgetInput& in);
+
+// What `geoloco probe` measures on a path; 0 (or absent) fields are not written.
+struct MeasuredPath {
+  double rtt_median_ms = 0;
+  double rtt_p99_ms = 0;
+  double per_connection_gbps = 0;
+  int64_t connections = 0;        // connections used for connections_gbps
+  double connections_gbps = 0;
+  double step_time_s = 0;
+};
+// The `measured:` section as YAML text, values written so that they read back bit-exact
+// through BudgetInput::from_yaml. Append it to a budget document (or to the header
+// `format: geoloco-budget\nversion: 1\n` plus model/link/schedule sections).
+std::string measured_yaml(const MeasuredPath& m);
 std::string format_budget_table(const BudgetReport& r);
 nlohmann::json budget_json(const BudgetReport& r);
 
