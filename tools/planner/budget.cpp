@@ -83,12 +83,10 @@ BudgetInput BudgetInput::from_yaml(const config::Node& root) {
   in.scale_bytes = comp.get_double("scale_bytes", in.scale_bytes, 0, 16);
   if (comp.has("bytes_per_value")) in.bytes_per_value_override = comp.get_double("bytes_per_value", 0, 1e-6, 8);
   comp.finish();
-  if (!in.bytes_per_value_override) {
-    try {
-      (void)in.bytes_per_value();
-    } catch (const InputError&) {
-      comp.fail_value("bits", "one of 32 | 16 | 8 | 4 | 2 | 1");
-    }
+  try {
+    (void)in.bytes_per_value_for_bits(in.bits);
+  } catch (const InputError&) {
+    comp.fail_value("bits", "one of 32 | 16 | 8 | 4 | 2 | 1");
   }
 
   in.sites = static_cast<int>(root.get_int("sites", in.sites, 2, 1 << 20));
