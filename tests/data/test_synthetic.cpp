@@ -7,6 +7,7 @@
 
 #include "trainer/core/error.hpp"
 #include "trainer/data/open_data.hpp"
+#include "trainer/data/sampler.hpp"
 #include "trainer/data/synthetic_source.hpp"
 
 using namespace geoloco;
@@ -152,4 +153,40 @@ TEST(SyntheticDataset, ImplicitValSplitSharesTheChainWithOtherWindows) {
   s2.val->window(0, 16, z.data());
   EXPECT_EQ(y, z);
   EXPECT_THROW(open_data(cfg, {}, 39), InputError);  // vocab 40 > model vocab 39
+}
+
+TEST(SyntheticDataset, BigramLearnedFromSamplerBatchesReachesEntropyRateOnVal) {
+  // End to end through config -> open_data -> sampler: the Bayes-optimal model of a
+  // first-order chain is its bigram table, so a bigram count model fitted on training
+  // batches must score ~ entropy_rate() nats/token on the validation split. This is the
+  // yardstick a trained GPT is held to.
+  auto doc = config::load_string("data: {train: {kind: synthetic, vocab: 64, branching: 4, seed: 31, tokens: 4194304}}\n",
+                                 "run.yaml");
+  auto splits = open_data(DataConfig::from_yaml(doc.node().child("data")), {}, 64);
+  const int T = 64, B = 32, V = 64;
+  DistributedSampler sampler(splits.train, SamplerOptions{5, 1, 0, T, true});
+  std::vector<double> count(V * V, 0.01), row(V, 0.01 * V);  // add-0.01 smoothing
+  std::vector<int32_t> in(B * T), tg(B * T);
+  for (int step = 0; step < 500; ++step) {
+    sampler.next_batch(B, T, in.data(), tg.data());
+    for (size_t i = 0; i < in.size(); ++i) {
+      count[static_cast<size_t>(in[i] * V + tg[i])] += 1;
+      row[static_cast<size_t>(in[i])] += 1;
+    }
+  }
+  const double H = dynamic_cast<const SyntheticDataset&>(*splits.val).entropy_rate();
+  std::vector<int32_t> w(T + 1);
+  double nll = 0;
+  size_t n = 0;
+  for (size_t i = 0; i < 500; ++i) {
+    splits.val->window(i, T, w.data());
+    for (int t = 0; t < T; ++t) {
+      const auto a = static_cast<size_t>(w[static_cast<size_t>(t)]), b = static_cast<size_t>(w[static_cast<size_t>(t) + 1]);
+      nll -= std::log(count[a * V + b] / row[a]);
+      ++n;
+    }
+  }
+  // Val noise ~ 0.6 / sqrt(32000) = 3e-3 and the fitted table's excess loss ~ V*k / 2N
+  // = 1e-4: 0.02 is > 6 sigma.
+  EXPECT_NEAR(nll / static_cast<double>(n), H, 0.02);
 }
