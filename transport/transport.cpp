@@ -32,22 +32,52 @@
 namespace geoloco::transport {
 
 namespace detail {
+// Shared by the progress thread and the handle. The error is kept as (type, message) and
+// each waiter throws its own exception object: exception objects are never shared between
+// threads (their refcount lives in uninstrumented libstdc++, which TSan cannot follow).
 struct OpState {
+  enum class Err { kNone, kTransport, kHandshake, kFrame, kTimeout };
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
-  std::exception_ptr error;
+  Err err = Err::kNone;
+  std::string message;
   uint64_t bytes = 0;
 
-  void finish(std::exception_ptr e, uint64_t b) {
+  void finish(const std::exception_ptr& e, uint64_t b) {
+    Err kind = Err::kNone;
+    std::string msg;
+    if (e) {
+      try {
+        std::rethrow_exception(e);
+      } catch (const FrameError& x) {
+        kind = Err::kFrame, msg = x.what();
+      } catch (const TimeoutError& x) {
+        kind = Err::kTimeout, msg = x.what();
+      } catch (const HandshakeError& x) {
+        kind = Err::kHandshake, msg = x.what();
+      } catch (const std::exception& x) {
+        kind = Err::kTransport, msg = x.what();
+      }
+    }
     {
       std::lock_guard<std::mutex> lock(mu);
       if (done) return;
       done = true;
-      error = std::move(e);
+      err = kind;
+      message = std::move(msg);
       bytes = b;
     }
     cv.notify_all();
+  }
+
+  [[noreturn]] void throw_error() const {
+    switch (err) {
+      case Err::kFrame: throw FrameError(message);
+      case Err::kTimeout: throw TimeoutError(message);
+      case Err::kHandshake: throw HandshakeError(message);
+      default: throw TransportError(message);
+    }
   }
 };
 }  // namespace detail
@@ -59,14 +89,14 @@ void OpHandle::wait() const {
   GEOLOCO_CHECK(s_ != nullptr, "wait() on an empty handle");
   std::unique_lock<std::mutex> lock(s_->mu);
   s_->cv.wait(lock, [&] { return s_->done; });
-  if (s_->error) std::rethrow_exception(s_->error);
+  if (s_->err != detail::OpState::Err::kNone) s_->throw_error();
 }
 
 bool OpHandle::wait_for(std::chrono::duration<double> timeout) const {
   GEOLOCO_CHECK(s_ != nullptr, "wait_for() on an empty handle");
   std::unique_lock<std::mutex> lock(s_->mu);
   if (!s_->cv.wait_for(lock, timeout, [&] { return s_->done; })) return false;
-  if (s_->error) std::rethrow_exception(s_->error);
+  if (s_->err != detail::OpState::Err::kNone) s_->throw_error();
   return true;
 }
 
@@ -250,17 +280,21 @@ class Transport::Impl {
 
   // ---- API side (any thread) --------------------------------------------------------
 
+  // API calls that need an answer from the progress thread wait on an OpState (not a
+  // std::future: no exception object crosses threads).
   int listen(const std::string& host, int port) {
-    auto pr = std::make_shared<std::promise<int>>();
-    auto fut = pr->get_future();
-    post([this, host, port, pr] {
+    auto st = std::make_shared<detail::OpState>();
+    post([this, host, port, st] {
       try {
-        pr->set_value(do_listen(host, port));
+        int p = do_listen(host, port);
+        st->finish(nullptr, static_cast<uint64_t>(p));
       } catch (...) {
-        pr->set_exception(std::current_exception());
+        st->finish(std::current_exception(), 0);
       }
     });
-    return fut.get();
+    OpHandle h(st);
+    h.wait();
+    return static_cast<int>(h.bytes());
   }
 
   void connect(std::vector<PeerInfo> peers) {
@@ -283,34 +317,47 @@ class Transport::Impl {
     auto deadline = Clock::now() + seconds(cfg_.connect_timeout_s);
     gate->set_peers(peers);
     // Authenticate with the gates of the peers we dial (in parallel) to learn their UCX ports.
-    std::vector<std::future<int>> dials_f(peers.size());
+    // Each dial thread reports (port, error kind, message): no exception crosses threads.
+    struct DialResult {
+      int port = 0;
+      bool handshake_error = false;
+      std::string error;
+    };
+    std::vector<std::future<DialResult>> dials_f(peers.size());
     for (size_t i = 0; i < peers.size(); ++i)
       if (dials(self_, peers[i]))
-        dials_f[i] = std::async(std::launch::async, [&, i] { return gate_dial(peers[i], self_, cfg_, version_, deadline); });
+        dials_f[i] = std::async(std::launch::async, [&, i] {
+          DialResult r;
+          try {
+            r.port = gate_dial(peers[i], self_, cfg_, version_, deadline);
+          } catch (const HandshakeError& e) {
+            r.handshake_error = true;
+            r.error = e.what();
+          } catch (const std::exception& e) {
+            r.error = e.what();
+          }
+          return r;
+        });
     std::vector<int> ucx_ports(peers.size(), 0);
     std::vector<std::string> gate_errors(peers.size());
-    std::exception_ptr fatal;
+    std::string fatal;
     for (size_t i = 0; i < peers.size(); ++i) {
       if (!dials_f[i].valid()) continue;
-      try {
-        ucx_ports[i] = dials_f[i].get();
-      } catch (const HandshakeError&) {
-        if (!fatal) fatal = std::current_exception();
-      } catch (const std::exception& e) {
-        gate_errors[i] = e.what();
-      }
+      DialResult r = dials_f[i].get();
+      ucx_ports[i] = r.port;
+      if (r.handshake_error && fatal.empty()) fatal = r.error;
+      if (!r.handshake_error) gate_errors[i] = r.error;
     }
-    if (fatal) std::rethrow_exception(fatal);
-    auto pr = std::make_shared<std::promise<void>>();
-    auto fut = pr->get_future();
-    post([this, peers = std::move(peers), ucx_ports, gate_errors, deadline, pr]() mutable {
+    if (!fatal.empty()) throw HandshakeError(fatal);
+    auto st = std::make_shared<detail::OpState>();
+    post([this, peers = std::move(peers), ucx_ports, gate_errors, deadline, st]() mutable {
       try {
-        do_connect(std::move(peers), ucx_ports, gate_errors, deadline, pr);
+        do_connect(std::move(peers), ucx_ports, gate_errors, deadline, st);
       } catch (...) {
-        pr->set_exception(std::current_exception());
+        st->finish(std::current_exception(), 0);
       }
     });
-    fut.get();
+    OpHandle(st).wait();
     std::lock_guard<std::mutex> lock(info_mu_);
     info_ready_ = true;
   }
@@ -489,7 +536,7 @@ class Transport::Impl {
 
   void do_connect(std::vector<PeerInfo> peers, const std::vector<int>& ucx_ports,
                   const std::vector<std::string>& gate_errors, Clock::time_point deadline,
-                  std::shared_ptr<std::promise<void>> pr) {
+                  std::shared_ptr<detail::OpState> pr) {
     if (!worker_) throw TransportError("transport: connect() before listen()");
     connect_started_ = true;
     peer_infos_ = peers;  // read by API threads only after connect() returns
@@ -735,6 +782,8 @@ class Transport::Impl {
     if (p.we_dial) return bad("we dial this peer, it must not dial us");
     if (p.failed) return bad("peer already failed: " + p.failure);
     if (std::string e = hello_mismatch(m, self_, cfg_); !e.empty()) return bad(e);
+    // hello_mismatch lets the gate's lane through; a UCX lane must index lane_ep.
+    if (m.lane >= cfg_.lanes) return bad(fmt::format("lane {} out of range (lanes {})", m.lane, cfg_.lanes));
     if (p.lane_ep[m.lane] != nullptr) return bad(fmt::format("lane {} is already connected", m.lane));
     rec.peer = pi;
     rec.lane = m.lane;
@@ -824,9 +873,9 @@ class Transport::Impl {
       }
       for (size_t i = 0; i < peers_.size(); ++i) fail_peer(static_cast<int>(i), FailKind::kTransport, what, /*quiet=*/true);
       for (auto& [h, rec] : eps_) kill_ep(*rec, true);
-      pr->set_exception(e);
+      pr->finish(e, 0);
     } else {
-      pr->set_value();
+      pr->finish(nullptr, 0);
     }
   }
 
@@ -1544,7 +1593,7 @@ class Transport::Impl {
   bool connect_started_ = false;
   bool connected_ = false;
   Clock::time_point connect_deadline_{};
-  std::shared_ptr<std::promise<void>> connect_promise_;
+  std::shared_ptr<detail::OpState> connect_promise_;
   bool failures_pending_ = false;
   std::vector<std::shared_ptr<RecvOp>> failed_recvs_;
   Clock::time_point next_timer_{};

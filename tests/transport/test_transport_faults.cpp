@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/transport/test_util.hpp"
+#include "transport/gate.hpp"
 
 using namespace geoloco::transport;
 using namespace geoloco::transport::test;
@@ -198,6 +199,32 @@ TEST(TransportHandshake, GarbageOnTheListeningPortDoesNotStopALegitimatePeer) {
   r.wait();
   EXPECT_EQ(d, x);
   for (int fd : open_fds) ::close(fd);
+}
+
+TEST(TransportHandshake, FloodOfIdleConnectionsOnlyDelaysALegitimatePeer) {
+  auto cfg = small_config();
+  cfg.handshake_timeout_s = 0.5;  // idle clients are dropped after this
+  Transport b(cfg, ident("b"));
+  int port = b.listen("127.0.0.1", 0);
+  std::vector<int> fds;
+  for (int i = 0; i < kMaxGateClients + 8; ++i) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(static_cast<uint16_t>(port));
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+    fds.push_back(fd);
+  }
+  Transport a(cfg, ident("a"));
+  a.listen("127.0.0.1", 0);
+  auto t0 = Clock::now();
+  auto fb = std::async(std::launch::async, [&] { b.connect({PeerInfo{"a", 0, "127.0.0.1", 1}}); });
+  a.connect({PeerInfo{"b", 0, "127.0.0.1", port}});
+  fb.get();
+  EXPECT_LT(since(t0), cfg.connect_timeout_s);
+  EXPECT_GE(b.stats().gate_refused, 8u);  // the clients over the cap, at least
+  for (int fd : fds) ::close(fd);
 }
 
 // ---- tampered frames --------------------------------------------------------------------
