@@ -89,11 +89,10 @@ FrameInfo Pipeline::encode(std::span<const float> values, ErrorFeedback* ef, std
   encode_values(h.codec, dense, group, raw + layout.scales_offset, raw + layout.codes_offset, codes_);
 
   if (ef) {
-    // The residual is measured against exactly what receivers decode from these bytes.
+    // The residual is measured against exactly what receivers decode from these bytes
+    // (decoded now, while `raw` is certainly valid; committed once the frame is complete).
     decoded_.resize(n);
     decode_payload(h, raw, decoded_);
-    float* r = ef->residual().data();
-    for (size_t i = 0; i < n; ++i) r[i] = corrected_[i] - decoded_[i];
   }
 
   size_t stored = layout.total;
@@ -115,6 +114,10 @@ FrameInfo Pipeline::encode(std::span<const float> values, ErrorFeedback* ef, std
   const size_t body = kHeaderBytes + stored;
   bytes::store<uint64_t>(frame_out.data() + body, frame_checksum({frame_out.data(), body}));
 
+  if (ef) {
+    float* r = ef->residual().data();
+    for (size_t i = 0; i < n; ++i) r[i] = corrected_[i] - decoded_[i];
+  }
   const FrameInfo info = info_of(h);
   totals_.add(info);
   return info;

@@ -4,7 +4,7 @@ file, as raw little-endian fp32 (the format bench_codecs --real reads), until th
 trainer can dump its own.
 
     /usr/bin/python3 bench/compression/capture_pseudo_gradients.py OUT.f32 [--text FILE]
-        [--warmup 300] [--inner 50] [--outer 2] [--seed 0]
+        [--warmup 300] [--inner 50] [--outer 2] [--seed 0] [--d 128] [--layers 2] [--batch 8]
 
 Trains `warmup` AdamW steps, then for each of `outer` rounds records theta, trains `inner`
 steps (DiLoCo's H) and appends theta_before - theta_after of every parameter (in
@@ -60,13 +60,17 @@ def main():
     ap.add_argument("--inner", type=int, default=50)
     ap.add_argument("--outer", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--d", type=int, default=128, help="model width (heads = d / 32)")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=8)
     a = ap.parse_args()
     torch.manual_seed(a.seed)
     torch.set_num_threads(1)
     data = torch.tensor(list(open(a.text, "rb").read()), dtype=torch.long)
-    model = Gpt()
+    model = Gpt(d=a.d, heads=max(1, a.d // 32), layers=a.layers)
+    print(f"{sum(p.numel() for p in model.parameters())} parameters", file=sys.stderr)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
-    seq, batch = 64, 8
+    seq, batch = 64, a.batch
 
     def step():
         ix = torch.randint(0, len(data) - seq - 1, (batch,))
