@@ -265,7 +265,7 @@ void GlooCollective::reduce_scatter_sum(std::span<const float> in, std::span<flo
     if (n == 0) return 0;
     float* acc = reinterpret_cast<float*>(scratch_.get(in.size_bytes()));
     uint64_t sent = ring_reduce_scatter<float>(in.data(), acc, n);
-    std::memcpy(out.data(), acc + mine.offset, out.size_bytes());
+    if (!out.empty()) std::memcpy(out.data(), acc + mine.offset, out.size_bytes());
     return sent;
   });
 }
