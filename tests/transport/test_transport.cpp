@@ -7,6 +7,8 @@
 #include "tests/transport/test_util.hpp"
 #include "transport/ucx_env.hpp"
 
+#include <nlohmann/json.hpp>
+
 using namespace geoloco::transport;
 using namespace geoloco::transport::test;
 
@@ -162,4 +164,47 @@ TEST(Transport, InterfaceForAddress) {
   EXPECT_EQ(interface_for_address("127.0.0.2"), "lo");
   EXPECT_EQ(interface_for_address("0.0.0.0"), "");
   EXPECT_EQ(interface_for_address("not-an-ip"), "");
+}
+
+TEST(Transport, UcxDefaultsPinLoopbackAndYieldToTheEnvironment) {
+  {
+    ucx::Config cfg;
+    auto notes = apply_ucx_defaults(cfg, "127.0.0.1");
+    std::string all;
+    for (auto& n : notes) all += n + ";";
+    EXPECT_NE(all.find("NET_DEVICES=lo;"), std::string::npos) << all;
+    EXPECT_NE(all.find("TCP_CM_REUSEADDR="), std::string::npos) << all;
+    if (std::getenv("UCX_TLS") == nullptr) {
+      EXPECT_NE(all.find("TLS=tcp;"), std::string::npos) << all;
+    }
+  }
+  if (std::getenv("UCX_NET_DEVICES") == nullptr) {
+    ::setenv("UCX_NET_DEVICES", "all", 1);
+    ucx::Config cfg;
+    auto notes = apply_ucx_defaults(cfg, "127.0.0.1");
+    ::unsetenv("UCX_NET_DEVICES");
+    std::string all;
+    for (auto& n : notes) all += n + ";";
+    EXPECT_NE(all.find("NET_DEVICES=all (from the environment)"), std::string::npos) << all;
+  }
+}
+
+TEST(Transport, StatsJsonHasPerPeerCounters) {
+  std::vector<TransportConfig> cfgs(2, small_config());
+  Cluster c(cfgs, {ident("a"), ident("b")});
+  for (auto& e : c.connect_all()) ASSERT_EQ(e, "");
+  auto x = pattern(1000, 4);
+  std::vector<uint8_t> d(1000);
+  auto r = c.t[1]->recv(0, FrameKind::kProbe, 0, 0, d);
+  c.t[0]->send(0, FrameKind::kProbe, 0, 0, x).wait();
+  r.wait();
+  auto j = c.t[1]->stats().to_json();
+  ASSERT_EQ(j["peers"].size(), 1u);
+  EXPECT_EQ(j["peers"][0]["site"], "a");
+  EXPECT_EQ(j["peers"][0]["bytes_received"], 1000u);
+  EXPECT_EQ(j["peers"][0]["frames_received"], 1u);
+  EXPECT_EQ(j["peers"][0]["frames_rejected"], 0u);
+  EXPECT_EQ(j["gate_refused"], 0u);
+  auto settings = c.t[1]->ucx_settings();
+  EXPECT_FALSE(settings.empty());
 }
