@@ -24,16 +24,21 @@ def table(section):
 
 def zstd_gain(section):
     by = {r["config"]: r for r in section["rows"]}
-    out = ["| codec | ratio without zstd | with zstd 3 | gain | encode GB/s without / with |", "|---|---:|---:|---:|---:|"]
+    levels = sorted({r["zstd_level"] for r in section["rows"] if r["zstd_level"] > 0})
+    head = "| codec | ratio without zstd | " + " | ".join(f"zstd {l}: ratio (gain)" for l in levels) + \
+        " | encode GB/s: none / " + " / ".join(f"zstd {l}" for l in levels) + " |"
+    out = [head, "|---|---:|" + "---:|" * len(levels) + "---:|"]
     for name, r in by.items():
         if r["zstd_level"] != 0:
             continue
-        z = by.get(name + "/zstd3")
-        if not z:
+        zs = [by.get(f"{name}/zstd{l}") for l in levels]
+        if not any(zs):
             continue
-        out.append(f"| {name} | {r['ratio_vs_fp32']:.2f} | {z['ratio_vs_fp32']:.2f} | "
-                   f"{(z['ratio_vs_fp32'] / r['ratio_vs_fp32'] - 1) * 100:+.0f}% | "
-                   f"{r['encode_gbps']:.2f} / {z['encode_gbps']:.2f} |")
+        cells = [f"{z['ratio_vs_fp32']:.2f} ({(z['ratio_vs_fp32'] / r['ratio_vs_fp32'] - 1) * 100:+.0f}%)" if z else "-"
+                 for z in zs]
+        speeds = [f"{z['encode_gbps']:.2f}" if z else "-" for z in zs]
+        out.append(f"| {name} | {r['ratio_vs_fp32']:.2f} | " + " | ".join(cells) + " | "
+                   f"{r['encode_gbps']:.2f} / " + " / ".join(speeds) + " |")
     return "\n".join(out)
 
 
