@@ -23,10 +23,11 @@ if ! command -v clang++ >/dev/null; then
   exit 2
 fi
 
+mkdir -p "$build"
 CC=clang CXX=clang++ cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DGEOLOCO_FUZZ=ON -DGEOLOCO_SANITIZE=address -DGEOLOCO_CUDA=OFF \
-  -DGEOLOCO_BUILD_TESTS=OFF -DGEOLOCO_BUILD_BENCH=OFF >"$build.configure.log" 2>&1 \
-  || { tail -30 "$build.configure.log" >&2; exit 1; }
+  -DGEOLOCO_BUILD_TESTS=OFF -DGEOLOCO_BUILD_BENCH=OFF >"$build/configure.log" 2>&1 \
+  || { tail -30 "$build/configure.log" >&2; exit 1; }
 ninja -C "$build" -j "$jobs" compression_fuzz_frame
 
 mkdir -p "$build/corpus" "$build/artifacts"
