@@ -77,8 +77,24 @@ TEST(TextSource, EmptyFileHasNoWindowsAndMissingFileIsFileError) {
   const auto missing = dir.file("nope.txt");
   auto msg = file_error([&] { open_text_stream(missing); }, missing);
   EXPECT_NE(msg.find("No such file"), std::string::npos) << msg;
-  auto msg2 = file_error([&] { open_text_stream(dir.path().string()); }, dir.path().string());
-  EXPECT_NE(msg2.find("not a regular file"), std::string::npos) << msg2;
+}
+
+// A directory is the concatenation of its regular files in name order; symlinks are skipped
+// (so GPL -> GPL-3 style links do not duplicate text), and reads cross file boundaries.
+TEST(TextSource, DirectoryConcatenatesRegularFilesInOrder) {
+  TempDir dir;
+  std::filesystem::create_directory(dir.path() / "d");
+  std::filesystem::create_directory(dir.path() / "empty");
+  dir.write("d/b.txt", "def");
+  dir.write("d/a.txt", "abc");
+  std::filesystem::create_symlink("a.txt", dir.path() / "d" / "c-link.txt");
+  StreamDataset d(open_text_stream((dir.path() / "d").string()));
+  EXPECT_EQ(d.num_tokens(), 6u);
+  EXPECT_EQ(window_of(d, 0, 5), (std::vector<int32_t>{'a', 'b', 'c', 'd', 'e', 'f'}));
+  EXPECT_EQ(window_of(d, 1, 2), (std::vector<int32_t>{'c', 'd', 'e'}));
+  const auto empty = (dir.path() / "empty").string();
+  auto msg = file_error([&] { open_text_stream(empty); }, empty);
+  EXPECT_NE(msg.find("no regular files"), std::string::npos) << msg;
 }
 
 TEST(ShardSource, ConcatenatesShardsInSortedOrderAcrossBoundaries) {

@@ -5,7 +5,10 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "tools/planner/cli.hpp"
+#include "tools/wan/cli.hpp"
 #include "trainer/app/commands.hpp"
+#include "trainer/app/rank_runner.hpp"
 #include "trainer/app/run_summary.hpp"
 #include "trainer/core/error.hpp"
 #include "trainer/core/hash.hpp"
@@ -53,12 +56,10 @@ void run_train(const TrainArgs& a) {
                                  "use `geoloco launch {}`",
                                  a.config, cfg.world_size(), cfg.sites.size(), a.config));
   log::init("", cfg.run.log_level);
-  trainer::TrainerOptions opt;
-  opt.resume = a.resume;
-  opt.stop_at_step = a.stop_at;
-  trainer::Trainer t(cfg, opt);
-  auto rank_summary = t.run();
-  auto summary = write_run_summary(cfg, {rank_summary}, nlohmann::json::object());
+  RankOptions o;
+  o.resume = a.resume;
+  o.stop_at_step = a.stop_at;
+  auto summary = run_rank(cfg, o);
   print_human_summary(cfg, summary);
 }
 
@@ -86,6 +87,9 @@ void register_commands(CLI::App& app) {
   add_train_commands(app);
   add_worker_commands(app);
   add_eval_command(app);
+  planner::add_budget_command(app);
+  planner::add_topo_command(app);
+  wan::add_wan_commands(app);
 }
 
 }  // namespace geoloco::app

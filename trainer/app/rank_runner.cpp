@@ -1,0 +1,134 @@
+#include "trainer/app/rank_runner.hpp"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <memory>
+
+#include "outer_optimizer/diloco.hpp"
+#include "trainer/app/run_summary.hpp"
+#include "trainer/core/error.hpp"
+#include "trainer/loop/trainer.hpp"
+#include "trainer/parallel/gloo_collective.hpp"
+#include "transport/transport.hpp"
+
+namespace geoloco::app {
+
+namespace {
+
+constexpr uint64_t kSummaryRound = UINT64_MAX - 1;  // control round of the final summary exchange
+constexpr size_t kMaxSummaryBytes = 16u << 20;
+
+std::chrono::milliseconds rendezvous_timeout(const trainer::RunConfig& cfg) {
+  double s = cfg.transport ? cfg.transport->connect_timeout_s : 60.0;
+  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+}
+
+std::vector<uint8_t> to_bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+
+// Totals over every rank of every site, for summary.json.
+nlohmann::json run_totals(const trainer::RunConfig& cfg, const std::vector<nlohmann::json>& ranks) {
+  nlohmann::json t;
+  uint64_t sent = 0, received = 0;
+  for (const auto& r : ranks) {
+    sent += r.value("wan_bytes_sent", uint64_t{0});
+    received += r.value("wan_bytes_received", uint64_t{0});
+  }
+  t["wan_bytes_sent_total"] = sent;
+  t["wan_bytes_received_total"] = received;
+  const uint64_t S = cfg.sites.size();
+  if (S > 1) {
+    // Per-step data parallelism across sites: a ring all-reduce of the fp32 gradient every
+    // inner step; each site sends 2 (S-1)/S x 4N bytes per step, S sites together 2 (S-1) x 4N.
+    const uint64_t steps = ranks.at(0).value("steps", uint64_t{0});
+    t["ddp_equivalent_wan_bytes"] = steps * 2 * (S - 1) * 4 * static_cast<uint64_t>(cfg.model.num_params());
+    if (sent > 0) t["wan_reduction_vs_ddp"] = double(t["ddp_equivalent_wan_bytes"].get<uint64_t>()) / double(sent);
+  }
+  return t;
+}
+
+}  // namespace
+
+nlohmann::json run_rank(const trainer::RunConfig& cfg, const RankOptions& o) {
+  const int site = o.site, rank = o.rank;
+  const auto& sc = cfg.sites.at(static_cast<size_t>(site));
+  std::unique_ptr<parallel::Collective> coll;
+  if (sc.ranks > 1) {
+    parallel::RendezvousOptions ro;
+    ro.site = sc.name;
+    ro.rank = rank;
+    ro.size = sc.ranks;
+    ro.store_host = sc.host;
+    ro.store_port = sc.port + sc.ranks;
+    ro.bind_address = sc.host;
+    ro.timeout = rendezvous_timeout(cfg);
+    coll = parallel::make_gloo(ro);
+  }
+  std::unique_ptr<transport::Transport> tp;
+  if (cfg.sites.size() > 1) {
+    transport::Identity self{sc.name, rank, cfg.run.name, cfg.hash};
+    std::vector<transport::PeerInfo> peers;
+    for (const auto& s : cfg.sites)
+      if (s.name != sc.name) peers.push_back({s.name, rank, s.host, s.port + rank});
+    tp = std::make_unique<transport::Transport>(*cfg.transport, self);
+    tp->start(sc.host, sc.port + rank, peers);
+    spdlog::info("connected to {} peer site(s) over UCX", peers.size());
+  }
+
+  trainer::TrainerOptions opt;
+  opt.site = site;
+  opt.rank = rank;
+  opt.resume = o.resume;
+  opt.stop_at_step = o.stop_at_step;
+  opt.progress = o.progress;
+  opt.collective = coll.get();
+  trainer::Trainer trainer(cfg, opt);
+  std::unique_ptr<outer::Diloco> diloco;
+  if (cfg.outer.enabled) {
+    diloco = std::make_unique<outer::Diloco>(cfg, site, rank, tp.get(), trainer.strategy());
+    trainer.set_outer(diloco.get());
+  }
+  nlohmann::json mine = trainer.run();
+
+  // Gather every rank's summary at global rank 0: within the site over the collective, then
+  // each site's rank 0 sends its site's list to site 0's rank 0 over the transport.
+  std::vector<nlohmann::json> site_list = {mine};
+  if (coll) {
+    std::string text = mine.dump();
+    auto all = coll->all_gather_bytes(std::as_bytes(std::span<const char>(text.data(), text.size())));
+    site_list.clear();
+    for (auto& b : all) site_list.push_back(nlohmann::json::parse(std::string(reinterpret_cast<const char*>(b.data()), b.size())));
+  }
+  if (rank != 0) return mine;
+  std::vector<nlohmann::json> everyone;
+  if (tp) {
+    // Shard 0 carries the summary, shard 1 site 0's acknowledgement: a site leaves only
+    // once site 0 holds its summary (a closed peer cannot deliver anything afterwards).
+    std::vector<uint8_t> ack(1, 1), ack_in(1);
+    if (site != 0) {
+      const int p0 = tp->peer_index(cfg.sites[0].name, 0);
+      auto bytes = to_bytes(nlohmann::json(site_list).dump());
+      auto got = tp->recv(p0, transport::FrameKind::kControl, kSummaryRound, 1, ack_in);
+      tp->send(p0, transport::FrameKind::kControl, kSummaryRound, 0, bytes).wait();
+      got.wait();
+      return mine;
+    }
+    everyone = site_list;
+    for (size_t s = 1; s < cfg.sites.size(); ++s) {
+      const int p = tp->peer_index(cfg.sites[s].name, 0);
+      std::vector<uint8_t> buf(kMaxSummaryBytes);
+      auto h = tp->recv(p, transport::FrameKind::kControl, kSummaryRound, 0, buf);
+      h.wait();
+      tp->send(p, transport::FrameKind::kControl, kSummaryRound, 1, ack).wait();
+      auto j = nlohmann::json::parse(std::string(buf.begin(), buf.begin() + static_cast<int64_t>(h.bytes())), nullptr, false);
+      if (!j.is_array()) throw Error(fmt::format("site {} sent a malformed final summary", cfg.sites[s].name));
+      for (auto& r : j) everyone.push_back(r);
+    }
+  } else {
+    everyone = site_list;
+  }
+  return write_run_summary(cfg, everyone, run_totals(cfg, everyone));
+}
+
+
+}  // namespace geoloco::app
