@@ -1,0 +1,286 @@
+// Host-side logic of the GPU path, tested without a GPU: bf16 rounding, precision parsing,
+// CUDA error classification and messages, device selection, architecture compatibility,
+// parity metrics and tolerances, and the GPU check report (library and tool).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "trainer/cuda/bf16.hpp"
+#include "trainer/cuda/check_report.hpp"
+#include "trainer/cuda/cuda_error.hpp"
+#include "trainer/cuda/device_select.hpp"
+#include "trainer/cuda/precision.hpp"
+#include "trainer/cuda/tolerance.hpp"
+
+namespace geoloco::cuda {
+namespace {
+
+// ---- bf16 ---------------------------------------------------------------------------
+
+TEST(Bf16, RoundsToNearestEven) {
+  EXPECT_EQ(float_to_bf16_bits(1.0f), 0x3F80);
+  // 1 + 2^-8 lies exactly between 1 (0x3F80, even) and 1 + 2^-7 (0x3F81): ties to even.
+  EXPECT_EQ(float_to_bf16_bits(1.0f + std::ldexp(1.0f, -8)), 0x3F80);
+  // 1 + 3*2^-8 lies between 0x3F81 (odd) and 0x3F82 (even): up to even.
+  EXPECT_EQ(float_to_bf16_bits(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3F82);
+  // Just above the half-way point rounds up.
+  EXPECT_EQ(float_to_bf16_bits(1.0f + std::ldexp(1.0f, -8) + std::ldexp(1.0f, -20)), 0x3F81);
+  // Just below it rounds down.
+  EXPECT_EQ(float_to_bf16_bits(1.0f + std::ldexp(1.0f, -8) - std::ldexp(1.0f, -20)), 0x3F80);
+  EXPECT_EQ(float_to_bf16_bits(-2.0f), 0xC000);
+  EXPECT_EQ(float_to_bf16_bits(-0.0f), 0x8000);
+}
+
+TEST(Bf16, SpecialValues) {
+  EXPECT_EQ(float_to_bf16_bits(std::numeric_limits<float>::infinity()), 0x7F80);
+  EXPECT_EQ(float_to_bf16_bits(-std::numeric_limits<float>::infinity()), 0xFF80);
+  // The largest float is above bf16's largest finite value by more than half an ulp: inf.
+  EXPECT_EQ(float_to_bf16_bits(std::numeric_limits<float>::max()), 0x7F80);
+  const uint16_t nan = float_to_bf16_bits(std::numeric_limits<float>::quiet_NaN());
+  EXPECT_TRUE(std::isnan(bf16_bits_to_float(nan)));
+  // A signalling NaN whose payload sits only in the dropped bits must not become infinity.
+  const float snan = std::bit_cast<float>(0x7F800001u);
+  EXPECT_TRUE(std::isnan(bf16_bits_to_float(float_to_bf16_bits(snan))));
+  // The smallest subnormal rounds to zero (it is far below half of bf16's smallest subnormal
+  // ulp, which equals float's 2^-133).
+  EXPECT_EQ(float_to_bf16_bits(std::numeric_limits<float>::denorm_min()), 0x0000);
+}
+
+TEST(Bf16, EveryBf16ValueRoundTrips) {
+  int checked = 0;
+  for (uint32_t b = 0; b <= 0xFFFF; ++b) {
+    const float f = bf16_bits_to_float(static_cast<uint16_t>(b));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(float_to_bf16_bits(f), b) << "bits " << b;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 65536 - 2 * 127);  // 2 * (2^7 - 1) NaN patterns
+}
+
+TEST(Bf16, SpanHelpers) {
+  std::vector<float> in{1.0f, 3.140625f, -1e-3f}, back(3);
+  std::vector<uint16_t> bits(3);
+  floats_to_bf16(in, bits);
+  bf16_to_floats(bits, back);
+  EXPECT_EQ(back[0], 1.0f);
+  EXPECT_EQ(back[1], 3.140625f);  // exactly representable: 8 significant bits
+  EXPECT_EQ(back[2], round_to_bf16(-1e-3f));
+  EXPECT_NE(back[2], -1e-3f);
+}
+
+// ---- precision ----------------------------------------------------------------------
+
+TEST(Precision, ParsesTheTwoChoices) {
+  EXPECT_EQ(parse_precision("fp32"), Precision::Fp32);
+  EXPECT_EQ(parse_precision("bf16"), Precision::Bf16);
+  EXPECT_STREQ(precision_name(Precision::Bf16), "bf16");
+  EXPECT_EQ(activation_bytes(Precision::Fp32), 4);
+  EXPECT_EQ(activation_bytes(Precision::Bf16), 2);
+}
+
+TEST(Precision, RejectsOthersNamingTheValue) {
+  try {
+    parse_precision("fp16");
+    FAIL() << "fp16 accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("'fp16'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("fp32 or bf16"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(parse_precision(""), ConfigError);
+  EXPECT_THROW(parse_precision("BF16"), ConfigError);
+}
+
+// ---- errors -------------------------------------------------------------------------
+
+TEST(CudaErrors, ClassifiesRuntimeCodes) {
+  EXPECT_EQ(classify_cuda_status(codes::kMemoryAllocation), CudaErrorKind::OutOfMemory);
+  for (int c : {codes::kStubLibrary, codes::kInsufficientDriver, codes::kCallRequiresNewerDriver,
+                codes::kDevicesUnavailable, codes::kNoDevice, codes::kInvalidDevice})
+    EXPECT_EQ(classify_cuda_status(c), CudaErrorKind::NoDevice) << c;
+  EXPECT_EQ(classify_cuda_status(codes::kNoKernelImageForDevice), CudaErrorKind::ArchMismatch);
+  EXPECT_EQ(classify_cuda_status(codes::kUnsupportedPtxVersion), CudaErrorKind::ArchMismatch);
+  EXPECT_EQ(classify_cuda_status(700), CudaErrorKind::Other);  // illegal address
+  EXPECT_EQ(classify_cuda_status(1), CudaErrorKind::Other);    // invalid value
+  EXPECT_EQ(classify_cublas_status(codes::kCublasAllocFailed), CudaErrorKind::OutOfMemory);
+  EXPECT_EQ(classify_cublas_status(codes::kCublasArchMismatch), CudaErrorKind::ArchMismatch);
+  EXPECT_EQ(classify_cublas_status(7), CudaErrorKind::Other);  // invalid value
+}
+
+TEST(CudaErrors, ThrowsTheTypedClassWithContext) {
+  try {
+    throw_cuda_error(CudaErrorKind::OutOfMemory, "CUDA", "cudaMalloc activations (B 16 T 1024)", 3, 2,
+                     "cudaErrorMemoryAllocation", "out of memory");
+    FAIL();
+  } catch (const CudaOutOfMemory& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(e.device(), 3);
+    EXPECT_EQ(e.code(), 2);
+    EXPECT_EQ(e.op(), "cudaMalloc activations (B 16 T 1024)");
+    EXPECT_EQ(m,
+              "CUDA error in cudaMalloc activations (B 16 T 1024) on device 3: cudaErrorMemoryAllocation (2): out of "
+              "memory [out of device memory]; lower train.micro_batch (or sequence length) or use bf16");
+  }
+  EXPECT_THROW(throw_cuda_error(CudaErrorKind::NoDevice, "CUDA", "x", -1, 100, "n", "t"), CudaNoDevice);
+  EXPECT_THROW(throw_cuda_error(CudaErrorKind::ArchMismatch, "cuBLAS", "x", 0, 8, "n", "t"), CudaArchMismatch);
+  try {
+    throw_cuda_error(CudaErrorKind::Other, "cuBLAS", "gemm", -1, 7, "CUBLAS_STATUS_INVALID_VALUE", "bad ld");
+    FAIL();
+  } catch (const CudaOutOfMemory&) {
+    FAIL() << "wrong class";
+  } catch (const CudaError& e) {
+    EXPECT_EQ(e.kind(), CudaErrorKind::Other);
+    EXPECT_NE(std::string(e.what()).find("device (none selected)"), std::string::npos) << e.what();
+  }
+  // Every class is a geoloco::Error (the CLI maps it to exit 1).
+  EXPECT_THROW(throw_cuda_error(CudaErrorKind::Other, "CUDA", "x", 0, 1, "n", "t"), geoloco::Error);
+}
+
+// ---- device selection ---------------------------------------------------------------
+
+TEST(DeviceSelect, LocalRankTakesItsGpu) {
+  for (int r = 0; r < 8; ++r) EXPECT_EQ(device_for_local_rank(r, 8, 8), r);
+  EXPECT_EQ(device_for_local_rank(1, 2, 8), 1);  // fewer ranks than GPUs is fine
+  EXPECT_EQ(device_for_local_rank(0, 4, 8, 5), 5);  // pinned
+}
+
+TEST(DeviceSelect, FailuresSayWhy) {
+  EXPECT_THROW(device_for_local_rank(0, 1, 0), CudaNoDevice);
+  try {
+    device_for_local_rank(2, 4, 2);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("4 ranks on this node but only 2 visible GPU(s)"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(device_for_local_rank(0, 1, 2, 2), ConfigError);
+  EXPECT_THROW(device_for_local_rank(4, 4, 8), geoloco::Error);
+  EXPECT_THROW(device_for_local_rank(-1, 4, 8), geoloco::Error);
+}
+
+TEST(ArchCompat, SassAndPtxRules) {
+  EXPECT_TRUE(arch_compatible(9, 0, "90"));
+  EXPECT_TRUE(arch_compatible(10, 0, "90"));        // PTX JIT
+  EXPECT_FALSE(arch_compatible(10, 0, "90-real"));  // SASS only
+  EXPECT_TRUE(arch_compatible(9, 0, "90-real"));
+  EXPECT_FALSE(arch_compatible(8, 0, "90"));  // older GPU than the build
+  EXPECT_TRUE(arch_compatible(8, 6, "80-real"));
+  EXPECT_FALSE(arch_compatible(8, 0, "86-real"));
+  EXPECT_TRUE(arch_compatible(8, 9, "80-real;90"));
+  EXPECT_TRUE(arch_compatible(12, 0, "90-virtual"));
+  EXPECT_FALSE(arch_compatible(8, 0, "90-virtual"));
+  EXPECT_TRUE(arch_compatible(9, 0, "90a"));
+  EXPECT_FALSE(arch_compatible(10, 0, "90a"));
+  EXPECT_THROW(arch_compatible(9, 0, "sm90"), geoloco::Error);
+  EXPECT_THROW(arch_compatible(9, 0, "90-fake"), geoloco::Error);
+  EXPECT_FALSE(arch_compatible(9, 0, ""));
+}
+
+// ---- parity metric and tolerances ---------------------------------------------------
+
+TEST(Compare, RelativeL2AndMaxAbs) {
+  const std::vector<float> got{1, 2, 2}, want{1, 2, 3};
+  const ErrorStats s = compare(got, want);
+  EXPECT_DOUBLE_EQ(s.rel_l2, std::sqrt(1.0 / 14.0));
+  EXPECT_DOUBLE_EQ(s.max_abs, 1.0);
+  EXPECT_EQ(s.count, 3);
+  EXPECT_TRUE(s.finite);
+  EXPECT_TRUE(within(s, 0.3));
+  EXPECT_FALSE(within(s, 0.2));
+}
+
+TEST(Compare, ZerosNanAndSizes) {
+  const std::vector<float> z{0, 0}, one{0, 1e-30f};
+  EXPECT_EQ(compare(z, z).rel_l2, 0.0);
+  EXPECT_TRUE(within(compare(z, z), 0.0));
+  EXPECT_TRUE(std::isinf(compare(one, z).rel_l2));
+  const std::vector<float> nan{std::nanf(""), 1};
+  const ErrorStats s = compare(nan, std::vector<float>{1, 1});
+  EXPECT_FALSE(s.finite);
+  EXPECT_FALSE(within(s, 1e9));
+  EXPECT_THROW(compare(z, std::vector<float>{0}), geoloco::Error);
+}
+
+TEST(Tolerance, TableCoversEveryOpAndBf16IsLooser) {
+  const char* ops[] = {"encoder_forward", "encoder_backward", "layernorm_forward", "layernorm_backward",
+                       "matmul_forward", "matmul_backward", "attention_forward", "attention_backward",
+                       "gelu_forward", "gelu_backward", "residual_forward", "residual_backward",
+                       "lm_head_forward", "lm_head_backward", "crossentropy_forward", "crossentropy_backward",
+                       "adamw", "cast_bf16", "grad_norm", "model.loss", "model.grads", "model.probs", "train.loss", "staging"};
+  for (const char* op : ops) {
+    EXPECT_GE(tolerance(op, Precision::Bf16), tolerance(op, Precision::Fp32)) << op;
+    EXPECT_LT(tolerance(op, Precision::Bf16), 0.1) << op;  // a loose table would hide bugs
+  }
+  EXPECT_EQ(tolerance_table().size(), std::size(ops));
+  EXPECT_THROW(tolerance("matmul_fwd", Precision::Fp32), geoloco::Error);
+}
+
+// ---- check report -------------------------------------------------------------------
+
+TEST(CheckReport, ParsesSteps) {
+  const CheckStep s = parse_check_step("build:0:212.5");
+  EXPECT_EQ(s.name, "build");
+  EXPECT_EQ(s.rc, 0);
+  EXPECT_DOUBLE_EQ(s.seconds, 212.5);
+  EXPECT_EQ(parse_check_step("tests:137:3").rc, 137);
+  for (const char* bad : {"build:0", "build", ":0:1", "b:x:1", "b:0:", "b:0:-1", "b:0:1s", "b::1"})
+    EXPECT_THROW(parse_check_step(bad), InputError) << bad;
+}
+
+TEST(CheckReport, OkOnlyWhenEverythingPassed) {
+  const std::vector<CheckStep> good{{"build", 0, 100}, {"tests", 0, 50.5}};
+  const std::string parity = R"({"ok": true, "ops": []})", bench = R"({"tokens_per_s": 1000})";
+  nlohmann::json r = assemble_check_report(good, "NVIDIA H200", parity, bench);
+  EXPECT_EQ(r["magic"], "geoloco-gpu-check");
+  EXPECT_EQ(r["version"], 1);
+  EXPECT_TRUE(r["ok"].get<bool>());
+  EXPECT_DOUBLE_EQ(r["total_seconds"].get<double>(), 150.5);
+  EXPECT_EQ(r["bench"]["tokens_per_s"], 1000);
+  EXPECT_TRUE(r["problems"].empty());
+
+  r = assemble_check_report({{"build", 0, 1}, {"tests", 8, 2}}, "g", parity, bench);
+  EXPECT_FALSE(r["ok"].get<bool>());
+  EXPECT_EQ(r["problems"][0], "step tests exited 8");
+
+  r = assemble_check_report(good, "g", R"({"ok": false})", bench);
+  EXPECT_FALSE(r["ok"].get<bool>());
+  r = assemble_check_report(good, "g", "", bench);
+  EXPECT_FALSE(r["ok"].get<bool>());
+  EXPECT_TRUE(r["parity"].is_null());
+  r = assemble_check_report(good, "g", parity, "{truncated");
+  EXPECT_FALSE(r["ok"].get<bool>());
+  EXPECT_EQ(r["problems"][0], "bench document is not a JSON object");
+  EXPECT_FALSE(assemble_check_report({}, "g", parity, bench)["ok"].get<bool>());
+}
+
+TEST(CheckReport, ToolWritesTheReportAndExitCode) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("geoloco_gpu_report_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "parity.json") << R"({"ok": true})";
+  std::ofstream(dir / "bench.json") << R"({"tokens_per_s": 5})";
+  const std::string tool = std::string(GEOLOCO_BINARY_DIR) + "/trainer/cuda/geoloco_gpu_report";
+  const std::string base = tool + " --out " + (dir / "report.json").string() + " --gpu test --parity " +
+                           (dir / "parity.json").string() + " --bench " + (dir / "bench.json").string();
+  int rc = std::system((base + " --step build:0:1 --step tests:0:2 > /dev/null").c_str());
+  EXPECT_EQ(WEXITSTATUS(rc), 0);
+  nlohmann::json r = nlohmann::json::parse(std::ifstream(dir / "report.json"));
+  EXPECT_TRUE(r["ok"].get<bool>());
+  EXPECT_EQ(r["steps"].size(), 2u);
+  rc = std::system((base + " --step build:0:1 --step tests:1:2 > /dev/null").c_str());
+  EXPECT_EQ(WEXITSTATUS(rc), 1);
+  EXPECT_FALSE(nlohmann::json::parse(std::ifstream(dir / "report.json"))["ok"].get<bool>());
+  rc = std::system((base + " --step nonsense > /dev/null 2>&1").c_str());
+  EXPECT_EQ(WEXITSTATUS(rc), 2);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace geoloco::cuda

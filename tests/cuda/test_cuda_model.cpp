@@ -1,0 +1,267 @@
+// Whole-model tests of the GPU path: CudaGpt loss, probabilities and gradients against the
+// CPU model (trainer::Gpt, reference kernels), a short AdamW training run whose loss curve
+// must track the CPU run, CudaAdamW against trainer::AdamW, determinism, the gradient-ready
+// hook, pseudo-gradient staging, and the typed errors (out of memory, bad input, misuse).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "gpu_test_util.hpp"
+#include "trainer/cuda/cuda_adamw.hpp"
+#include "trainer/cuda/cuda_gpt.hpp"
+#include "trainer/cuda/staging.hpp"
+#include "trainer/model/gpt.hpp"
+#include "trainer/optim/adamw.hpp"
+
+namespace geoloco::cuda::testing {
+namespace {
+
+using std::vector;
+
+trainer::ModelConfig small_model() {
+  trainer::ModelConfig c;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_embd = 64;
+  c.block_size = 48;
+  c.vocab_size = 97;
+  return c;
+}
+
+vector<int32_t> tokens(size_t n, uint64_t seed, int V) {
+  Rng r(seed);
+  vector<int32_t> v(n);
+  for (auto& x : v) x = static_cast<int32_t>(r.below(uint64_t(V)));
+  return v;
+}
+
+vector<float> download(std::span<const float> dev) {
+  check_cuda(cudaDeviceSynchronize(), "test synchronize");
+  vector<float> h(dev.size());
+  check_cuda(cudaMemcpy(h.data(), dev.data(), h.size() * 4, cudaMemcpyDeviceToHost), "test download");
+  return h;
+}
+
+class ModelParity : public ::testing::TestWithParam<Precision> {
+ protected:
+  void SetUp() override { GEOLOCO_REQUIRE_GPU(); }
+};
+
+TEST_P(ModelParity, LossProbsAndGradientsMatchTheCpuModel) {
+  const Precision p = GetParam();
+  const auto cfg = small_model();
+  const int B = 3, T = 48, N = B * T;
+  trainer::Gpt cpu(cfg, trainer::KernelPath::Reference);
+  vector<float> params(size_t(cpu.layout().total())), grads(params.size(), 0.0f);
+  trainer::Gpt::init_params(cpu.layout(), params, 7);
+  const auto in = tokens(N, 8, cfg.vocab_size), tg = tokens(N, 9, cfg.vocab_size);
+  const float cpu_loss = cpu.forward(params, in.data(), tg.data(), B, T);
+  const auto cpu_probs = vector<float>(cpu.probs().begin(), cpu.probs().end());
+  cpu.backward(params, grads, 0.5f);
+
+  CudaGpt gpu(cfg, p);
+  auto d_params = to_device<float>(params);
+  DeviceBuffer<float> d_grads(params.size());
+  check_cuda(cudaMemset(d_grads.data(), 0, d_grads.size() * 4), "zero grads");
+  const float gpu_loss = gpu.forward(d_params.span(), in.data(), tg.data(), B, T);
+  const auto gpu_probs = gpu.probs_to_host();
+  vector<int> hook_blocks;
+  gpu.backward(d_params.span(), d_grads.span(), 0.5f, [&](int block, cudaStream_t s) {
+    EXPECT_EQ(s, gpu.stream());
+    hook_blocks.push_back(block);
+  });
+  const auto g = download(d_grads.span());
+
+  const ErrorStats ls = compare(vector<float>{gpu_loss}, vector<float>{cpu_loss});
+  EXPECT_TRUE(record_parity("model.loss", p, "loss", ls)) << "gpu " << gpu_loss << " cpu " << cpu_loss;
+  const ErrorStats ps = compare(gpu_probs, cpu_probs);
+  EXPECT_TRUE(record_parity("model.probs", p, "probs", ps)) << "rel_l2 " << ps.rel_l2;
+  const ErrorStats gs = compare(g, grads);
+  EXPECT_TRUE(record_parity("model.grads", p, "all", gs)) << "rel_l2 " << gs.rel_l2;
+  // Per tensor, like llm.c's test_gpt2: a wrong tensor cannot hide in the global norm.
+  for (const auto& v : cpu.layout().views()) {
+    const std::span<const float> a(g.data() + v.offset, size_t(v.numel)), b(grads.data() + v.offset, size_t(v.numel));
+    const ErrorStats s = compare(a, b);
+    EXPECT_TRUE(record_parity("model.grads", p, v.name, s)) << v.name << " rel_l2 " << s.rel_l2;
+  }
+  EXPECT_EQ(hook_blocks, (vector<int>{1, 0, -1}));
+}
+
+TEST_P(ModelParity, ShortTrainingRunTracksTheCpuCurve) {
+  const Precision p = GetParam();
+  const auto cfg = small_model();
+  const int B = 4, T = 32, N = B * T, steps = 10;
+  trainer::AdamWConfig ocfg;
+  ocfg.lr = 1e-3;
+  trainer::Gpt cpu(cfg, trainer::KernelPath::Fast);
+  vector<float> params(size_t(cpu.layout().total())), grads(params.size());
+  trainer::Gpt::init_params(cpu.layout(), params, 11);
+  trainer::AdamW cpu_opt(ocfg, cpu.layout(), 0, cpu.layout().total());
+
+  CudaGpt gpu(cfg, p);
+  auto d_params = to_device<float>(params);
+  DeviceBuffer<float> d_grads(params.size());
+  CudaAdamW gpu_opt(ocfg, gpu.layout(), 0, gpu.layout().total());
+
+  // A small fixed batch set, repeated: the loss must fall well below its start on both.
+  vector<vector<int32_t>> xs, ys;
+  for (int i = 0; i < 2; ++i) {
+    xs.push_back(tokens(N, 100 + i, cfg.vocab_size));
+    ys.push_back(tokens(N, 200 + i, cfg.vocab_size));
+  }
+  vector<float> cpu_curve, gpu_curve;
+  for (int s = 0; s < steps; ++s) {
+    const auto& x = xs[s % 2];
+    const auto& y = ys[s % 2];
+    std::fill(grads.begin(), grads.end(), 0.0f);
+    cpu_curve.push_back(cpu.forward(params, x.data(), y.data(), B, T));
+    cpu.backward(params, grads);
+    cpu_opt.step(params, grads, ocfg.lr);
+
+    check_cuda(cudaMemsetAsync(d_grads.data(), 0, d_grads.size() * 4, gpu.stream()), "zero grads");
+    gpu_curve.push_back(gpu.forward(d_params.span(), x.data(), y.data(), B, T));
+    gpu.backward(d_params.span(), d_grads.span());
+    gpu_opt.step(d_params.span(), d_grads.span(), ocfg.lr, gpu.stream());
+  }
+  const ErrorStats s = compare(gpu_curve, cpu_curve);
+  std::string curves;
+  for (int i = 0; i < steps; ++i) curves += fmt::format(" {:.4f}/{:.4f}", gpu_curve[i], cpu_curve[i]);
+  EXPECT_TRUE(record_parity("train.loss", p, "curve", s)) << "gpu/cpu:" << curves;
+  EXPECT_LT(gpu_curve.back(), gpu_curve.front() * 0.9f) << curves;
+}
+
+TEST_P(ModelParity, SameInputsGiveTheSameBits) {
+  const auto cfg = small_model();
+  const int B = 2, T = 48;
+  vector<float> params(size_t(trainer::ParamLayout(cfg).total()));
+  trainer::Gpt::init_params(trainer::ParamLayout(cfg), params, 3);
+  const auto x = tokens(B * T, 4, cfg.vocab_size), y = tokens(B * T, 5, cfg.vocab_size);
+  auto d_params = to_device<float>(params);
+  vector<vector<float>> runs;
+  vector<float> losses;
+  for (int r = 0; r < 2; ++r) {
+    CudaGpt gpu(cfg, GetParam());
+    DeviceBuffer<float> d_grads(params.size());
+    check_cuda(cudaMemset(d_grads.data(), 0, d_grads.size() * 4), "zero grads");
+    losses.push_back(gpu.forward(d_params.span(), x.data(), y.data(), B, T));
+    gpu.backward(d_params.span(), d_grads.span());
+    runs.push_back(download(d_grads.span()));
+  }
+  EXPECT_EQ(std::bit_cast<uint32_t>(losses[0]), std::bit_cast<uint32_t>(losses[1]));
+  EXPECT_TRUE(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * 4) == 0) << "gradients differ run to run";
+}
+
+INSTANTIATE_TEST_SUITE_P(Precisions, ModelParity, ::testing::Values(Precision::Fp32, Precision::Bf16),
+                         [](const auto& info) { return std::string(precision_name(info.param)); });
+
+TEST(CudaModel, MisuseAndBadInputAreTypedErrors) {
+  GEOLOCO_REQUIRE_GPU();
+  const auto cfg = small_model();
+  CudaGpt gpu(cfg, Precision::Fp32);
+  vector<float> params(size_t(gpu.layout().total()));
+  trainer::Gpt::init_params(gpu.layout(), params, 1);
+  auto d_params = to_device<float>(params);
+  DeviceBuffer<float> d_grads(params.size());
+  auto x = tokens(32, 1, cfg.vocab_size), y = tokens(32, 2, cfg.vocab_size);
+  EXPECT_THROW(gpu.backward(d_params.span(), d_grads.span()), geoloco::Error);  // no forward yet
+  x[5] = cfg.vocab_size;
+  EXPECT_THROW(gpu.forward(d_params.span(), x.data(), y.data(), 1, 32), InputError);
+  x[5] = 0;
+  EXPECT_THROW(gpu.forward(d_params.span(), x.data(), y.data(), 1, cfg.block_size + 1), InputError);
+  gpu.evaluate(d_params.span(), x.data(), y.data(), 1, 32);
+  EXPECT_THROW(gpu.backward(d_params.span(), d_grads.span()), geoloco::Error);  // evaluate is not for backward
+  gpu.forward(d_params.span(), x.data(), y.data(), 1, 32);
+  gpu.backward(d_params.span(), d_grads.span());
+  EXPECT_THROW(gpu.backward(d_params.span(), d_grads.span()), geoloco::Error);  // one backward per forward
+  EXPECT_THROW(gpu.probs_to_host(), geoloco::Error);  // consumed by backward
+}
+
+TEST(CudaErrorsOnDevice, OutOfMemoryIsTyped) {
+  GEOLOCO_REQUIRE_GPU();
+  try {
+    DeviceBuffer<float> huge(size_t(1) << 42, "a 16 TiB test buffer");
+    FAIL() << "16 TiB allocation succeeded";
+  } catch (const CudaOutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("a 16 TiB test buffer"), std::string::npos) << e.what();
+    EXPECT_GE(e.device(), 0);
+  }
+  // The device stays usable afterwards.
+  DeviceBuffer<float> ok(1024);
+  EXPECT_EQ(ok.size(), 1024u);
+}
+
+TEST(CudaErrorsOnDevice, MoreRanksThanGpusIsAConfigError) {
+  GEOLOCO_REQUIRE_GPU();
+  const int n = device_count();
+  EXPECT_THROW(select_device(n, n + 1), ConfigError);
+  const DeviceInfo d = select_device(0, 1);
+  EXPECT_EQ(d.index, 0);
+  EXPECT_FALSE(d.name.empty());
+  EXPECT_GT(d.total_memory, 0u);
+}
+
+TEST(CudaAdamWParity, MatchesTheCpuOptimizer) {
+  GEOLOCO_REQUIRE_GPU();
+  const auto cfg = small_model();
+  const trainer::ParamLayout layout(cfg);
+  trainer::AdamWConfig ocfg;
+  ocfg.lr = 3e-3;
+  ocfg.weight_decay = 0.1;
+  // A shard that starts and ends inside tensors, so both decay and no-decay ranges are cut.
+  const int64_t begin = layout.block(0).begin + 17, end = layout.block(1).end - 5;
+  trainer::AdamW cpu(ocfg, layout, begin, end);
+  CudaAdamW gpu(ocfg, layout, begin, end);
+  auto params = random_vec(size_t(layout.total()), 80, 0.05);
+  auto d_params = to_device<float>(params);
+  Stream s;
+  for (int step = 0; step < 3; ++step) {
+    const auto g = random_vec(params.size(), 81 + step, 0.01);
+    auto d_g = to_device<float>(g);
+    cpu.step(params, g, ocfg.lr * (step + 1));
+    gpu.step(d_params.span(), d_g.span(), ocfg.lr * (step + 1), s.get());
+    s.synchronize("adamw test");
+  }
+  const auto got = download(d_params.span());
+  size_t differing = 0;
+  for (size_t i = 0; i < got.size(); ++i) differing += std::bit_cast<uint32_t>(got[i]) != std::bit_cast<uint32_t>(params[i]);
+  EXPECT_TRUE(record_parity("adamw", Precision::Fp32, "params", compare(got, params)));
+  // The kernel rounds every operation; the CPU loop is bit-identical to it only when GCC does
+  // not contract into FMAs (-march=native may allow it), so the count is reported, not asserted.
+  RecordProperty("adamw_elements_with_different_bits", std::to_string(differing));
+  std::printf("AdamW: %zu of %zu elements differ in their bits from the CPU update\n", differing, got.size());
+  vector<float> m, v;
+  gpu.download(m, v);
+  EXPECT_TRUE(record_parity("adamw", Precision::Fp32, "m", compare(m, cpu.m())));
+  EXPECT_TRUE(record_parity("adamw", Precision::Fp32, "v", compare(v, cpu.v())));
+  EXPECT_EQ(gpu.steps(), 3);
+  EXPECT_THROW(gpu.step_shard(d_params.span(), d_params.span(), 1e-3, s.get()), geoloco::Error);
+}
+
+TEST(Staging, DownloadAndUploadOnTheCopyStream) {
+  GEOLOCO_REQUIRE_GPU();
+  const size_t n = (size_t(1) << 22) + 3;
+  const auto src = random_vec(n, 90);
+  auto d_src = to_device<float>(src);
+  Stream compute;
+  HostStager st(n);
+  // Work on the compute stream first: the copy must see its result (ordering by event).
+  check_cuda(cudaMemsetAsync(d_src.data(), 0, 64 * sizeof(float), compute.get()), "test memset");
+  st.download_async(d_src.span(), compute.get());
+  const auto host = st.wait();
+  ASSERT_EQ(host.size(), n);
+  vector<float> want = src;
+  std::fill(want.begin(), want.begin() + 64, 0.0f);
+  EXPECT_TRUE(std::equal(host.begin(), host.end(), want.begin()));
+  EXPECT_TRUE(st.ready());
+  EXPECT_TRUE(record_parity("staging", Precision::Fp32, "download", compare(vector<float>(host.begin(), host.end()), want)));
+
+  const auto up = random_vec(1000, 91);
+  DeviceBuffer<float> dst(1000);
+  st.upload_async(up, dst.span(), compute.get());
+  compute.synchronize("test");
+  EXPECT_EQ(download(dst.span()), up);
+  EXPECT_THROW(st.download_async(DeviceBuffer<float>(n + 1).span(), compute.get()), geoloco::Error);
+}
+
+}  // namespace
+}  // namespace geoloco::cuda::testing

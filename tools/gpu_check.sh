@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# One prepared GPU check (for a machine with a GPU, e.g. one H200 with 16 cores, < 8 minutes):
+# configure with CUDA into build-gpu, build only what the check needs, run the GPU tests
+# (ctest -L gpu), the NCCL tests of the parallel area (folded in from
+# tests/parallel/gpu_check.sh), the op-parity program (writes parity.json), and the GPT-2
+# 124M bf16 benchmark (bench.json); then write report.json + gpu_check.log into OUTDIR.
+#
+#   tools/gpu_check.sh OUTDIR        exit 0 only when every step passed
+#
+# Environment: GEOLOCO_GPU_BUILD (build dir, default <repo>/build-gpu),
+# GEOLOCO_GPU_ARCH (CMAKE_CUDA_ARCHITECTURES, default 90), GEOLOCO_GPU_BATCH (bench B, 32),
+# GEOLOCO_GPU_BUDGET (seconds for the whole check, default 470).
+set -uo pipefail
+out="${1:?usage: tools/gpu_check.sh OUTDIR}"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${GEOLOCO_GPU_BUILD:-$here/build-gpu}"
+arch="${GEOLOCO_GPU_ARCH:-90}"
+batch="${GEOLOCO_GPU_BATCH:-32}"
+budget="${GEOLOCO_GPU_BUDGET:-470}"
+jobs="$(nproc)"
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+log="$out/gpu_check.log"
+: >"$log"
+t_start=$(date +%s)
+steps=()
+failed=0
+
+note() { echo "== $*" | tee -a "$log"; }
+
+# run_step NAME TIMEOUT_S CMD...: runs with a time cap (never past the overall budget),
+# records name:rc:seconds. A step that would start with under 10 s left is skipped (rc 124).
+run_step() {
+  local name="$1" cap="$2"
+  shift 2
+  local now left t0 rc t1
+  now=$(date +%s)
+  left=$((budget - (now - t_start)))
+  if ((left < 10)); then
+    note "$name: skipped, out of time"
+    steps+=("$name:124:0")
+    failed=1
+    return 124
+  fi
+  ((cap > left)) && cap=$left
+  note "$name (cap ${cap}s): $*"
+  t0=$(date +%s.%N)
+  timeout --kill-after=5 "$cap" "$@" >>"$log" 2>&1
+  rc=$?
+  t1=$(date +%s.%N)
+  local secs
+  secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.1f", b-a}')
+  note "$name: rc $rc in ${secs}s"
+  steps+=("$name:$rc:$secs")
+  ((rc != 0)) && failed=1
+  return "$rc"
+}
+
+gpu="$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
+[[ -z "$gpu" ]] && gpu="unknown (nvidia-smi unavailable)"
+note "gpu: $gpu; cores: $jobs; build: $build; arch: $arch"
+nvidia-smi >>"$log" 2>&1 || true
+
+built=0
+if run_step configure 120 cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGEOLOCO_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES="$arch" -DGEOLOCO_BUILD_TESTS=ON -DGEOLOCO_BUILD_BENCH=ON; then
+  # Only the check's targets: the whole tree would not fit the budget.
+  run_step build 300 ninja -C "$build" -j"$jobs" test_cuda_host test_cuda_gpu bench_gpu_gpt2 geoloco_gpu_report \
+    test_parallel && built=1
+fi
+
+if ((built)); then
+  run_step host_tests 60 "$build/tests/cuda/test_cuda_host" --gtest_brief=1
+  run_step gpu_tests 150 ctest --test-dir "$build" -L gpu --output-on-failure --timeout 120
+  # The same device tests once more in one process: the parity environment writes parity.json.
+  GEOLOCO_GPU_REPORT_DIR="$out" run_step parity 120 "$build/tests/cuda/test_cuda_gpu" --gtest_brief=1
+  run_step nccl_tests 90 "$build/tests/parallel/test_parallel" --gtest_filter='Gpu*:Nccl*' --gtest_brief=1
+  run_step bench 150 "$build/bench/gpu/bench_gpu_gpt2" --batch "$batch" --steps 20 --warmup 3 --max-seconds 60 \
+    --out "$out/bench.json"
+fi
+
+args=()
+for s in "${steps[@]}"; do args+=(--step "$s"); done
+tool="$build/trainer/cuda/geoloco_gpu_report"
+if [[ -x "$tool" ]]; then
+  "$tool" --out "$out/report.json" --gpu "$gpu" --parity "$out/parity.json" --bench "$out/bench.json" "${args[@]}" \
+    | tee -a "$log"
+  rc=${PIPESTATUS[0]}
+else
+  # The build failed before the report tool existed: a minimal report by hand.
+  {
+    printf '{"magic":"geoloco-gpu-check","version":1,"ok":false,"gpu":"%s","steps":[' "${gpu//\"/}"
+    sep=""
+    for s in "${steps[@]}"; do
+      IFS=: read -r n r t <<<"$s"
+      printf '%s{"name":"%s","rc":%s,"seconds":%s}' "$sep" "$n" "$r" "$t"
+      sep=","
+    done
+    printf '],"problems":["the build did not produce the report tool; see gpu_check.log"]}\n'
+  } >"$out/report.json"
+  rc=1
+fi
+note "total $(( $(date +%s) - t_start ))s; report: $out/report.json"
+((failed)) && rc=1
+exit "$rc"

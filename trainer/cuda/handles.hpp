@@ -1,0 +1,160 @@
+// RAII owners for every CUDA handle the backend uses: device buffers, pinned host buffers,
+// streams, events and the cuBLAS handle. Move-only; destructors never throw (a failing
+// free during unwinding would hide the original error), constructors throw typed errors.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+
+#include "trainer/cuda/cuda_check.hpp"
+
+namespace geoloco::cuda {
+
+// cudaMalloc'd array of n elements (uninitialised). `what` names it in an out-of-memory error.
+template <class T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t n, std::string_view what = "device buffer") : n_(n) {
+    if (n == 0) return;
+    void* p = nullptr;
+    check_cuda(cudaMalloc(&p, n * sizeof(T)), fmt::format("cudaMalloc {} ({} elements, {} bytes)", what, n, n * sizeof(T)));
+    p_ = static_cast<T*>(p);
+  }
+  ~DeviceBuffer() { reset(); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      p_ = std::exchange(o.p_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  size_t size() const { return n_; }
+  // A span over device memory: pass it on, never dereference it on the host.
+  std::span<T> span() { return {p_, n_}; }
+  std::span<const T> span() const { return {p_, n_}; }
+  void reset() noexcept {
+    if (p_) (void)cudaFree(p_);
+    p_ = nullptr;
+    n_ = 0;
+  }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+// Page-locked host memory: the only kind a copy engine moves asynchronously.
+template <class T>
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(size_t n, std::string_view what = "pinned host buffer") : n_(n) {
+    if (n == 0) return;
+    void* p = nullptr;
+    check_cuda(cudaMallocHost(&p, n * sizeof(T)), fmt::format("cudaMallocHost {} ({} bytes)", what, n * sizeof(T)));
+    p_ = static_cast<T*>(p);
+  }
+  ~PinnedBuffer() { reset(); }
+  PinnedBuffer(PinnedBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      p_ = std::exchange(o.p_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+    }
+    return *this;
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  size_t size() const { return n_; }
+  std::span<T> span() { return {p_, n_}; }
+  std::span<const T> span() const { return {p_, n_}; }
+  void reset() noexcept {
+    if (p_) (void)cudaFreeHost(p_);
+    p_ = nullptr;
+    n_ = 0;
+  }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+class Stream {
+ public:
+  // Non-blocking: does not serialise with the legacy default stream other libraries may use.
+  explicit Stream(std::string_view what = "stream") {
+    check_cuda(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), fmt::format("cudaStreamCreate {}", what));
+  }
+  ~Stream() {
+    if (s_) (void)cudaStreamDestroy(s_);
+  }
+  Stream(Stream&& o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
+  Stream& operator=(Stream&&) = delete;
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  cudaStream_t get() const { return s_; }
+  void synchronize(std::string_view op) const { check_cuda(cudaStreamSynchronize(s_), op); }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+class Event {
+ public:
+  // Timing off by default: a timing event costs more to record and is not needed for ordering.
+  explicit Event(bool timing = false) {
+    check_cuda(cudaEventCreateWithFlags(&e_, timing ? cudaEventDefault : cudaEventDisableTiming), "cudaEventCreate");
+  }
+  ~Event() {
+    if (e_) (void)cudaEventDestroy(e_);
+  }
+  Event(Event&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
+  Event& operator=(Event&&) = delete;
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  cudaEvent_t get() const { return e_; }
+  void record(cudaStream_t s) { check_cuda(cudaEventRecord(e_, s), "cudaEventRecord"); }
+  void synchronize() const { check_cuda(cudaEventSynchronize(e_), "cudaEventSynchronize"); }
+  // Makes `s` wait for the work recorded before this event, without blocking the host.
+  void make_wait(cudaStream_t s) const { check_cuda(cudaStreamWaitEvent(s, e_, 0), "cudaStreamWaitEvent"); }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
+class CublasHandle {
+ public:
+  explicit CublasHandle(cudaStream_t stream) {
+    check_cublas(cublasCreate(&h_), "cublasCreate");
+    check_cublas(cublasSetStream(h_, stream), "cublasSetStream");
+  }
+  ~CublasHandle() {
+    if (h_) (void)cublasDestroy(h_);
+  }
+  CublasHandle(const CublasHandle&) = delete;
+  CublasHandle& operator=(const CublasHandle&) = delete;
+  cublasHandle_t get() const { return h_; }
+
+ private:
+  cublasHandle_t h_ = nullptr;
+};
+
+}  // namespace geoloco::cuda

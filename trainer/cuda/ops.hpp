@@ -1,0 +1,113 @@
+// The CUDA ops of the GPT-2 forward and backward passes: one function per op of
+// trainer/model/kernels_ref.hpp, same shapes and the same conventions, so the CPU reference
+// is their oracle (tests/cuda/test_op_parity.cpp):
+//   * every *_backward ACCUMULATES into each gradient it produces; crossentropy_backward
+//     WRITES dlogits;
+//   * activations are row-major [N, X] of the activation type A (float for fp32, __nv_bfloat16
+//     for bf16); GEMM weights are in A too (the model casts the fp32 master copy once per
+//     forward); LayerNorm weights/biases, linear biases and the embedding tables are read in
+//     fp32 from the master copy; every parameter gradient is fp32; internal accumulation is
+//     always fp32.
+//   * all work is enqueued on ctx.stream (cuBLAS is bound to it); nothing synchronises the
+//     host except mean_loss_to_host.
+// Determinism: no atomics; every reduction has a fixed order (column sums go through
+// fixed-size chunks and a second ordered pass), so the same inputs give the same bits.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace geoloco::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// What every op needs: the stream, a cuBLAS handle bound to it, and scratch device memory
+// (ops check that it is large enough: workspace_bytes() gives the size for a shape).
+struct OpContext {
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  void* work = nullptr;
+  size_t work_bytes = 0;
+};
+
+// Scratch bytes the ops need for N = B*T rows, C channels, NH heads, V vocabulary.
+size_t workspace_bytes(int B, int T, int C, int NH, int V, int act_bytes);
+
+template <class A>
+void encoder_forward(const OpContext& ctx, A* out, const int32_t* inp, const float* wte, const float* wpe, int B, int T,
+                     int C);
+template <class A>
+void encoder_backward(const OpContext& ctx, float* dwte, float* dwpe, const A* dout, const int32_t* inp, int B, int T,
+                      int C);
+
+template <class A>
+void layernorm_forward(const OpContext& ctx, A* out, float* mean, float* rstd, const A* inp, const float* w,
+                       const float* b, int N, int C);
+template <class A>
+void layernorm_backward(const OpContext& ctx, A* dinp, float* dw, float* db, const A* dout, const A* inp,
+                        const float* w, const float* mean, const float* rstd, int N, int C);
+
+// out[N,OC] = inp[N,IC] @ w[IC,OC] + bias; bias (and dbias) may be null.
+template <class A>
+void matmul_forward(const OpContext& ctx, A* out, const A* inp, const A* w, const float* bias, int N, int IC, int OC);
+template <class A>
+void matmul_backward(const OpContext& ctx, A* dinp, float* dw, float* dbias, const A* dout, const A* inp, const A* w,
+                     int N, int IC, int OC);
+
+// att [B, NH, T, T] (zeros above the diagonal), out [N, C]. Scores and the softmax are fp32.
+template <class A>
+void attention_forward(const OpContext& ctx, A* out, A* att, const A* qkv, int B, int T, int C, int NH);
+template <class A>
+void attention_backward(const OpContext& ctx, A* dqkv, const A* dout, const A* qkv, const A* att, int B, int T, int C,
+                        int NH);
+
+template <class A>
+void gelu_forward(const OpContext& ctx, A* out, const A* inp, int64_t n);
+template <class A>
+void gelu_backward(const OpContext& ctx, A* dinp, const A* inp, const A* dout, int64_t n);
+
+template <class A>
+void residual_forward(const OpContext& ctx, A* out, const A* a, const A* b, int64_t n);
+template <class A>
+void residual_backward(const OpContext& ctx, A* da, A* db, const A* dout, int64_t n);
+
+// logits[N,V] = inp[N,C] @ wte[V,C]^T (wte in A).
+template <class A>
+void lm_head_forward(const OpContext& ctx, A* logits, const A* inp, const A* wte, int N, int C, int V);
+template <class A>
+void lm_head_backward(const OpContext& ctx, A* dinp, float* dwte, const A* dlogits, const A* inp, const A* wte, int N,
+                      int C, int V);
+
+// probs = softmax(logits) (may alias logits), losses[n] fp32 from the logits (log-sum-exp).
+template <class A>
+void crossentropy_forward(const OpContext& ctx, A* probs, float* losses, const A* logits, const int32_t* targets, int N,
+                          int V);
+template <class A>
+void crossentropy_backward(const OpContext& ctx, A* dlogits, const A* probs, const int32_t* targets, float dloss, int N,
+                           int V);
+
+// Mean of losses[N] in a fixed summation order; synchronises ctx.stream and returns it.
+float mean_loss_to_host(const OpContext& ctx, const float* losses, int N);
+
+// Gradient clipping on the device: the sum of squares of x[n] (fixed-order two-pass
+// reduction, fp32 partials, returned as double; synchronises ctx.stream), and x *= s.
+double sum_squares_to_host(const OpContext& ctx, const float* x, int64_t n);
+void scale_inplace(const OpContext& ctx, float* x, int64_t n, float s);
+
+void cast_to_bf16(const OpContext& ctx, bf16* out, const float* in, int64_t n);
+void cast_to_float(const OpContext& ctx, float* out, const bf16* in, int64_t n);
+
+// Row-major GEMM through cuBLAS (column-major underneath: C^T = B^T A^T):
+//   C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C, for `batch` matrices at the given
+//   element strides. lda/ldb/ldc are the row-major leading dimensions of the stored arrays.
+//   Types: A and B the same (fp32 or bf16); C fp32 or the same as A; fp32 accumulation.
+enum class DType { F32, BF16 };
+void gemm(const OpContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* a, int lda,
+          int64_t stride_a, const void* b, int ldb, int64_t stride_b, DType ab_type, float beta, void* c, int ldc,
+          int64_t stride_c, DType c_type, int batch, const char* what);
+
+}  // namespace geoloco::cuda

@@ -1,0 +1,519 @@
+// CUDA ops: straightforward kernels (one warp or block per row for the row-wise ops,
+// grid-stride loops for elementwise ones) plus cuBLAS for every GEMM. Written to be correct
+// and deterministic first; see docs/gpu.md for where the time goes and what to fuse next.
+#include "trainer/cuda/ops_kernels.hpp"
+
+#include <cmath>
+
+namespace geoloco::cuda {
+
+namespace {
+
+constexpr float kLnEps = 1e-5f;
+constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/pi)
+
+__device__ __forceinline__ float ld(float x) { return x; }
+__device__ __forceinline__ float ld(bf16 x) { return __bfloat162float(x); }
+template <class A>
+__device__ __forceinline__ A st(float x);
+template <>
+__device__ __forceinline__ float st<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ bf16 st<bf16>(float x) {
+  return __float2bfloat16(x);  // round to nearest even, as the host helper in bf16.hpp
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Block-wide reductions for blockDim.x a multiple of 32 (<= 1024); every thread gets the result.
+__device__ float block_sum(float v, float* sh) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_sum(v);
+  if (lane == 0) sh[w] = v;
+  __syncthreads();
+  float r = threadIdx.x < nw ? sh[threadIdx.x] : 0.0f;
+  if (w == 0) r = warp_sum(r);
+  if (threadIdx.x == 0) sh[32] = r;
+  __syncthreads();
+  r = sh[32];
+  __syncthreads();
+  return r;
+}
+__device__ float block_max(float v, float* sh) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_max(v);
+  if (lane == 0) sh[w] = v;
+  __syncthreads();
+  float r = threadIdx.x < nw ? sh[threadIdx.x] : -INFINITY;
+  if (w == 0) r = warp_max(r);
+  if (threadIdx.x == 0) sh[32] = r;
+  __syncthreads();
+  r = sh[32];
+  __syncthreads();
+  return r;
+}
+
+// ---- kernels -------------------------------------------------------------------------
+
+template <class A>
+__global__ void encoder_forward_k(A* out, const int32_t* inp, const float* wte, const float* wpe, int T, int C,
+                                  int64_t total) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t n = i / C;
+    const int c = int(i % C), t = int(n % T);
+    out[i] = st<A>(wte[int64_t(inp[n]) * C + c] + wpe[int64_t(t) * C + c]);
+  }
+}
+
+// dwpe[t,c] += dout[b,t,c] for b in order (the reference's order, so fp32 is exact).
+template <class A>
+__global__ void encoder_backward_wpe_k(float* dwpe, const A* dout, int B, int T, int C) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= int64_t(T) * C) return;
+  float acc = dwpe[i];
+  for (int b = 0; b < B; ++b) acc += ld(dout[int64_t(b) * T * C + i]);
+  dwpe[i] = acc;
+}
+
+// One thread per channel walks the rows in order: the rows of one token id collide, and
+// a sequential walk is the simple deterministic way to add them (no atomics).
+template <class A>
+__global__ void encoder_backward_wte_k(float* dwte, const A* dout, const int32_t* inp, int64_t N, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  for (int64_t n = 0; n < N; ++n) dwte[int64_t(inp[n]) * C + c] += ld(dout[n * C + c]);
+}
+
+// One warp per row.
+template <class A>
+__global__ void layernorm_forward_k(A* out, float* mean, float* rstd, const A* inp, const float* w, const float* b,
+                                    int N, int C) {
+  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+  if (row >= N) return;
+  const A* x = inp + int64_t(row) * C;
+  float s = 0;
+  for (int c = lane; c < C; c += 32) s += ld(x[c]);
+  const float m = warp_sum(s) / C;
+  float v = 0;
+  for (int c = lane; c < C; c += 32) {
+    const float d = ld(x[c]) - m;
+    v += d * d;
+  }
+  const float r = 1.0f / sqrtf(warp_sum(v) / C + kLnEps);
+  A* y = out + int64_t(row) * C;
+  for (int c = lane; c < C; c += 32) y[c] = st<A>((ld(x[c]) - m) * r * w[c] + b[c]);
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = r;
+  }
+}
+
+template <class A>
+__global__ void layernorm_backward_dx_k(A* dinp, const A* dout, const A* inp, const float* w, const float* mean,
+                                        const float* rstd, int N, int C) {
+  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+  if (row >= N) return;
+  const A* x = inp + int64_t(row) * C;
+  const A* dy = dout + int64_t(row) * C;
+  const float m = mean[row], r = rstd[row];
+  float gs = 0, gxs = 0;
+  for (int c = lane; c < C; c += 32) {
+    const float g = ld(dy[c]) * w[c];
+    gs += g;
+    gxs += g * (ld(x[c]) - m) * r;
+  }
+  const float g_mean = warp_sum(gs) / C, gx_mean = warp_sum(gxs) / C;
+  A* dx = dinp + int64_t(row) * C;
+  for (int c = lane; c < C; c += 32) {
+    const float xhat = (ld(x[c]) - m) * r;
+    const float g = ld(dy[c]) * w[c];
+    dx[c] = st<A>(ld(dx[c]) + r * (g - g_mean - xhat * gx_mean));
+  }
+}
+
+// partial_w[chunk, c] = sum over the chunk's rows of dout * xhat, partial_b likewise of dout.
+// With mean == nullptr it is a plain column sum of dout (bias gradients).
+template <class A>
+__global__ void column_partials_k(float* partial_a, float* partial_b, const A* dout, const A* inp, const float* mean,
+                                  const float* rstd, int N, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const int chunk = blockIdx.y, rows = (N + kColumnChunks - 1) / kColumnChunks;
+  const int lo = chunk * rows, hi = min(N, lo + rows);
+  float sa = 0, sb = 0;
+  for (int n = lo; n < hi; ++n) {
+    const float dy = ld(dout[int64_t(n) * C + c]);
+    if (mean) sa += dy * (ld(inp[int64_t(n) * C + c]) - mean[n]) * rstd[n];
+    sb += dy;
+  }
+  if (partial_a) partial_a[int64_t(chunk) * C + c] = sa;
+  partial_b[int64_t(chunk) * C + c] = sb;
+}
+
+__global__ void column_finish_k(float* out_a, float* out_b, const float* partial_a, const float* partial_b, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float sa = 0, sb = 0;
+  for (int k = 0; k < kColumnChunks; ++k) {
+    if (partial_a) sa += partial_a[int64_t(k) * C + c];
+    sb += partial_b[int64_t(k) * C + c];
+  }
+  if (out_a) out_a[c] += sa;
+  out_b[c] += sb;
+}
+
+template <class A>
+__global__ void add_bias_k(A* out, const float* bias, int OC, int64_t total) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = st<A>(ld(out[i]) + bias[i % OC]);
+}
+
+// qkv [B, T, 3, NH, hs] -> q, k, v [B, NH, T, hs]
+template <class A>
+__global__ void split_heads_k(A* q, A* k, A* v, const A* qkv, int B, int T, int NH, int hs) {
+  const int64_t total = int64_t(B) * NH * T * hs;
+  const int C = NH * hs;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int d = int(i % hs);
+    const int t = int((i / hs) % T);
+    const int h = int((i / (int64_t(hs) * T)) % NH);
+    const int64_t b = i / (int64_t(hs) * T * NH);
+    const int64_t src = (b * T + t) * 3 * C + h * hs + d;
+    q[i] = qkv[src];
+    k[i] = qkv[src + C];
+    v[i] = qkv[src + 2 * C];
+  }
+}
+
+// [B, NH, T, hs] -> [B, T, NH*hs]; with accumulate, adds into out (gradients).
+template <class A>
+__global__ void merge_heads_k(A* out, const A* y, int B, int T, int NH, int hs, int64_t out_row, int64_t out_off,
+                              bool accumulate) {
+  const int64_t total = int64_t(B) * NH * T * hs;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int d = int(i % hs);
+    const int t = int((i / hs) % T);
+    const int h = int((i / (int64_t(hs) * T)) % NH);
+    const int64_t b = i / (int64_t(hs) * T * NH);
+    A* dst = out + (b * T + t) * out_row + out_off + h * hs + d;
+    *dst = accumulate ? st<A>(ld(*dst) + ld(y[i])) : y[i];
+  }
+}
+
+// The inverse of merge_heads for a [B, T, C] gradient: dy [B, NH, T, hs].
+template <class A>
+__global__ void split_one_k(A* y, const A* in, int B, int T, int NH, int hs) {
+  const int64_t total = int64_t(B) * NH * T * hs;
+  const int C = NH * hs;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int d = int(i % hs);
+    const int t = int((i / hs) % T);
+    const int h = int((i / (int64_t(hs) * T)) % NH);
+    const int64_t b = i / (int64_t(hs) * T * NH);
+    y[i] = in[(b * T + t) * C + h * hs + d];
+  }
+}
+
+// One warp per score row (b, h, t): causal softmax of the already scaled fp32 scores.
+template <class A>
+__global__ void causal_softmax_k(A* att, const float* pre, int64_t rows, int T) {
+  const int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const int t = int(row % T);
+  const float* x = pre + row * T;
+  float mx = -INFINITY;
+  for (int s = lane; s <= t; s += 32) mx = fmaxf(mx, x[s]);
+  mx = warp_max(mx);
+  float sum = 0;
+  for (int s = lane; s <= t; s += 32) sum += expf(x[s] - mx);
+  const float inv = 1.0f / warp_sum(sum);
+  A* a = att + row * T;
+  for (int s = lane; s < T; s += 32) a[s] = st<A>(s <= t ? expf(x[s] - mx) * inv : 0.0f);
+}
+
+// dpre[s] = att[s] * (datt[s] - sum_s' att[s'] datt[s']) * scale, zero above the diagonal.
+template <class A>
+__global__ void causal_softmax_backward_k(A* dpre, const A* att, const float* datt, int64_t rows, int T, float scale) {
+  const int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const int t = int(row % T);
+  const A* a = att + row * T;
+  const float* d = datt + row * T;
+  float dot = 0;
+  for (int s = lane; s <= t; s += 32) dot += ld(a[s]) * d[s];
+  dot = warp_sum(dot);
+  A* out = dpre + row * T;
+  for (int s = lane; s < T; s += 32) out[s] = st<A>(s <= t ? ld(a[s]) * (d[s] - dot) * scale : 0.0f);
+}
+
+template <class A>
+__global__ void gelu_forward_k(A* out, const A* inp, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float x = ld(inp[i]);
+    out[i] = st<A>(0.5f * x * (1.0f + tanhf(kGeluC * (x + 0.044715f * x * x * x))));
+  }
+}
+
+template <class A>
+__global__ void gelu_backward_k(A* dinp, const A* inp, const A* dout, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float x = ld(inp[i]);
+    const float th = tanhf(kGeluC * (x + 0.044715f * x * x * x));
+    const float du = kGeluC * (1.0f + 3.0f * 0.044715f * x * x);
+    const float d = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
+    dinp[i] = st<A>(ld(dinp[i]) + d * ld(dout[i]));
+  }
+}
+
+template <class A>
+__global__ void residual_forward_k(A* out, const A* a, const A* b, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = st<A>(ld(a[i]) + ld(b[i]));
+}
+
+template <class A>
+__global__ void residual_backward_k(A* da, A* db, const A* dout, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float d = ld(dout[i]);
+    da[i] = st<A>(ld(da[i]) + d);
+    db[i] = st<A>(ld(db[i]) + d);
+  }
+}
+
+// One block per row. Max and sum first, the loss next (before any probability overwrites
+// a logit when probs aliases logits), then the probabilities.
+template <class A>
+__global__ void crossentropy_forward_k(A* probs, float* losses, const A* logits, const int32_t* targets, int V) {
+  __shared__ float sh[33];
+  const int64_t row = blockIdx.x;
+  const A* z = logits + row * V;
+  float mx = -INFINITY;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, ld(z[v]));
+  mx = block_max(mx, sh);
+  float sum = 0;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) sum += expf(ld(z[v]) - mx);
+  sum = block_sum(sum, sh);
+  if (threadIdx.x == 0) losses[row] = logf(sum) + mx - ld(z[targets[row]]);
+  __syncthreads();
+  const float inv = 1.0f / sum;
+  A* p = probs + row * V;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) p[v] = st<A>(expf(ld(z[v]) - mx) * inv);
+}
+
+template <class A>
+__global__ void crossentropy_backward_k(A* dlogits, const A* probs, const int32_t* targets, float dloss, int V,
+                                        int64_t total) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t n = i / V;
+    const int v = int(i % V);
+    dlogits[i] = st<A>((ld(probs[i]) - (v == targets[n] ? 1.0f : 0.0f)) * dloss);
+  }
+}
+
+__global__ void mean_k(float* out, const float* x, int N) {
+  __shared__ float sh[33];
+  float s = 0;
+  for (int i = threadIdx.x; i < N; i += blockDim.x) s += x[i];
+  s = block_sum(s, sh);
+  if (threadIdx.x == 0) *out = s / N;
+}
+
+__global__ void sum_squares_partial_k(float* partial, const float* x, int64_t n) {
+  __shared__ float sh[33];
+  float s = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    s += x[i] * x[i];
+  s = block_sum(s, sh);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+__global__ void sum_partials_k(float* out, const float* partial, int n) {
+  __shared__ float sh[33];
+  float s = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) s += partial[i];
+  s = block_sum(s, sh);
+  if (threadIdx.x == 0) *out = s;
+}
+__global__ void scale_k(float* x, int64_t n, float s) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] *= s;
+}
+
+__global__ void cast_bf16_k(bf16* out, const float* in, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = __float2bfloat16(in[i]);
+}
+__global__ void cast_float_k(float* out, const bf16* in, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = __bfloat162float(in[i]);
+}
+
+}  // namespace
+
+namespace kern {
+
+template <class A>
+void encoder_forward(dim3 grid, dim3 block, cudaStream_t stream, A* out, const int32_t* inp, const float* wte, const float* wpe, int T, int C, int64_t total) {
+  encoder_forward_k<A><<<grid, block, 0, stream>>>(out, inp, wte, wpe, T, C, total);
+}
+template void encoder_forward<float>(dim3, dim3, cudaStream_t, float*, const int32_t*, const float*, const float*, int, int, int64_t);
+template void encoder_forward<bf16>(dim3, dim3, cudaStream_t, bf16*, const int32_t*, const float*, const float*, int, int, int64_t);
+
+template <class A>
+void encoder_backward_wpe(dim3 grid, dim3 block, cudaStream_t stream, float* dwpe, const A* dout, int B, int T, int C) {
+  encoder_backward_wpe_k<A><<<grid, block, 0, stream>>>(dwpe, dout, B, T, C);
+}
+template void encoder_backward_wpe<float>(dim3, dim3, cudaStream_t, float*, const float*, int, int, int);
+template void encoder_backward_wpe<bf16>(dim3, dim3, cudaStream_t, float*, const bf16*, int, int, int);
+
+template <class A>
+void encoder_backward_wte(dim3 grid, dim3 block, cudaStream_t stream, float* dwte, const A* dout, const int32_t* inp, int64_t N, int C) {
+  encoder_backward_wte_k<A><<<grid, block, 0, stream>>>(dwte, dout, inp, N, C);
+}
+template void encoder_backward_wte<float>(dim3, dim3, cudaStream_t, float*, const float*, const int32_t*, int64_t, int);
+template void encoder_backward_wte<bf16>(dim3, dim3, cudaStream_t, float*, const bf16*, const int32_t*, int64_t, int);
+
+template <class A>
+void layernorm_forward(dim3 grid, dim3 block, cudaStream_t stream, A* out, float* mean, float* rstd, const A* inp, const float* w, const float* b, int N, int C) {
+  layernorm_forward_k<A><<<grid, block, 0, stream>>>(out, mean, rstd, inp, w, b, N, C);
+}
+template void layernorm_forward<float>(dim3, dim3, cudaStream_t, float*, float*, float*, const float*, const float*, const float*, int, int);
+template void layernorm_forward<bf16>(dim3, dim3, cudaStream_t, bf16*, float*, float*, const bf16*, const float*, const float*, int, int);
+
+template <class A>
+void layernorm_backward_dx(dim3 grid, dim3 block, cudaStream_t stream, A* dinp, const A* dout, const A* inp, const float* w, const float* mean, const float* rstd, int N, int C) {
+  layernorm_backward_dx_k<A><<<grid, block, 0, stream>>>(dinp, dout, inp, w, mean, rstd, N, C);
+}
+template void layernorm_backward_dx<float>(dim3, dim3, cudaStream_t, float*, const float*, const float*, const float*, const float*, const float*, int, int);
+template void layernorm_backward_dx<bf16>(dim3, dim3, cudaStream_t, bf16*, const bf16*, const bf16*, const float*, const float*, const float*, int, int);
+
+template <class A>
+void column_partials(dim3 grid, dim3 block, cudaStream_t stream, float* partial_a, float* partial_b, const A* dout, const A* inp, const float* mean, const float* rstd, int N, int C) {
+  column_partials_k<A><<<grid, block, 0, stream>>>(partial_a, partial_b, dout, inp, mean, rstd, N, C);
+}
+template void column_partials<float>(dim3, dim3, cudaStream_t, float*, float*, const float*, const float*, const float*, const float*, int, int);
+template void column_partials<bf16>(dim3, dim3, cudaStream_t, float*, float*, const bf16*, const bf16*, const float*, const float*, int, int);
+
+void column_finish(dim3 grid, dim3 block, cudaStream_t stream, float* out_a, float* out_b, const float* partial_a, const float* partial_b, int C) {
+  column_finish_k<<<grid, block, 0, stream>>>(out_a, out_b, partial_a, partial_b, C);
+}
+
+template <class A>
+void add_bias(dim3 grid, dim3 block, cudaStream_t stream, A* out, const float* bias, int OC, int64_t total) {
+  add_bias_k<A><<<grid, block, 0, stream>>>(out, bias, OC, total);
+}
+template void add_bias<float>(dim3, dim3, cudaStream_t, float*, const float*, int, int64_t);
+template void add_bias<bf16>(dim3, dim3, cudaStream_t, bf16*, const float*, int, int64_t);
+
+template <class A>
+void split_heads(dim3 grid, dim3 block, cudaStream_t stream, A* q, A* k, A* v, const A* qkv, int B, int T, int NH, int hs) {
+  split_heads_k<A><<<grid, block, 0, stream>>>(q, k, v, qkv, B, T, NH, hs);
+}
+template void split_heads<float>(dim3, dim3, cudaStream_t, float*, float*, float*, const float*, int, int, int, int);
+template void split_heads<bf16>(dim3, dim3, cudaStream_t, bf16*, bf16*, bf16*, const bf16*, int, int, int, int);
+
+template <class A>
+void merge_heads(dim3 grid, dim3 block, cudaStream_t stream, A* out, const A* y, int B, int T, int NH, int hs, int64_t out_row, int64_t out_off, bool accumulate) {
+  merge_heads_k<A><<<grid, block, 0, stream>>>(out, y, B, T, NH, hs, out_row, out_off, accumulate);
+}
+template void merge_heads<float>(dim3, dim3, cudaStream_t, float*, const float*, int, int, int, int, int64_t, int64_t, bool);
+template void merge_heads<bf16>(dim3, dim3, cudaStream_t, bf16*, const bf16*, int, int, int, int, int64_t, int64_t, bool);
+
+template <class A>
+void split_one(dim3 grid, dim3 block, cudaStream_t stream, A* y, const A* in, int B, int T, int NH, int hs) {
+  split_one_k<A><<<grid, block, 0, stream>>>(y, in, B, T, NH, hs);
+}
+template void split_one<float>(dim3, dim3, cudaStream_t, float*, const float*, int, int, int, int);
+template void split_one<bf16>(dim3, dim3, cudaStream_t, bf16*, const bf16*, int, int, int, int);
+
+template <class A>
+void causal_softmax(dim3 grid, dim3 block, cudaStream_t stream, A* att, const float* pre, int64_t rows, int T) {
+  causal_softmax_k<A><<<grid, block, 0, stream>>>(att, pre, rows, T);
+}
+template void causal_softmax<float>(dim3, dim3, cudaStream_t, float*, const float*, int64_t, int);
+template void causal_softmax<bf16>(dim3, dim3, cudaStream_t, bf16*, const float*, int64_t, int);
+
+template <class A>
+void causal_softmax_backward(dim3 grid, dim3 block, cudaStream_t stream, A* dpre, const A* att, const float* datt, int64_t rows, int T, float scale) {
+  causal_softmax_backward_k<A><<<grid, block, 0, stream>>>(dpre, att, datt, rows, T, scale);
+}
+template void causal_softmax_backward<float>(dim3, dim3, cudaStream_t, float*, const float*, const float*, int64_t, int, float);
+template void causal_softmax_backward<bf16>(dim3, dim3, cudaStream_t, bf16*, const bf16*, const float*, int64_t, int, float);
+
+template <class A>
+void gelu_forward(dim3 grid, dim3 block, cudaStream_t stream, A* out, const A* inp, int64_t n) {
+  gelu_forward_k<A><<<grid, block, 0, stream>>>(out, inp, n);
+}
+template void gelu_forward<float>(dim3, dim3, cudaStream_t, float*, const float*, int64_t);
+template void gelu_forward<bf16>(dim3, dim3, cudaStream_t, bf16*, const bf16*, int64_t);
+
+template <class A>
+void gelu_backward(dim3 grid, dim3 block, cudaStream_t stream, A* dinp, const A* inp, const A* dout, int64_t n) {
+  gelu_backward_k<A><<<grid, block, 0, stream>>>(dinp, inp, dout, n);
+}
+template void gelu_backward<float>(dim3, dim3, cudaStream_t, float*, const float*, const float*, int64_t);
+template void gelu_backward<bf16>(dim3, dim3, cudaStream_t, bf16*, const bf16*, const bf16*, int64_t);
+
+template <class A>
+void residual_forward(dim3 grid, dim3 block, cudaStream_t stream, A* out, const A* a, const A* b, int64_t n) {
+  residual_forward_k<A><<<grid, block, 0, stream>>>(out, a, b, n);
+}
+template void residual_forward<float>(dim3, dim3, cudaStream_t, float*, const float*, const float*, int64_t);
+template void residual_forward<bf16>(dim3, dim3, cudaStream_t, bf16*, const bf16*, const bf16*, int64_t);
+
+template <class A>
+void residual_backward(dim3 grid, dim3 block, cudaStream_t stream, A* da, A* db, const A* dout, int64_t n) {
+  residual_backward_k<A><<<grid, block, 0, stream>>>(da, db, dout, n);
+}
+template void residual_backward<float>(dim3, dim3, cudaStream_t, float*, float*, const float*, int64_t);
+template void residual_backward<bf16>(dim3, dim3, cudaStream_t, bf16*, bf16*, const bf16*, int64_t);
+
+template <class A>
+void crossentropy_forward(dim3 grid, dim3 block, cudaStream_t stream, A* probs, float* losses, const A* logits, const int32_t* targets, int V) {
+  crossentropy_forward_k<A><<<grid, block, 0, stream>>>(probs, losses, logits, targets, V);
+}
+template void crossentropy_forward<float>(dim3, dim3, cudaStream_t, float*, float*, const float*, const int32_t*, int);
+template void crossentropy_forward<bf16>(dim3, dim3, cudaStream_t, bf16*, float*, const bf16*, const int32_t*, int);
+
+template <class A>
+void crossentropy_backward(dim3 grid, dim3 block, cudaStream_t stream, A* dlogits, const A* probs, const int32_t* targets, float dloss, int V, int64_t total) {
+  crossentropy_backward_k<A><<<grid, block, 0, stream>>>(dlogits, probs, targets, dloss, V, total);
+}
+template void crossentropy_backward<float>(dim3, dim3, cudaStream_t, float*, const float*, const int32_t*, float, int, int64_t);
+template void crossentropy_backward<bf16>(dim3, dim3, cudaStream_t, bf16*, const bf16*, const int32_t*, float, int, int64_t);
+
+void mean(dim3 grid, dim3 block, cudaStream_t stream, float* out, const float* x, int N) {
+  mean_k<<<grid, block, 0, stream>>>(out, x, N);
+}
+
+void sum_squares_partial(dim3 grid, dim3 block, cudaStream_t stream, float* partial, const float* x, int64_t n) {
+  sum_squares_partial_k<<<grid, block, 0, stream>>>(partial, x, n);
+}
+
+void sum_partials(dim3 grid, dim3 block, cudaStream_t stream, float* out, const float* partial, int n) {
+  sum_partials_k<<<grid, block, 0, stream>>>(out, partial, n);
+}
+
+void scale(dim3 grid, dim3 block, cudaStream_t stream, float* x, int64_t n, float s) {
+  scale_k<<<grid, block, 0, stream>>>(x, n, s);
+}
+
+void cast_bf16(dim3 grid, dim3 block, cudaStream_t stream, bf16* out, const float* in, int64_t n) {
+  cast_bf16_k<<<grid, block, 0, stream>>>(out, in, n);
+}
+
+void cast_float(dim3 grid, dim3 block, cudaStream_t stream, float* out, const bf16* in, int64_t n) {
+  cast_float_k<<<grid, block, 0, stream>>>(out, in, n);
+}
+
+}  // namespace kern
+}  // namespace geoloco::cuda
