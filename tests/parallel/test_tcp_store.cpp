@@ -51,6 +51,25 @@ TEST(TcpStore, SetGetCheckAdd) {
   EXPECT_THROW(a.set(std::string(store_wire::kMaxKeyBytes + 1, 'k'), {}), StoreError);
 }
 
+TEST(TcpStore, ManyConcurrentClientsCountExactly) {
+  // 32 clients each add 1 to one counter 50 times and publish a key; the server serialises
+  // them, so the counter ends at exactly 32 * 50 and every key is visible to everyone.
+  TcpStoreServer server("127.0.0.1", 0);
+  const int kClients = 32, kAdds = 50;
+  testing::run_ranks(kClients, [&](int i) {
+    TcpStore c(client_opts(server.port()), Clock::now() + 5s);
+    for (int k = 0; k < kAdds; ++k) c.add("counter", 1);
+    c.set(fmt::format("client/{}", i), bytes(std::to_string(i)));
+    std::vector<std::string> keys;
+    for (int j = 0; j < kClients; ++j) keys.push_back(fmt::format("client/{}", j));
+    c.wait(keys, 10s);
+    EXPECT_EQ(c.get(fmt::format("client/{}", (i + 1) % kClients)), bytes(std::to_string((i + 1) % kClients)));
+  });
+  TcpStore c(client_opts(server.port()), Clock::now() + 2s);
+  EXPECT_EQ(c.add("counter", 0), kClients * kAdds);
+  c.wait({}, 1ms);  // nothing to wait for: returns at once
+}
+
 TEST(TcpStore, WaitReturnsWhenAnotherClientSets) {
   TcpStoreServer server("127.0.0.1", 0);
   TcpStore a(client_opts(server.port()), Clock::now() + 2s);
