@@ -59,6 +59,7 @@ int main(int argc, char** argv) {
     trainer::Gpt::init_params(layout, host, 1337);
     cuda::DeviceBuffer<float> params(host.size(), "parameters"), grads(host.size(), "gradients");
     cuda::check_cuda(cudaMemcpy(params.data(), host.data(), host.size() * 4, cudaMemcpyHostToDevice), "upload params");
+    cuda::check_cuda(cudaDeviceSynchronize(), "upload params");  // the model's stream is non-blocking
     trainer::AdamWConfig ocfg;
     cuda::CudaAdamW opt(ocfg, layout, 0, layout.total());
     // Random tokens: throughput does not depend on the text.

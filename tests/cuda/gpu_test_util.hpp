@@ -49,6 +49,9 @@ DeviceBuffer<A> to_device(const std::vector<float>& v) {
     floats_to_bf16(v, bits);
     check_cuda(cudaMemcpy(d.data(), bits.data(), bits.size() * 2, cudaMemcpyHostToDevice), "test upload");
   }
+  // A pageable cudaMemcpy may return before its DMA lands, and the ops run on non-blocking
+  // streams that do not order after the legacy stream: wait here.
+  check_cuda(cudaDeviceSynchronize(), "test upload");
   return d;
 }
 
@@ -69,6 +72,7 @@ std::vector<float> to_host(const DeviceBuffer<A>& d) {
 inline DeviceBuffer<int32_t> ids_to_device(const std::vector<int32_t>& v) {
   DeviceBuffer<int32_t> d(v.size(), "test ids");
   check_cuda(cudaMemcpy(d.data(), v.data(), v.size() * 4, cudaMemcpyHostToDevice), "test upload ids");
+  check_cuda(cudaDeviceSynchronize(), "test upload ids");
   return d;
 }
 

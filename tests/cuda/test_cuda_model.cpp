@@ -63,6 +63,8 @@ TEST_P(ModelParity, LossProbsAndGradientsMatchTheCpuModel) {
   auto d_params = to_device<float>(params);
   DeviceBuffer<float> d_grads(params.size());
   check_cuda(cudaMemset(d_grads.data(), 0, d_grads.size() * 4), "zero grads");
+  // Legacy-stream memset: finish it before the model's non-blocking stream reads the buffer.
+  check_cuda(cudaDeviceSynchronize(), "zero grads");
   const float gpu_loss = gpu.forward(d_params.span(), in.data(), tg.data(), B, T);
   const auto gpu_probs = gpu.probs_to_host();
   vector<int> hook_blocks;
@@ -143,6 +145,8 @@ TEST_P(ModelParity, SameInputsGiveTheSameBits) {
     CudaGpt gpu(cfg, GetParam());
     DeviceBuffer<float> d_grads(params.size());
     check_cuda(cudaMemset(d_grads.data(), 0, d_grads.size() * 4), "zero grads");
+  // Legacy-stream memset: finish it before the model's non-blocking stream reads the buffer.
+  check_cuda(cudaDeviceSynchronize(), "zero grads");
     losses.push_back(gpu.forward(d_params.span(), x.data(), y.data(), B, T));
     gpu.backward(d_params.span(), d_grads.span());
     runs.push_back(download(d_grads.span()));

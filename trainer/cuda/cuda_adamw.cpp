@@ -24,6 +24,9 @@ CudaAdamW::CudaAdamW(const trainer::AdamWConfig& cfg, const trainer::ParamLayout
   if (end > begin) {
     check_cuda(cudaMemset(m_.data(), 0, m_.size() * sizeof(float)), "AdamW zero m");
     check_cuda(cudaMemset(v_.data(), 0, v_.size() * sizeof(float)), "AdamW zero v");
+    // cudaMemset runs on the legacy stream; step() runs on the caller's (possibly
+    // non-blocking) stream, which would not wait for it.
+    check_cuda(cudaDeviceSynchronize(), "AdamW zero moments");
   }
 }
 
@@ -78,6 +81,7 @@ void CudaAdamW::upload(std::span<const float> m, std::span<const float> v) {
   if (m_.size() == 0) return;
   check_cuda(cudaMemcpy(m_.data(), m.data(), m.size() * sizeof(float), cudaMemcpyHostToDevice), "AdamW upload m");
   check_cuda(cudaMemcpy(v_.data(), v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice), "AdamW upload v");
+  check_cuda(cudaDeviceSynchronize(), "AdamW upload");  // see the constructor
 }
 
 }  // namespace geoloco::cuda
