@@ -47,6 +47,7 @@ DataConfig DataConfig::from_yaml(const config::Node& n) {
   } else {
     c.val_fraction = n.get_double("val_fraction", c.val_fraction, 0.0, 0.9);
   }
+  c.across_sites = n.get_choice("across_sites", c.across_sites, {"disjoint", "identical"});
   n.finish();
   return c;
 }

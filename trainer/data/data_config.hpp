@@ -42,6 +42,10 @@ struct DataConfig {
   // When `val` is absent: text/shards hold out the last val_fraction of the train tokens;
   // synthetic uses the same chain with a different stream seed.
   double val_fraction = 0.1;
+  // disjoint: every rank of every site draws different windows (world = all ranks).
+  // identical: every site replays the same stream (world = the site's ranks): for
+  // experiments and tests (N sites on identical data must equal one site).
+  std::string across_sites = "disjoint";
 
   static DataConfig from_yaml(const config::Node& node);
 };

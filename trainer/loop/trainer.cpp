@@ -71,14 +71,15 @@ struct Trainer::Impl {
     data = open_data(cfg.data, cfg.dir, cfg.model.vocab_size);
     SamplerOptions so;
     so.seed = cfg.run.seed;
-    so.world = world;
-    so.rank = global_rank;
+    const bool identical = cfg.data.across_sites == "identical";
+    so.world = identical ? site.ranks : world;
+    so.rank = identical ? o.rank : global_rank;
     so.seq_len = T;
     sampler = std::make_unique<DistributedSampler>(data.train, so);
     if (sampler->steps_per_epoch(cfg.train.micro_batch) == 0)
       throw InputError(fmt::format("training data too small: {} has {} windows of {} tokens, fewer than one "
                                    "global micro-batch ({} ranks x {} sequences)",
-                                   data.train->describe(), sampler->num_windows(), T + 1, world,
+                                   data.train->describe(), sampler->num_windows(), T + 1, so.world,
                                    cfg.train.micro_batch));
     inputs.resize(static_cast<size_t>(cfg.train.micro_batch) * T);
     targets.resize(inputs.size());

@@ -1,0 +1,50 @@
+#include <gtest/gtest.h>
+
+#include "outer_optimizer/envelope.hpp"
+
+using namespace geoloco::outer;
+
+namespace {
+std::vector<uint8_t> make(uint64_t round, uint32_t site, uint32_t rank, std::vector<uint8_t> body) {
+  std::vector<uint8_t> out;
+  write_envelope({EnvelopeKind::kPseudoGradient, round, site, rank, 42, body}, out);
+  return out;
+}
+std::string reject(std::span<const uint8_t> b, uint64_t round = 5, uint64_t max_body = 16) {
+  try {
+    read_envelope(b, EnvelopeKind::kPseudoGradient, round, 1, 0, max_body, "lyon/0");
+  } catch (const EnvelopeError& e) {
+    return e.what();
+  }
+  return "<accepted>";
+}
+}  // namespace
+
+TEST(Envelope, RoundTrip) {
+  auto b = make(5, 1, 0, {1, 2, 3});
+  auto e = read_envelope(b, EnvelopeKind::kPseudoGradient, 5, 1, 0, 16, "lyon/0");
+  EXPECT_EQ(e.value, 42u);
+  EXPECT_EQ(std::vector<uint8_t>(e.body.begin(), e.body.end()), (std::vector<uint8_t>{1, 2, 3}));
+}
+
+TEST(Envelope, RejectsEveryMismatch) {
+  auto good = make(5, 1, 0, {1, 2, 3});
+  EXPECT_NE(reject(std::span(good).first(10)).find("shorter than the 40-byte envelope"), std::string::npos);
+  auto bad = good;
+  bad[0] = 'X';
+  EXPECT_NE(reject(bad).find("bad magic"), std::string::npos);
+  bad = good;
+  bad[4] = 9;
+  EXPECT_NE(reject(bad).find("version 9"), std::string::npos);
+  bad = good;
+  bad[6] = 2;
+  EXPECT_NE(reject(bad).find("kind 2"), std::string::npos);
+  EXPECT_NE(reject(make(4, 1, 0, {1})).find("round 4 (expected 5: replayed"), std::string::npos);
+  EXPECT_NE(reject(make(5, 2, 0, {1})).find("claims site 2"), std::string::npos);
+  EXPECT_NE(reject(make(5, 1, 0, std::vector<uint8_t>(17))).find("exceeds the 16"), std::string::npos);
+  bad = good;
+  bad.pop_back();  // truncated body
+  EXPECT_NE(reject(bad).find("body length 3 but 2 bytes arrived"), std::string::npos);
+  EXPECT_NE(reject(good).find("<accepted>"), std::string::npos);
+  EXPECT_NE(reject(make(4, 1, 0, {1})).find("outer round 5: message from lyon/0 rejected"), std::string::npos);
+}

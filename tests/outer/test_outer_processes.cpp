@@ -1,0 +1,158 @@
+// Multi-site failure paths with real processes: `geoloco worker` per site.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "../loop/test_util.hpp"
+
+using geoloco::testing::TempDir;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Proc {
+  pid_t pid = -1;
+  std::string log;
+};
+
+Proc spawn(const std::vector<std::string>& args, const std::string& log) {
+  Proc p;
+  p.log = log;
+  p.pid = fork();
+  if (p.pid == 0) {
+    FILE* f = freopen(log.c_str(), "w", stdout);
+    (void)f;
+    dup2(fileno(stdout), 2);
+    std::vector<char*> argv;
+    std::string exe = std::string(GEOLOCO_BINARY_DIR) + "/geoloco";
+    argv.push_back(exe.data());
+    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(exe.c_str(), argv.data());
+    _exit(127);
+  }
+  return p;
+}
+
+// Waits up to `limit`; returns the exit code (or 128 + signal), -1 on timeout (then kills).
+int wait_for(Proc& p, std::chrono::seconds limit) {
+  auto deadline = Clock::now() + limit;
+  while (Clock::now() < deadline) {
+    int status = 0;
+    pid_t r = waitpid(p.pid, &status, WNOHANG);
+    if (r == p.pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  kill(p.pid, SIGKILL);
+  waitpid(p.pid, nullptr, 0);
+  return -1;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool contains(const std::string& path, const std::string& needle, std::chrono::seconds limit) {
+  auto deadline = Clock::now() + limit;
+  while (Clock::now() < deadline) {
+    if (slurp(path).find(needle) != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+std::string config(const TempDir& d, int port, const std::string& extra = "") {
+  d.file("k.psk", "0123456789abcdef-test-key");
+  d.file("other.psk", "fedcba9876543210-other-key");
+  return d.file("c.yaml",
+                "run: {name: p, seed: 3, output_dir: " + (d.path() / "out").string() + "}\n"
+                "model: {n_layer: 2, n_head: 2, n_embd: 64, block_size: 32, vocab_size: 64}\n"
+                "data:\n  train: {kind: synthetic, vocab: 64, branching: 3, seed: 5}\n"
+                "train: {steps: 40, micro_batch: 4, log_every: 2}\n"
+                "outer: {interval: 2, compression: {codec: fp32}}\n"
+                "sites:\n  - {name: paris, port: " + std::to_string(port) + "}\n  - {name: lyon, port: " +
+                    std::to_string(port + 10) + "}\n"
+                "transport: {psk_file: k.psk, connect_timeout_s: 20, transfer_timeout_s: 3}\n" + extra);
+}
+
+int port_base() { return 23000 + (getpid() * 31) % 20000; }
+
+}  // namespace
+
+// lyon is SIGKILLed while a sync is on the wire (the transport paces transfers to 2 Mbit/s so
+// each sync takes ~1 s): paris fails within the transfer timeout plus a bound, naming lyon.
+TEST(OuterProcesses, PeerKilledMidTransferFailsTheOthersNamingThePeer) {
+  TempDir d;
+  auto cfg = config(d, port_base(), "");
+  std::vector<std::string> slow = {"--set", "transport.emulate.rate_mbit=2"};
+  auto args = [&](const char* site) {
+    std::vector<std::string> a = {"worker", cfg, "--site", site, "--rank", "0"};
+    a.insert(a.end(), slow.begin(), slow.end());
+    return a;
+  };
+  Proc paris = spawn(args("paris"), (d.path() / "paris.log").string());
+  Proc lyon = spawn(args("lyon"), (d.path() / "lyon.log").string());
+  ASSERT_TRUE(contains(lyon.log, "outer step 1", std::chrono::seconds(60))) << slurp(lyon.log);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // inside the next sync
+  kill(lyon.pid, SIGKILL);
+  const auto t0 = Clock::now();
+  int rc = wait_for(paris, std::chrono::seconds(30));
+  const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+  wait_for(lyon, std::chrono::seconds(5));
+  EXPECT_EQ(rc, 1) << slurp(paris.log);
+  EXPECT_LT(took, 3.0 + 10.0) << "transfer timeout 3 s";
+  EXPECT_NE(slurp(paris.log).find("lyon/0"), std::string::npos) << slurp(paris.log);
+}
+
+// Sites whose configs differ are refused at the handshake: both exit non-zero, naming the
+// config hash.
+TEST(OuterProcesses, ConfigHashMismatchIsRefused) {
+  TempDir d;
+  auto cfg = config(d, port_base() + 100);
+  Proc paris = spawn({"worker", cfg, "--site", "paris", "--rank", "0", "--set", "transport.connect_timeout_s=6"},
+                     (d.path() / "paris.log").string());
+  Proc lyon = spawn({"worker", cfg, "--site", "lyon", "--rank", "0", "--set", "transport.connect_timeout_s=6",
+                     "--set", "train.micro_batch=8"},
+                    (d.path() / "lyon.log").string());
+  int a = wait_for(paris, std::chrono::seconds(40)), b = wait_for(lyon, std::chrono::seconds(40));
+  EXPECT_NE(a, 0);
+  EXPECT_NE(b, 0);
+  EXPECT_NE(a, -1);
+  EXPECT_NE(b, -1);
+  std::string logs = slurp(paris.log) + slurp(lyon.log);
+  EXPECT_NE(logs.find("config hash"), std::string::npos) << logs;
+}
+
+// A site with another pre-shared key is refused; the run fails cleanly on both sides.
+TEST(OuterProcesses, WrongKeyIsRefused) {
+  TempDir d;
+  auto cfg = config(d, port_base() + 200);
+  // The psk path is part of the config (and its hash): give lyon the other key under the
+  // same name by swapping files between the two starts.
+  Proc paris = spawn({"worker", cfg, "--site", "paris", "--rank", "0", "--set", "transport.connect_timeout_s=6"},
+                     (d.path() / "paris.log").string());
+  ASSERT_TRUE(contains(paris.log, "listening", std::chrono::seconds(20))) << slurp(paris.log);
+  d.file("k.psk", "fedcba9876543210-other-key");
+  Proc lyon = spawn({"worker", cfg, "--site", "lyon", "--rank", "0", "--set", "transport.connect_timeout_s=6"},
+                    (d.path() / "lyon.log").string());
+  int a = wait_for(paris, std::chrono::seconds(40)), b = wait_for(lyon, std::chrono::seconds(40));
+  EXPECT_NE(a, 0);
+  EXPECT_NE(b, 0);
+  EXPECT_NE(a, -1);
+  EXPECT_NE(b, -1);
+  std::string logs = slurp(paris.log) + slurp(lyon.log);
+  EXPECT_TRUE(logs.find("key") != std::string::npos || logs.find("HMAC") != std::string::npos ||
+              logs.find("authentic") != std::string::npos)
+      << logs;
+  EXPECT_EQ(logs.find("0123456789abcdef"), std::string::npos) << "the key must never be logged";
+  EXPECT_EQ(logs.find("fedcba9876543210"), std::string::npos) << "the key must never be logged";
+}
