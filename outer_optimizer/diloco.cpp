@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <numeric>
 
 #include "outer_optimizer/envelope.hpp"
@@ -72,6 +73,16 @@ void Diloco::sync(int64_t step, trainer::SiteStrategy& strategy) {
 
   // 1. Pseudo-gradient of this shard.
   for (size_t i = 0; i < n_; ++i) delta_[i] = global_[i] - local[i];
+
+  // Benchmarks capture real pseudo-gradients: GEOLOCO_CAPTURE_PSEUDOGRAD=<dir> writes this
+  // shard's delta of every round as safetensors (tensor "delta").
+  if (const char* dir = std::getenv("GEOLOCO_CAPTURE_PSEUDOGRAD"); dir && *dir) {
+    const std::string path = fmt::format("{}/pseudograd.{}.r{}.round{}.safetensors", dir,
+                                         cfg_.sites[static_cast<size_t>(site_)].name, rank_, round);
+    trainer::TensorWrite t = trainer::f32_tensor("delta", {static_cast<int64_t>(n_)}, delta_);
+    trainer::write_safetensors(path, std::span<const trainer::TensorWrite>(&t, 1),
+                               {{"round", std::to_string(round)}, {"step", std::to_string(step)}});
+  }
 
   // 2. Compress, wrap, exchange.
   std::vector<uint8_t> frame;
