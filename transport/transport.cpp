@@ -148,6 +148,9 @@ constexpr unsigned kAmFrame = 8;
 constexpr size_t kMaxPendingHandshakes = 64;
 // Unexpected (not yet posted) frames held per peer; each holds a UCX descriptor only.
 constexpr size_t kMaxUnexpectedFrames = 4096;
+// Eager bytes held for not-yet-posted recvs per peer (rendezvous frames hold no payload);
+// bounds what a peer forcing eager sends can make us keep.
+constexpr uint64_t kMaxUnexpectedEagerBytes = 256ull << 20;
 // After a failure, how long a recv may wait for UCX to cancel its in-flight receives.
 constexpr double kCancelGraceS = 10;
 
@@ -248,6 +251,7 @@ struct Peer {
   std::set<Key> completed;
   std::map<Key, std::deque<Unexpected>> unexpected;
   size_t unexpected_count = 0;
+  uint64_t unexpected_eager_bytes = 0;
   PeerStats stats;
 
   size_t ready_lanes() const {
@@ -1016,6 +1020,11 @@ class Transport::Impl {
       accept_chunk(op, h, data, rndv);
       return UCS_OK;  // an unconsumed rendezvous descriptor is dropped by UCX
     }
+    if (!rndv && p.unexpected_eager_bytes + length > kMaxUnexpectedEagerBytes) {
+      reject_frame(pi, fmt::format("more than {} bytes of eager frames arrived before their recv was posted ({})",
+                                   kMaxUnexpectedEagerBytes, key_str(key)));
+      return UCS_OK;
+    }
     if (p.unexpected_count >= kMaxUnexpectedFrames) {
       reject_frame(pi, fmt::format("more than {} frames arrived before their recv was posted ({})",
                                    kMaxUnexpectedFrames, key_str(key)));
@@ -1037,6 +1046,7 @@ class Transport::Impl {
     }
     p.unexpected[key].push_back(u);
     ++p.unexpected_count;
+    if (!rndv) p.unexpected_eager_bytes += length;
     return ret;
   }
 
@@ -1184,6 +1194,8 @@ class Transport::Impl {
     std::deque<Unexpected> held = std::move(u->second);
     p.unexpected.erase(u);
     p.unexpected_count -= held.size();
+    for (const auto& e : held)
+      if (!e.rndv) p.unexpected_eager_bytes -= e.length;
     while (!held.empty()) {
       Unexpected e = held.front();
       held.pop_front();
@@ -1419,6 +1431,7 @@ class Transport::Impl {
         for (auto& e : q) release(e);
       p.unexpected.clear();
       p.unexpected_count = 0;
+      p.unexpected_eager_bytes = 0;
       // Sends not yet issued finish now; issued ones when UCX returns their requests.
       for (auto& op : p.sendq) {
         op->failed = true;
