@@ -3,7 +3,10 @@
 // parity metrics and tolerances, and the GPU check report (library and tool).
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -17,6 +20,7 @@
 #include "trainer/cuda/check_report.hpp"
 #include "trainer/cuda/cuda_error.hpp"
 #include "trainer/cuda/device_select.hpp"
+#include "trainer/cuda/ordered_worker.hpp"
 #include "trainer/cuda/precision.hpp"
 #include "trainer/cuda/tolerance.hpp"
 
@@ -280,6 +284,56 @@ TEST(CheckReport, ToolWritesTheReportAndExitCode) {
   rc = std::system((base + " --step nonsense > /dev/null 2>&1").c_str());
   EXPECT_EQ(WEXITSTATUS(rc), 2);
   fs::remove_all(dir);
+}
+
+// ---- ordered worker ---------------------------------------------------------------
+
+TEST(OrderedWorker, RunsTasksInPostingOrderOffTheCallingThread) {
+  OrderedWorker w;
+  std::vector<int> seen;
+  std::thread::id worker_id;
+  for (int i = 0; i < 100; ++i)
+    w.post([&, i] {
+      if (i == 0) worker_id = std::this_thread::get_id();
+      seen.push_back(i);  // only the worker thread touches it before wait()
+    });
+  w.wait();
+  ASSERT_EQ(seen.size(), 100u);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(seen[size_t(i)], i);
+  EXPECT_NE(worker_id, std::this_thread::get_id());
+  w.wait();  // nothing pending: returns at once
+}
+
+TEST(OrderedWorker, FirstFailureSkipsTheRestAndIsRethrownOnce) {
+  OrderedWorker w;
+  int ran = 0;
+  w.post([&] { ++ran; });
+  w.post([] { throw InputError("collective 2 failed"); });
+  w.post([&] { ++ran; });  // must be skipped
+  try {
+    w.wait();
+    FAIL() << "no exception";
+  } catch (const InputError& e) {
+    EXPECT_STREQ(e.what(), "collective 2 failed");
+  }
+  EXPECT_EQ(ran, 1);
+  // Cleared: the next step's tasks run again.
+  w.post([&] { ++ran; });
+  EXPECT_NO_THROW(w.wait());
+  EXPECT_EQ(ran, 2);
+}
+
+TEST(OrderedWorker, DestructorFinishesQueuedTasks) {
+  std::atomic<int> ran{0};
+  {
+    OrderedWorker w;
+    for (int i = 0; i < 10; ++i)
+      w.post([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        ++ran;
+      });
+  }
+  EXPECT_EQ(ran.load(), 10);
 }
 
 }  // namespace

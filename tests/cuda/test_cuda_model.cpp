@@ -9,6 +9,7 @@
 #include "gpu_test_util.hpp"
 #include "trainer/cuda/cuda_adamw.hpp"
 #include "trainer/cuda/cuda_gpt.hpp"
+#include "trainer/cuda/grad_overlap.hpp"
 #include "trainer/cuda/staging.hpp"
 #include "trainer/model/gpt.hpp"
 #include "trainer/optim/adamw.hpp"
@@ -265,6 +266,73 @@ TEST(Staging, DownloadAndUploadOnTheCopyStream) {
   compute.synchronize("test");
   EXPECT_EQ(download(dst.span()), up);
   EXPECT_THROW(st.download_async(DeviceBuffer<float>(n + 1).span(), compute.get()), geoloco::Error);
+}
+
+// A one-rank "device collective" that records what it was asked to reduce and a host copy
+// of the data at that moment (to prove the reduction saw final gradients).
+class RecordingCollective final : public parallel::Collective {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  const std::string& site() const override { return site_; }
+  const char* backend() const override { return "recording"; }
+  parallel::MemorySpace memory() const override { return parallel::MemorySpace::kCuda; }
+  void all_reduce_sum(std::span<float> data) override {
+    calls.emplace_back(data.data(), data.size());
+    snapshots.push_back(download(data));
+  }
+  void all_reduce_sum(std::span<double>) override { unused(); }
+  void all_reduce_sum(std::span<uint64_t>) override { unused(); }
+  void reduce_scatter_sum(std::span<const float>, std::span<float>) override { unused(); }
+  void all_gather(std::span<const float>, std::span<float>) override { unused(); }
+  void broadcast(std::span<float>, int) override { unused(); }
+  void barrier() override { unused(); }
+  std::vector<std::vector<std::byte>> all_gather_bytes(std::span<const std::byte>) override {
+    unused();
+    return {};
+  }
+  std::vector<std::pair<float*, size_t>> calls;
+  std::vector<std::vector<float>> snapshots;
+
+ private:
+  [[noreturn]] static void unused() { throw geoloco::Error("RecordingCollective: unexpected call"); }
+  std::string site_ = "test";
+};
+
+TEST(GradOverlap, ReducesEachBlockOnceInOrderAfterItIsFinal) {
+  GEOLOCO_REQUIRE_GPU();
+  const auto cfg = small_model();
+  const int B = 4, T = 48;
+  CudaGpt gpu(cfg, Precision::Fp32);
+  const auto& layout = gpu.layout();
+  vector<float> params(size_t(layout.total()));
+  trainer::Gpt::init_params(layout, params, 21);
+  auto d_params = to_device<float>(params);
+  DeviceBuffer<float> d_grads(params.size());
+  check_cuda(cudaMemset(d_grads.data(), 0, d_grads.size() * 4), "zero grads");
+  check_cuda(cudaDeviceSynchronize(), "zero grads");
+  const auto x = tokens(B * T, 22, cfg.vocab_size), y = tokens(B * T, 23, cfg.vocab_size);
+  RecordingCollective coll;
+  OverlappedAllReduce overlap(coll, layout, d_grads.span());
+  gpu.forward(d_params.span(), x.data(), y.data(), B, T);
+  gpu.backward(d_params.span(), d_grads.span(), 1.0f, overlap.hook());
+  overlap.wait();
+  const auto final_grads = download(d_grads.span());
+  // Calls: block 1, block 0, then [0, block 0 begin) and [block 1 end, total).
+  std::vector<std::pair<int64_t, int64_t>> want;
+  for (int b : {1, 0, -1})
+    for (auto r : OverlappedAllReduce::ranges_for(layout, b)) want.push_back(r);
+  ASSERT_EQ(coll.calls.size(), want.size());
+  int64_t covered = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(coll.calls[i].first, d_grads.data() + want[i].first) << i;
+    EXPECT_EQ(int64_t(coll.calls[i].second), want[i].second - want[i].first) << i;
+    covered += want[i].second - want[i].first;
+    // What the collective saw is what the gradient finally is: it ran after the block was done.
+    const vector<float> fin(final_grads.begin() + want[i].first, final_grads.begin() + want[i].second);
+    EXPECT_EQ(coll.snapshots[i], fin) << "range " << i << " was read before its gradient was final";
+  }
+  EXPECT_EQ(covered, layout.total());
 }
 
 }  // namespace
