@@ -1,0 +1,269 @@
+#!/usr/bin/env bash
+# Slurm integration test: brings up a private one-node Slurm (munged + slurmctld + slurmd, all
+# in foreground mode under a temp dir, no systemd, nothing under /etc touched), then runs a
+# 2-rank geoloco site with `srun -n 2` and checks the run's outputs. Also checks the failure
+# path: `srun -n 3` against the same 2-rank config must fail with the worker's
+# SLURM_NTASKS message instead of training.
+#
+#   tests/slurm/slurm_site_test.sh path/to/geoloco
+#
+# Exit 0: pass. Exit 77: skipped (not root, or Slurm/munge missing and not installable), with
+# a "SKIP: <reason>" line. Any other code: failure, with the daemons' logs printed.
+# Every wait is bounded; the whole test stays under ~2 minutes after the binaries exist.
+# Set GEOLOCO_SLURM_NO_INSTALL=1 to skip instead of trying apt-get when binaries are missing.
+# Set GEOLOCO_SLURM_KEEP=1 to keep the temp dir (daemon logs) for debugging.
+set -euo pipefail
+
+skip() { echo "SKIP: $*"; exit 77; }
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+[[ $# -eq 1 ]] || { echo "usage: $0 path/to/geoloco" >&2; exit 2; }
+geoloco="$(readlink -f "$1")"
+[[ -x "$geoloco" ]] || { echo "$0: $1 is not an executable" >&2; exit 2; }
+
+# Root is needed: slurmd launches tasks as the submitting user via slurmstepd, which must run
+# as root, and munged/slurmctld run here as SlurmUser=root.
+[[ $(id -u) -eq 0 ]] || skip "needs root to run slurmd/slurmstepd (uid $(id -u))"
+
+required=(munged munge slurmctld slurmd srun sinfo scontrol scancel jq ss)
+missing_bins() {
+  local b out=()
+  for b in "${required[@]}"; do
+    PATH="$PATH:/usr/sbin:/sbin" command -v "$b" >/dev/null 2>&1 || out+=("$b")
+  done
+  echo "${out[*]}"
+}
+export PATH="$PATH:/usr/sbin:/sbin"
+missing="$(missing_bins)"
+if [[ -n "$missing" ]]; then
+  [[ "${GEOLOCO_SLURM_NO_INSTALL:-0}" != 1 ]] || skip "missing $missing (GEOLOCO_SLURM_NO_INSTALL=1)"
+  command -v apt-get >/dev/null 2>&1 || skip "missing $missing and no apt-get to install slurm-wlm/munge"
+  echo "slurm test: missing $missing; trying apt-get install slurm-wlm munge jq iproute2"
+  if ! DEBIAN_FRONTEND=noninteractive timeout 180 apt-get install -y -q --no-install-recommends \
+         slurm-wlm munge jq iproute2 >/dev/null 2>&1; then
+    skip "missing $missing and apt-get install slurm-wlm munge failed"
+  fi
+  missing="$(missing_bins)"
+  [[ -z "$missing" ]] || skip "still missing after install: $missing"
+fi
+
+T="$(mktemp -d /tmp/geoloco-slurm.XXXXXX)"
+chmod 700 "$T"
+pids=()          # daemons we started, in start order
+ok=0
+
+# Every process that belongs to this test carries our SLURM_CONF in its initial environment:
+# munged excepted (started before the export, and stopped by pid), the daemons, srun,
+# slurmstepd (forked by slurmd) and the tasks (srun propagates the environment). The sweep in
+# teardown uses that to end stragglers by id without touching anything else on the machine.
+# One grep over every /proc/*/environ (a fork per process is far too slow on a loaded
+# machine); `env -u` keeps grep itself out of its own answer.
+our_stragglers() {
+  env -u SLURM_CONF grep -lszxF "SLURM_CONF=$T/slurm.conf" /proc/[0-9]*/environ 2>/dev/null |
+    sed -n 's|^/proc/\([0-9]*\)/environ$|\1|p' || true
+}
+
+teardown() {
+  local rc=$? pid i
+  set +e
+  trap - EXIT INT TERM
+  if [[ $rc -ne 0 && $rc -ne 77 ]]; then
+    for f in slurmctld.log slurmd.log munged.log; do
+      [[ -f "$T/$f" ]] && { echo "---- $f (last 30 lines)"; tail -n 30 "$T/$f"; }
+    done
+  fi
+  # Cancel jobs first so slurmd tears the steps down in order, then stop the daemons.
+  if [[ -f "$T/slurm.conf" ]]; then timeout 5 scancel --quiet --user=root >/dev/null 2>&1; fi
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[i]}" 2>/dev/null; done
+  for _ in $(seq 50); do
+    local alive=0
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [[ $alive -eq 0 ]] && break
+    sleep 0.1
+  done
+  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; done
+  for pid in $(our_stragglers); do kill -KILL "$pid" 2>/dev/null; done
+  wait 2>/dev/null
+  if [[ "${GEOLOCO_SLURM_KEEP:-0}" == 1 ]]; then echo "slurm test: kept $T"; else rm -rf "$T"; fi
+  exit "$rc"
+}
+trap teardown EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# Free TCP ports: N consecutive ports none of which is in use now (ss) or already picked, from
+# a random start, so concurrent runs of this test and other tests do not collide. Sets
+# `port_base` (not echoed: the picked set must persist across calls, a $(...) would lose it).
+used_ports="$(ss -Htan 2>/dev/null | awk '{print $4}' | sed 's/.*://' | sort -u)"
+pick_ports() {
+  local n=$1 base k tries=0 clash
+  while ((tries++ < 200)); do
+    base=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
+    clash=0
+    for ((k = 0; k < n; k++)); do
+      if grep -qx "$((base + k))" <<<"$used_ports"; then clash=1; break; fi
+    done
+    if ((clash == 0)); then
+      for ((k = 0; k < n; k++)); do used_ports+=$'\n'"$((base + k))"; done
+      port_base=$base; return 0
+    fi
+  done
+  fail "no free port range of $n"
+}
+pick_ports 1; ctld_port=$port_base
+pick_ports 1; slurmd_port=$port_base
+pick_ports 8; srun_lo=$port_base
+pick_ports 3; site_port=$port_base   # rank r on port+r, the site's store on port+2
+
+node="$(hostname -s)"
+mkdir -p "$T/state" "$T/spool" "$T/out"
+
+# munge: its own key, socket, pid, seed and log, all in the temp dir.
+dd if=/dev/urandom of="$T/munge.key" bs=1024 count=1 status=none
+chmod 400 "$T/munge.key"
+munge_sock="$T/munge.socket"
+munged --foreground --force --socket="$munge_sock" --key-file="$T/munge.key" \
+       --pid-file="$T/munged.pid" --seed-file="$T/munged.seed" --log-file="$T/munged.log" \
+       >"$T/munged.out" 2>&1 &
+pids+=($!)
+for i in $(seq 100); do
+  munge -n -S "$munge_sock" >/dev/null 2>&1 && break
+  kill -0 "${pids[0]}" 2>/dev/null || fail "munged exited: $(cat "$T/munged.out" "$T/munged.log" 2>/dev/null)"
+  sleep 0.1
+  [[ $i -eq 100 ]] && fail "munged did not answer within 10 s"
+done
+
+# 4 CPUs declared whatever the machine has (config_overrides), so 2 or 3 tasks fit even on a
+# 1-CPU runner; srun also gets --overcommit. Addresses are 127.0.0.1 so the test does not
+# depend on how the host name resolves.
+cat >"$T/slurm.conf" <<CONF
+ClusterName=geoloco-test
+SlurmctldHost=${node}(127.0.0.1)
+SlurmctldPort=${ctld_port}
+SlurmdPort=${slurmd_port}
+SrunPortRange=${srun_lo}-$((srun_lo + 7))
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=${munge_sock}
+StateSaveLocation=$T/state
+SlurmdSpoolDir=$T/spool
+SlurmctldPidFile=$T/slurmctld.pid
+SlurmdPidFile=$T/slurmd.pid
+SlurmctldLogFile=$T/slurmctld.log
+SlurmdLogFile=$T/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/pgid
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+MpiDefault=none
+SwitchType=switch/none
+ReturnToService=2
+SlurmdParameters=config_overrides
+KillWait=2
+MinJobAge=2
+InactiveLimit=0
+MailProg=/bin/true
+NodeName=${node} NodeAddr=127.0.0.1 CPUs=4 State=UNKNOWN
+PartitionName=debug Nodes=${node} Default=YES MaxTime=10 State=UP
+CONF
+export SLURM_CONF="$T/slurm.conf"
+
+slurmctld -D -c >"$T/slurmctld.out" 2>&1 &
+pids+=($!)
+for i in $(seq 150); do
+  timeout 5 scontrol ping 2>/dev/null | grep -q "is UP" && break
+  kill -0 "${pids[1]}" 2>/dev/null || fail "slurmctld exited: $(cat "$T/slurmctld.out")"
+  sleep 0.2
+  [[ $i -eq 150 ]] && fail "slurmctld did not answer scontrol ping within 30 s"
+done
+
+slurmd -D -N "$node" >"$T/slurmd.out" 2>&1 &
+pids+=($!)
+state=""
+for i in $(seq 150); do
+  state="$(timeout 5 sinfo -h -n "$node" -o %t 2>/dev/null || true)"
+  [[ "$state" == idle ]] && break
+  kill -0 "${pids[2]}" 2>/dev/null || fail "slurmd exited: $(cat "$T/slurmd.out")"
+  sleep 0.2
+  [[ $i -eq 150 ]] && fail "node $node not idle within 30 s (state '$state')"
+done
+echo "slurm test: node $node idle (slurmctld :$ctld_port, slurmd :$slurmd_port)"
+
+# One site "s" of 2 ranks, synthetic data, 10 steps: a few seconds on 2 cores.
+cat >"$T/run.yaml" <<YAML
+run: {name: slurm-site, seed: 7, output_dir: $T/out}
+model: {n_layer: 1, n_head: 2, n_embd: 32, block_size: 32, vocab_size: 64}
+data:
+  train: {kind: synthetic, vocab: 64, tokens: 65536}
+train:
+  steps: 10
+  micro_batch: 2
+  optimizer: {kind: adamw, lr: 1.0e-3}
+  log_every: 5
+  eval_batches: 1
+sites:
+  - {name: s, ranks: 2, host: 127.0.0.1, port: ${site_port}}
+transport: {psk_file: run.psk, timeout_s: 30}   # bounds the intra-site rendezvous too
+YAML
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$T/run.psk"
+chmod 600 "$T/run.psk"
+
+# run_srun SECONDS OUTFILE SRUN_ARGS...: sets rc. srun runs in the background and we `wait`
+# for it, because bash defers INT/TERM traps until a foreground child returns: this way a
+# signal to the test reaches teardown at once.
+run_srun() {
+  local limit=$1 out=$2
+  shift 2
+  timeout "$limit" srun "$@" >"$out" 2>&1 &
+  set +e
+  wait $!
+  rc=$?
+  set -e
+}
+
+# --- the run: 2 Slurm tasks = site s, ranks 0 and 1 (from SLURM_PROCID) ---------------------
+run_srun 90 "$T/srun.out" -n 2 --overcommit --kill-on-bad-exit=1 --time=2 -J geoloco-slurm-test \
+  --chdir="$T" "$geoloco" worker "$T/run.yaml"
+sed 's/^/  srun| /' "$T/srun.out"
+[[ $rc -eq 0 ]] || fail "srun -n 2 exited with $rc"
+
+summary="$T/out/summary.json"
+[[ -f "$summary" ]] || fail "no $summary"
+ws="$(jq -r .world_size "$summary")"
+steps="$(jq -r .steps "$summary")"
+[[ "$ws" == 2 ]] || fail "summary world_size $ws, expected 2"
+[[ "$steps" == 10 ]] || fail "summary steps $steps, expected 10"
+[[ "$(jq -r '.completed' "$summary")" == true ]] || fail "summary says completed != true"
+# Both Slurm tasks must have become distinct ranks of site s (SLURM_PROCID 0 -> s/0, 1 -> s/1).
+[[ "$(jq -c '[.ranks[] | [.site, .rank]]' "$summary")" == '[["s",0],["s",1]]' ]] ||
+  fail "summary ranks $(jq -c '[.ranks[] | [.site, .rank]]' "$summary"), expected s/0 and s/1"
+for r in 0 1; do
+  f="$T/out/sites/s/rank$r.json"
+  [[ -f "$f" ]] || fail "no $f"
+  [[ "$(jq -r .steps "$f")" == 10 ]] || fail "$f: steps $(jq -r .steps "$f"), expected 10"
+done
+# Data-parallel replicas end with identical parameters.
+[[ "$(jq -r '.ranks[0].params_hash' "$summary")" == "$(jq -r '.ranks[1].params_hash' "$summary")" ]] ||
+  fail "ranks 0 and 1 ended with different params_hash"
+echo "slurm test: srun -n 2 ok (world_size 2, 10 steps, rank0.json and rank1.json)"
+
+# --- failure path: 3 tasks for a 2-rank config must be refused by every task --------------
+rm -rf "$T/out"
+run_srun 60 "$T/srun_bad.out" -n 3 --overcommit --kill-on-bad-exit=1 --time=1 -J geoloco-slurm-bad \
+  --chdir="$T" "$geoloco" worker "$T/run.yaml"
+sed 's/^/  srun(bad)| /' "$T/srun_bad.out"
+[[ $rc -ne 0 && $rc -ne 124 ]] || fail "srun -n 3 on a 2-rank config exited with $rc, expected a refusal"
+grep -q "SLURM_NTASKS" "$T/srun_bad.out" || fail "srun -n 3: no SLURM_NTASKS message in the output"
+[[ ! -e "$T/out/summary.json" ]] || fail "srun -n 3 wrote a summary.json"
+echo "slurm test: srun -n 3 refused (SLURM_NTASKS mismatch), rc $rc"
+
+ok=1
+echo "slurm test: PASS"
