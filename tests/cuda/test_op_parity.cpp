@@ -5,7 +5,9 @@
 // Every result is also logged to parity.json (GEOLOCO_GPU_REPORT_DIR) for tools/gpu_check.sh.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -313,6 +315,67 @@ TEST_P(OpParity, CrossEntropy) {
     vector<double> w_d(probs.size());
     trainer::ref::crossentropy_backward<double>(w_d.data(), dv(probs).data(), tgt.data(), double(dloss), N, V);
     EXPECT_PARITY("crossentropy_backward", p(), "dlogits", to_host(d_p), fv(w_d));
+  });
+}
+
+// The model pads logit rows to a multiple of 64 (aligned bf16 GEMMs). Padding is filled with
+// NaN here: if any op read it, the NaN would reach the compared results.
+TEST_P(OpParity, LmHeadAndCrossEntropyWithPaddedRows) {
+  dispatch([&]<class A>() {
+    const int ldv = V + 11;
+    auto pad = [&](const vector<float>& rows) {  // [N, V] -> [N, ldv] with NaN padding
+      vector<float> out(size_t(N) * ldv, std::numeric_limits<float>::quiet_NaN());
+      for (int n = 0; n < N; ++n)
+        for (int v = 0; v < V; ++v) out[size_t(n) * ldv + v] = rows[size_t(n) * V + v];
+      return out;
+    };
+    auto unpad = [&](const vector<float>& padded) {
+      vector<float> out(size_t(N) * V);
+      for (int n = 0; n < N; ++n)
+        for (int v = 0; v < V; ++v) out[size_t(n) * V + v] = padded[size_t(n) * ldv + v];
+      return out;
+    };
+    const auto x = in(size_t(N) * C, 150), wte = in(size_t(V) * C, 151, 0.1);
+    const auto tgt = ids(N, 152, V);
+    auto d_x = to_device<A>(x), d_wte = to_device<A>(wte);
+    auto d_t = ids_to_device(tgt);
+    auto d_logits = to_device<A>(pad(vector<float>(size_t(N) * V, 0.0f)));
+    lm_head_forward<A>(ctx_, d_logits.data(), d_x.data(), d_wte.data(), N, C, V, ldv);
+    const auto logits = unpad(to_host(d_logits));
+    vector<double> w_logits(size_t(N) * V);
+    trainer::ref::lm_head_forward<double>(w_logits.data(), dv(x).data(), dv(wte).data(), N, C, V);
+    EXPECT_PARITY("lm_head_forward", p(), "logits (padded rows)", logits, fv(w_logits));
+
+    DeviceBuffer<float> losses(N);
+    crossentropy_forward<A>(ctx_, d_logits.data(), losses.data(), d_logits.data(), d_t.data(), N, V, ldv);
+    const auto probs_padded = to_host(d_logits);
+    vector<double> w_p(size_t(N) * V), w_loss(N);
+    trainer::ref::crossentropy_forward<double>(w_p.data(), w_loss.data(), dv(logits).data(), tgt.data(), N, V);
+    EXPECT_PARITY("crossentropy_forward", p(), "probs (padded rows)", unpad(probs_padded), fv(w_p));
+    EXPECT_PARITY("crossentropy_forward", p(), "losses (padded rows)", to_host(losses), fv(w_loss));
+    int written_padding = 0;
+    for (int n = 0; n < N; ++n)
+      for (int v = V; v < ldv; ++v) written_padding += !std::isnan(probs_padded[size_t(n) * ldv + v]);
+    EXPECT_EQ(written_padding, 0) << "padding columns were written";
+
+    const float dloss = 1.0f / N;
+    crossentropy_backward<A>(ctx_, d_logits.data(), d_logits.data(), d_t.data(), dloss, N, V, ldv);
+    const auto probs_in = unpad(probs_padded);
+    vector<double> w_d(size_t(N) * V);
+    trainer::ref::crossentropy_backward<double>(w_d.data(), dv(probs_in).data(), tgt.data(), double(dloss), N, V);
+    const auto dlogits = unpad(to_host(d_logits));
+    EXPECT_PARITY("crossentropy_backward", p(), "dlogits (padded rows)", dlogits, fv(w_d));
+
+    const auto dx0 = in(x.size(), 153, 0.1);
+    const auto dw0 = random_vec(wte.size(), 154, 0.1);
+    auto d_dx = to_device<A>(dx0);
+    auto d_dw = to_device<float>(dw0);
+    lm_head_backward<A>(ctx_, d_dx.data(), d_dw.data(), d_logits.data(), d_x.data(), d_wte.data(), N, C, V, ldv);
+    auto w_dx = dv(dx0), w_dw = dv(dw0);
+    trainer::ref::lm_head_backward<double>(w_dx.data(), w_dw.data(), dv(dlogits).data(), dv(x).data(), dv(wte).data(),
+                                           N, C, V);
+    EXPECT_PARITY("lm_head_backward", p(), "dinp (padded rows)", to_host(d_dx), fv(w_dx));
+    EXPECT_PARITY("lm_head_backward", p(), "dwte (padded rows)", to_host(d_dw), fv(w_dw));
   });
 }
 

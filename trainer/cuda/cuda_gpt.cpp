@@ -99,6 +99,9 @@ struct ModelT final : CudaGpt::Impl {
     if constexpr (std::is_same_v<A, bf16>) wcopy = DeviceBuffer<bf16>(size_t(layout.total()), "bf16 weight copy");
   }
 
+  // Logit row stride: V rounded up to 64 elements (see lm_head_forward in ops.hpp).
+  int Vp() const { return (cfg.vocab_size + 63) / 64 * 64; }
+
   // GEMM weights: the master fp32 buffer itself, or its bf16 copy.
   const A* W(const float* P, int64_t off) const {
     if constexpr (std::is_same_v<A, float>)
@@ -113,7 +116,7 @@ struct ModelT final : CudaGpt::Impl {
     const int64_t NC = N * C, L = cfg.n_layer;
     // Activations of type A, then fp32 statistics: one allocation each, carved below.
     const int64_t per_layer = NC * 18 + int64_t(B) * NH * T * T;
-    const int64_t acts = NC * 2 /*encoded, lnf*/ + N * V /*probs*/ + L * per_layer + NC * 14 /*backward scratch*/;
+    const int64_t acts = NC * 2 /*encoded, lnf*/ + N * Vp() /*probs*/ + L * per_layer + NC * 14 /*backward scratch*/;
     const int64_t stats = N * (4 * L + 2);
     if (acts > static_cast<int64_t>(act.size())) {
       act.reset();
@@ -144,7 +147,7 @@ struct ModelT final : CudaGpt::Impl {
     };
     encoded = take(NC);
     lnf = take(NC);
-    probs = take(N * V);
+    probs = take(N * Vp());
     for (auto& l : layers) {
       l.ln1 = take(NC), l.qkv = take(3 * NC), l.atty = take(NC), l.att = take(int64_t(B) * NH * T * T);
       l.attproj = take(NC), l.res2 = take(NC), l.ln2 = take(NC), l.fch = take(4 * NC), l.fch_gelu = take(4 * NC);
@@ -180,8 +183,8 @@ struct ModelT final : CudaGpt::Impl {
       x = a.res3;
     }
     layernorm_forward<A>(c, lnf, lnf_mean, lnf_rstd, x, P + layout.lnf_w(), P + layout.lnf_b(), N, C);
-    lm_head_forward<A>(c, probs, lnf, W(P, layout.wte()), N, C, V);
-    crossentropy_forward<A>(c, probs, losses.data(), probs, targets_dev(), N, V);
+    lm_head_forward<A>(c, probs, lnf, W(P, layout.wte()), N, C, V, Vp());
+    crossentropy_forward<A>(c, probs, losses.data(), probs, targets_dev(), N, V, Vp());
     return mean_loss_to_host(c, losses.data(), N);
   }
 
@@ -194,9 +197,9 @@ struct ModelT final : CudaGpt::Impl {
     const int B = Bc, T = Tc, N = B * T, C = cfg.n_embd, NH = cfg.n_head, V = cfg.vocab_size;
     const int64_t NC = int64_t(N) * C;
     A* dlogits = probs;  // the logits' gradient replaces the probabilities in place
-    crossentropy_backward<A>(c, dlogits, probs, targets_dev(), loss_scale / float(N), N, V);
+    crossentropy_backward<A>(c, dlogits, probs, targets_dev(), loss_scale / float(N), N, V, Vp());
     zero(dln, NC);
-    lm_head_backward<A>(c, dln, G + layout.wte(), dlogits, lnf, W(P, layout.wte()), N, C, V);
+    lm_head_backward<A>(c, dln, G + layout.wte(), dlogits, lnf, W(P, layout.wte()), N, C, V, Vp());
     const A* x_last = cfg.n_layer > 0 ? layers.back().res3 : encoded;
     zero(dres, NC);
     layernorm_backward<A>(c, dres, G + layout.lnf_w(), G + layout.lnf_b(), dln, x_last, P + layout.lnf_w(), lnf_mean,
@@ -228,14 +231,19 @@ struct ModelT final : CudaGpt::Impl {
   }
 
   std::vector<float> probs_host() const override {
-    const size_t n = size_t(Bc) * Tc * cfg.vocab_size;
-    std::vector<float> out(n);
+    const size_t rows = size_t(Bc) * Tc, V = size_t(cfg.vocab_size);
+    std::vector<float> out(rows * V);
     check_cuda(cudaStreamSynchronize(stream.get()), "probs_to_host (synchronize)");
+    // Drops the row padding: V elements out of every Vp.
     if constexpr (std::is_same_v<A, float>) {
-      check_cuda(cudaMemcpy(out.data(), probs, n * sizeof(float), cudaMemcpyDeviceToHost), "probs_to_host");
+      check_cuda(cudaMemcpy2D(out.data(), V * sizeof(float), probs, size_t(Vp()) * sizeof(float), V * sizeof(float),
+                              rows, cudaMemcpyDeviceToHost),
+                 "probs_to_host");
     } else {
-      std::vector<uint16_t> raw(n);
-      check_cuda(cudaMemcpy(raw.data(), probs, n * sizeof(uint16_t), cudaMemcpyDeviceToHost), "probs_to_host");
+      std::vector<uint16_t> raw(rows * V);
+      check_cuda(cudaMemcpy2D(raw.data(), V * sizeof(uint16_t), probs, size_t(Vp()) * sizeof(uint16_t),
+                              V * sizeof(uint16_t), rows, cudaMemcpyDeviceToHost),
+                 "probs_to_host");
       bf16_to_floats(raw, out);
     }
     return out;

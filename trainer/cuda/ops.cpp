@@ -221,31 +221,35 @@ void residual_backward(const OpContext& ctx, A* da, A* db, const A* dout, int64_
 }
 
 template <class A>
-void lm_head_forward(const OpContext& ctx, A* logits, const A* inp, const A* wte, int N, int C, int V) {
+void lm_head_forward(const OpContext& ctx, A* logits, const A* inp, const A* wte, int N, int C, int V, int ldv) {
   constexpr DType t = dtype_of<A>();
-  gemm(ctx, false, true, N, V, C, 1.0f, inp, C, 0, wte, C, 0, t, 0.0f, logits, V, 0, t, 1, "lm_head_forward");
+  if (ldv < 0) ldv = V;
+  gemm(ctx, false, true, N, V, C, 1.0f, inp, C, 0, wte, C, 0, t, 0.0f, logits, ldv, 0, t, 1, "lm_head_forward");
 }
 template <class A>
 void lm_head_backward(const OpContext& ctx, A* dinp, float* dwte, const A* dlogits, const A* inp, const A* wte, int N,
-                      int C, int V) {
+                      int C, int V, int ldv) {
   constexpr DType t = dtype_of<A>();
-  gemm(ctx, false, false, N, C, V, 1.0f, dlogits, V, 0, wte, C, 0, t, 1.0f, dinp, C, 0, t, 1,
+  if (ldv < 0) ldv = V;
+  gemm(ctx, false, false, N, C, V, 1.0f, dlogits, ldv, 0, wte, C, 0, t, 1.0f, dinp, C, 0, t, 1,
        "lm_head_backward (dinp)");
-  gemm(ctx, true, false, V, C, N, 1.0f, dlogits, V, 0, inp, C, 0, t, 1.0f, dwte, C, 0, DType::F32, 1,
+  gemm(ctx, true, false, V, C, N, 1.0f, dlogits, ldv, 0, inp, C, 0, t, 1.0f, dwte, C, 0, DType::F32, 1,
        "lm_head_backward (dwte)");
 }
 
 template <class A>
 void crossentropy_forward(const OpContext& ctx, A* probs, float* losses, const A* logits, const int32_t* targets, int N,
-                          int V) {
-  kern::crossentropy_forward<A>(N, 512, ctx.stream, probs, losses, logits, targets, V);
+                          int V, int ldv) {
+  if (ldv < 0) ldv = V;
+  kern::crossentropy_forward<A>(N, 512, ctx.stream, probs, losses, logits, targets, V, ldv);
   check_launch("crossentropy_forward");
 }
 template <class A>
 void crossentropy_backward(const OpContext& ctx, A* dlogits, const A* probs, const int32_t* targets, float dloss, int N,
-                           int V) {
+                           int V, int ldv) {
+  if (ldv < 0) ldv = V;
   const int64_t total = int64_t(N) * V;
-  kern::crossentropy_backward<A>(grid_for(total), kThreads, ctx.stream, dlogits, probs, targets, dloss, V, total);
+  kern::crossentropy_backward<A>(grid_for(total), kThreads, ctx.stream, dlogits, probs, targets, dloss, V, ldv, total);
   check_launch("crossentropy_backward");
 }
 
@@ -305,10 +309,10 @@ void cast_to_float(const OpContext& ctx, float* out, const bf16* in, int64_t n) 
   template void gelu_backward<A>(const OpContext&, A*, const A*, const A*, int64_t);                                 \
   template void residual_forward<A>(const OpContext&, A*, const A*, const A*, int64_t);                              \
   template void residual_backward<A>(const OpContext&, A*, A*, const A*, int64_t);                                   \
-  template void lm_head_forward<A>(const OpContext&, A*, const A*, const A*, int, int, int);                         \
-  template void lm_head_backward<A>(const OpContext&, A*, float*, const A*, const A*, const A*, int, int, int);       \
-  template void crossentropy_forward<A>(const OpContext&, A*, float*, const A*, const int32_t*, int, int);           \
-  template void crossentropy_backward<A>(const OpContext&, A*, const A*, const int32_t*, float, int, int);
+  template void lm_head_forward<A>(const OpContext&, A*, const A*, const A*, int, int, int, int);                    \
+  template void lm_head_backward<A>(const OpContext&, A*, float*, const A*, const A*, const A*, int, int, int, int);  \
+  template void crossentropy_forward<A>(const OpContext&, A*, float*, const A*, const int32_t*, int, int, int);      \
+  template void crossentropy_backward<A>(const OpContext&, A*, const A*, const int32_t*, float, int, int, int);
 
 GEOLOCO_CUDA_OPS(float)
 GEOLOCO_CUDA_OPS(bf16)

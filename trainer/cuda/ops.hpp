@@ -75,20 +75,22 @@ void residual_forward(const OpContext& ctx, A* out, const A* a, const A* b, int6
 template <class A>
 void residual_backward(const OpContext& ctx, A* da, A* db, const A* dout, int64_t n);
 
-// logits[N,V] = inp[N,C] @ wte[V,C]^T (wte in A).
+// logits[N,V] = inp[N,C] @ wte[V,C]^T (wte in A). Logit rows are ldv >= V apart (-1: V):
+// padding the row stride to a multiple of 64 keeps every bf16 row 128-byte aligned, which the
+// fast cuBLAS kernels need (GPT-2's V = 50257 is odd); the padding columns are never read.
 template <class A>
-void lm_head_forward(const OpContext& ctx, A* logits, const A* inp, const A* wte, int N, int C, int V);
+void lm_head_forward(const OpContext& ctx, A* logits, const A* inp, const A* wte, int N, int C, int V, int ldv = -1);
 template <class A>
 void lm_head_backward(const OpContext& ctx, A* dinp, float* dwte, const A* dlogits, const A* inp, const A* wte, int N,
-                      int C, int V);
+                      int C, int V, int ldv = -1);
 
 // probs = softmax(logits) (may alias logits), losses[n] fp32 from the logits (log-sum-exp).
 template <class A>
 void crossentropy_forward(const OpContext& ctx, A* probs, float* losses, const A* logits, const int32_t* targets, int N,
-                          int V);
+                          int V, int ldv = -1);
 template <class A>
 void crossentropy_backward(const OpContext& ctx, A* dlogits, const A* probs, const int32_t* targets, float dloss, int N,
-                           int V);
+                           int V, int ldv = -1);
 
 // Mean of losses[N] in a fixed summation order; synchronises ctx.stream and returns it.
 float mean_loss_to_host(const OpContext& ctx, const float* losses, int N);

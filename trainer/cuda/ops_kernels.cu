@@ -293,10 +293,11 @@ __global__ void residual_backward_k(A* da, A* db, const A* dout, int64_t n) {
 // One block per row. Max and sum first, the loss next (before any probability overwrites
 // a logit when probs aliases logits), then the probabilities.
 template <class A>
-__global__ void crossentropy_forward_k(A* probs, float* losses, const A* logits, const int32_t* targets, int V) {
+__global__ void crossentropy_forward_k(A* probs, float* losses, const A* logits, const int32_t* targets, int V,
+                                       int ldv) {
   __shared__ float sh[33];
   const int64_t row = blockIdx.x;
-  const A* z = logits + row * V;
+  const A* z = logits + row * ldv;
   float mx = -INFINITY;
   for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, ld(z[v]));
   mx = block_max(mx, sh);
@@ -306,17 +307,18 @@ __global__ void crossentropy_forward_k(A* probs, float* losses, const A* logits,
   if (threadIdx.x == 0) losses[row] = logf(sum) + mx - ld(z[targets[row]]);
   __syncthreads();
   const float inv = 1.0f / sum;
-  A* p = probs + row * V;
+  A* p = probs + row * ldv;
   for (int v = threadIdx.x; v < V; v += blockDim.x) p[v] = st<A>(expf(ld(z[v]) - mx) * inv);
 }
 
 template <class A>
 __global__ void crossentropy_backward_k(A* dlogits, const A* probs, const int32_t* targets, float dloss, int V,
-                                        int64_t total) {
+                                        int ldv, int64_t total) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t n = i / V;
     const int v = int(i % V);
-    dlogits[i] = st<A>((ld(probs[i]) - (v == targets[n] ? 1.0f : 0.0f)) * dloss);
+    const int64_t at = n * ldv + v;
+    dlogits[at] = st<A>((ld(probs[at]) - (v == targets[n] ? 1.0f : 0.0f)) * dloss);
   }
 }
 
@@ -478,18 +480,18 @@ template void residual_backward<float>(dim3, dim3, cudaStream_t, float*, float*,
 template void residual_backward<bf16>(dim3, dim3, cudaStream_t, bf16*, bf16*, const bf16*, int64_t);
 
 template <class A>
-void crossentropy_forward(dim3 grid, dim3 block, cudaStream_t stream, A* probs, float* losses, const A* logits, const int32_t* targets, int V) {
-  crossentropy_forward_k<A><<<grid, block, 0, stream>>>(probs, losses, logits, targets, V);
+void crossentropy_forward(dim3 grid, dim3 block, cudaStream_t stream, A* probs, float* losses, const A* logits, const int32_t* targets, int V, int ldv) {
+  crossentropy_forward_k<A><<<grid, block, 0, stream>>>(probs, losses, logits, targets, V, ldv);
 }
-template void crossentropy_forward<float>(dim3, dim3, cudaStream_t, float*, float*, const float*, const int32_t*, int);
-template void crossentropy_forward<bf16>(dim3, dim3, cudaStream_t, bf16*, float*, const bf16*, const int32_t*, int);
+template void crossentropy_forward<float>(dim3, dim3, cudaStream_t, float*, float*, const float*, const int32_t*, int, int);
+template void crossentropy_forward<bf16>(dim3, dim3, cudaStream_t, bf16*, float*, const bf16*, const int32_t*, int, int);
 
 template <class A>
-void crossentropy_backward(dim3 grid, dim3 block, cudaStream_t stream, A* dlogits, const A* probs, const int32_t* targets, float dloss, int V, int64_t total) {
-  crossentropy_backward_k<A><<<grid, block, 0, stream>>>(dlogits, probs, targets, dloss, V, total);
+void crossentropy_backward(dim3 grid, dim3 block, cudaStream_t stream, A* dlogits, const A* probs, const int32_t* targets, float dloss, int V, int ldv, int64_t total) {
+  crossentropy_backward_k<A><<<grid, block, 0, stream>>>(dlogits, probs, targets, dloss, V, ldv, total);
 }
-template void crossentropy_backward<float>(dim3, dim3, cudaStream_t, float*, const float*, const int32_t*, float, int, int64_t);
-template void crossentropy_backward<bf16>(dim3, dim3, cudaStream_t, bf16*, const bf16*, const int32_t*, float, int, int64_t);
+template void crossentropy_backward<float>(dim3, dim3, cudaStream_t, float*, const float*, const int32_t*, float, int, int, int64_t);
+template void crossentropy_backward<bf16>(dim3, dim3, cudaStream_t, bf16*, const bf16*, const int32_t*, float, int, int, int64_t);
 
 void mean(dim3 grid, dim3 block, cudaStream_t stream, float* out, const float* x, int N) {
   mean_k<<<grid, block, 0, stream>>>(out, x, N);

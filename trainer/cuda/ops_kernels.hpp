@@ -56,9 +56,9 @@ void residual_forward(dim3 grid, dim3 block, cudaStream_t stream, A* out, const 
 template <class A>
 void residual_backward(dim3 grid, dim3 block, cudaStream_t stream, A* da, A* db, const A* dout, int64_t n);
 template <class A>
-void crossentropy_forward(dim3 grid, dim3 block, cudaStream_t stream, A* probs, float* losses, const A* logits, const int32_t* targets, int V);
+void crossentropy_forward(dim3 grid, dim3 block, cudaStream_t stream, A* probs, float* losses, const A* logits, const int32_t* targets, int V, int ldv);
 template <class A>
-void crossentropy_backward(dim3 grid, dim3 block, cudaStream_t stream, A* dlogits, const A* probs, const int32_t* targets, float dloss, int V, int64_t total);
+void crossentropy_backward(dim3 grid, dim3 block, cudaStream_t stream, A* dlogits, const A* probs, const int32_t* targets, float dloss, int V, int ldv, int64_t total);
 void mean(dim3 grid, dim3 block, cudaStream_t stream, float* out, const float* x, int N);
 void sum_squares_partial(dim3 grid, dim3 block, cudaStream_t stream, float* partial, const float* x, int64_t n);
 void sum_partials(dim3 grid, dim3 block, cudaStream_t stream, float* out, const float* partial, int n);
