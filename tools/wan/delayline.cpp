@@ -12,6 +12,7 @@
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -21,6 +22,8 @@
 
 #include <cerrno>
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -62,24 +65,48 @@ class Fd {
   int fd_;
 };
 
-// Blocks SIGTERM/SIGINT for the lifetime of the object (they are read from a signalfd
-// instead, so a signal can never interrupt a half-sent verdict) and restores the old mask.
+// Blocks SIGTERM/SIGINT/SIGHUP/SIGUSR1/SIGUSR2 for the lifetime of the object (they are read
+// from a signalfd instead, so a signal can never interrupt a half-sent verdict) and restores
+// the old mask and handlers. In a process that already has other threads (the full geoloco
+// binary: OpenBLAS starts its pool before main), a process-directed signal goes to a thread
+// that does not block it, where the default action would kill the process without stats (or,
+// for SIGUSR1, kill it instead of suspending the loss). So a handler forwards any such signal
+// to this thread, where it is blocked and hence lands in the signalfd.
+std::atomic<pid_t> g_signal_tid{0};
+
+void forward_signal(int sig) {
+  const int saved = errno;
+  const pid_t tid = g_signal_tid.load(std::memory_order_relaxed);
+  if (tid != 0 && tid != static_cast<pid_t>(syscall(SYS_gettid))) syscall(SYS_tgkill, getpid(), tid, sig);
+  errno = saved;
+}
+
 class SignalBlock {
  public:
   SignalBlock() {
     sigemptyset(&set_);
-    sigaddset(&set_, SIGTERM);
-    sigaddset(&set_, SIGINT);
-    sigaddset(&set_, SIGHUP);
-    sigaddset(&set_, SIGUSR1);
-    sigaddset(&set_, SIGUSR2);
+    for (int s : kSignals) sigaddset(&set_, s);
     if (sigprocmask(SIG_BLOCK, &set_, &old_) != 0) throw Error("delayline: sigprocmask: " + errno_text(errno));
+    g_signal_tid.store(static_cast<pid_t>(syscall(SYS_gettid)));
+    struct sigaction sa {};
+    sa.sa_handler = forward_signal;
+    sa.sa_flags = SA_RESTART;
+    sigfillset(&sa.sa_mask);
+    for (std::size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &sa, &old_actions_[i]);
   }
-  ~SignalBlock() { sigprocmask(SIG_SETMASK, &old_, nullptr); }
+  ~SignalBlock() {
+    for (std::size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &old_actions_[i], nullptr);
+    g_signal_tid.store(0);
+    sigprocmask(SIG_SETMASK, &old_, nullptr);
+  }
+  SignalBlock(const SignalBlock&) = delete;
+  SignalBlock& operator=(const SignalBlock&) = delete;
   const sigset_t& set() const { return set_; }
 
  private:
+  static constexpr std::array<int, 5> kSignals = {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2};
   sigset_t set_{}, old_{};
+  std::array<struct sigaction, 5> old_actions_{};
 };
 
 struct Stats {
