@@ -1,0 +1,129 @@
+#!/usr/bin/python3
+"""Reads the summary.json of each strategy-benchmark run and prints one JSON document.
+
+Arguments after `--` come in fours: STRATEGY RANKS REPEAT SUMMARY_JSON. For every
+(strategy, ranks) the repeat with the smallest wall_s is kept (the machine may be shared, and
+interference only ever adds time). Figures per (strategy, ranks):
+
+  step_time_s                   wall_s / steps of global rank 0 (includes start-up, the final
+                                evaluation and checkpoint, amortized over the steps)
+  bytes_moved_per_step_per_rank bytes each rank sent over the site's collectives per step
+                                (summary `site_bytes_per_step`), mean and max over ranks
+  ring_model_bytes_per_step     what ring collectives should send per rank and step:
+                                k (n-1)/n * 4 * params, with k = 2 (ddp: all-reduce),
+                                3 (zero1: all-reduce + all-gather), 2 (zero2: reduce-scatter +
+                                all-gather), 2 (fsdp: all-gather + reduce-scatter)
+  memory_per_rank               the trainer's accounting per rank; persistent_bytes = params +
+                                grads + grad shard + AdamW moments held between steps;
+                                peak_transient_bytes = buffers that live only during a step
+  vs_ddp                        ratios to ddp with the same rank count (the named peer)
+"""
+import argparse
+import json
+import sys
+
+RING_FACTOR = {"ddp": 2, "zero1": 3, "zero2": 2, "fsdp": 2}
+MEMORY_KEYS = ("param_bytes", "grad_bytes", "grad_shard_bytes", "optimizer_bytes", "peak_transient_bytes")
+
+
+def fail(msg):
+    print(f"summarize.py: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def load(path, strategy, ranks, steps):
+    try:
+        with open(path) as f:
+            s = json.load(f)
+    except (OSError, ValueError) as e:
+        fail(f"{path}: {e}")
+    if s.get("steps") != steps or s.get("completed") is not True:
+        fail(f"{path}: steps {s.get('steps')} completed {s.get('completed')}, expected {steps} completed")
+    if s.get("world_size") != ranks:
+        fail(f"{path}: world_size {s.get('world_size')}, expected {ranks}")
+    per_rank = s.get("ranks") if ranks > 1 else [s]
+    if not isinstance(per_rank, list) or len(per_rank) != ranks:
+        fail(f"{path}: expected {ranks} per-rank summaries")
+    for r in per_rank:
+        if r.get("memory", {}).get("strategy") != strategy:
+            fail(f"{path}: rank {r.get('rank')} ran strategy {r.get('memory', {}).get('strategy')}, expected {strategy}")
+    return s, per_rank
+
+
+def figures(s, per_rank, strategy, ranks, steps):
+    params = s["params"]
+    moved = [float(r.get("site_bytes_per_step", 0)) for r in per_rank]
+    memory = []
+    for r in per_rank:
+        m = r["memory"]
+        row = {"rank": r.get("rank", 0)}
+        row.update({k: int(m[k]) for k in MEMORY_KEYS})
+        row["persistent_bytes"] = row["param_bytes"] + row["grad_bytes"] + row["grad_shard_bytes"] + row["optimizer_bytes"]
+        memory.append(row)
+    coll = per_rank[0].get("site_collectives", {})
+    by_kind = {k: v["bytes_sent"] / steps for k, v in coll.items() if isinstance(v, dict) and v.get("calls", 0) > 0}
+    ring = RING_FACTOR[strategy] * (ranks - 1) / ranks * 4 * params
+    return {
+        "strategy": strategy,
+        "ranks": ranks,
+        "params": params,
+        "steps": steps,
+        "wall_s": s["wall_s"],
+        "step_time_s": s["wall_s"] / steps,
+        "tokens_per_s": s["tokens_per_s"],
+        "bytes_moved_per_step_per_rank": {"mean": sum(moved) / len(moved), "max": max(moved), "by_rank": moved},
+        "rank0_bytes_per_step_by_collective": by_kind,
+        "ring_model_bytes_per_step": ring,
+        "measured_over_ring_model": (sum(moved) / len(moved)) / ring if ring else None,
+        "memory_per_rank": memory,
+        "persistent_bytes_max": max(m["persistent_bytes"] for m in memory),
+        "peak_transient_bytes_max": max(m["peak_transient_bytes"] for m in memory),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, required=True)
+    ap.add_argument("--nproc", type=int, required=True)
+    ap.add_argument("--load-before", default="")
+    ap.add_argument("--load-after", default="")
+    ap.add_argument("runs", nargs="*")
+    a = ap.parse_args()
+    if len(a.runs) % 4 != 0 or not a.runs:
+        fail("expected STRATEGY RANKS REPEAT SUMMARY_JSON quadruples")
+
+    best = {}
+    for i in range(0, len(a.runs), 4):
+        strategy, ranks, path = a.runs[i], int(a.runs[i + 1]), a.runs[i + 3]
+        s, per_rank = load(path, strategy, ranks, a.steps)
+        key = (strategy, ranks)
+        if key not in best or s["wall_s"] < best[key][0]["wall_s"]:
+            best[key] = (s, per_rank)
+
+    results = [figures(s, pr, k[0], k[1], a.steps) for k, (s, pr) in best.items()]
+    peers = {r["ranks"]: r for r in results if r["strategy"] == "ddp"}
+    for r in results:
+        p = peers.get(r["ranks"])
+        if p is None:
+            r["vs_ddp"] = None
+            continue
+        r["vs_ddp"] = {
+            "step_time_ratio": r["step_time_s"] / p["step_time_s"],
+            "bytes_moved_ratio": (r["bytes_moved_per_step_per_rank"]["mean"] / p["bytes_moved_per_step_per_rank"]["mean"])
+            if p["bytes_moved_per_step_per_rank"]["mean"] else None,
+            "persistent_memory_ratio": r["persistent_bytes_max"] / p["persistent_bytes_max"],
+            "peak_transient_ratio": r["peak_transient_bytes_max"] / p["peak_transient_bytes_max"],
+        }
+    doc = {
+        "bench": "strategies",
+        "what": "intra-site strategies on CPU (Gloo over loopback), one site, 1 thread per rank",
+        "peer": "ddp with the same rank count",
+        "machine": {"nproc": a.nproc, "loadavg_before": a.load_before, "loadavg_after": a.load_after},
+        "results": results,
+    }
+    json.dump(doc, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()
