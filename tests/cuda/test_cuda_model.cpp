@@ -106,11 +106,14 @@ TEST_P(ModelParity, ShortTrainingRunTracksTheCpuCurve) {
   DeviceBuffer<float> d_grads(params.size());
   CudaAdamW gpu_opt(ocfg, gpu.layout(), 0, gpu.layout().total());
 
-  // A small fixed batch set, repeated: the loss must fall well below its start on both.
+  // Two fixed batches with a learnable rule (target = 7 * input + 3 mod V), repeated: the loss
+  // must fall well below its start (on the CPU, the same run goes 4.59 -> 3.58 in 10 steps).
   vector<vector<int32_t>> xs, ys;
   for (int i = 0; i < 2; ++i) {
     xs.push_back(tokens(N, 100 + i, cfg.vocab_size));
-    ys.push_back(tokens(N, 200 + i, cfg.vocab_size));
+    vector<int32_t> y(xs.back().size());
+    for (size_t j = 0; j < y.size(); ++j) y[j] = (xs.back()[j] * 7 + 3) % cfg.vocab_size;
+    ys.push_back(y);
   }
   vector<float> cpu_curve, gpu_curve;
   for (int s = 0; s < steps; ++s) {
