@@ -199,9 +199,11 @@ TEST_F(WanTrain, ShortLinkCutMidSyncIsSurvivedWithSameHash) {
   std::cout << "[measured] short cut " << c.dump() << " sync " << s["sync_seconds"].dump() << "\n";
 }
 
-// A cut longer than transfer_timeout_s (4 s) mid-sync: the transport reports "made no
-// progress" naming the peer, the worker exits 1, tools/wan/run stops the other site and
-// returns 1, all within a bound (timeout + teardown), never hanging.
+// A cut longer than transfer_timeout_s (4 s) mid-sync: the transport reports the stalled
+// transfer naming the peer (the receiving side usually first: "recv ... from peer west/0 ...
+// timed out: no data for 4 s"; a sender says "made no progress"), the worker exits 1,
+// tools/wan/run stops the other site and returns 1 -- while the link is still down (the cut
+// lasts 15 s), so nothing waited for the link to return, and nothing hung.
 TEST_F(WanTrain, LongLinkCutFailsCleanlyNamingThePeer) {
   const std::string cfg = config("longcut", 10, "{codec: fp32}", "timeout_s: 30, transfer_timeout_s: 4");
   const fs::path out = dir_ / "longcut";
@@ -209,13 +211,48 @@ TEST_F(WanTrain, LongLinkCutFailsCleanlyNamingThePeer) {
   const std::string log = slurp(out / "run.log");
   ASSERT_GT(c["cut_at"].get<double>(), 0) << "no sync traffic seen: " << c.dump() << "\n" << log;
   EXPECT_EQ(c["run_status"], 1) << log;
-  EXPECT_NE(log.find("made no progress"), std::string::npos) << log;
-  EXPECT_TRUE(log.find("peer east/0") != std::string::npos || log.find("peer west/0") != std::string::npos) << log;
+  EXPECT_TRUE(log.find("timed out: no data for 4 s") != std::string::npos ||
+              log.find("made no progress for 4 s") != std::string::npos)
+      << log;
+  EXPECT_TRUE(log.find("from peer west/0") != std::string::npos || log.find("to peer east/0") != std::string::npos ||
+              log.find("peer east/0") != std::string::npos || log.find("peer west/0") != std::string::npos)
+      << log;
+  EXPECT_NE(log.find("geoloco: failed:"), std::string::npos) << log;  // one line, exit 1 (error.hpp)
+  EXPECT_EQ(c["alive_at_end_of_cut"], 0) << "the run should fail while the link is still down: " << c.dump();
   // The failure came from the transport's timeout, not from the run's own --timeout (120 s).
   EXPECT_LT(c["end_at"].get<double>() - c["cut_at"].get<double>(), 60.0) << c.dump();
   const json res = read_json(out / "wan-result.json");
   EXPECT_EQ(res["status"], 1);
   std::cout << "[measured] long cut " << c.dump() << "\n";
+}
+
+// The delay line inside the full geoloco binary (which has an OpenBLAS thread before main,
+// one that does not block the daemon's signals): SIGUSR1/SIGUSR2 toggle the loss instead of
+// killing the process, SIGTERM ends it with its stats written. Started without
+// OPENBLAS_NUM_THREADS, unlike tools/wan/up, so the extra thread is really there. A scratch
+// namespace of its own; bounded waits.
+TEST_F(WanTrain, FullBinaryDelayLineHandlesSignals) {
+  const std::string ns = kPrefix + "-sig";
+  const fs::path ready = dir_ / "ready", stats = dir_ / "stats.json";
+  ASSERT_EQ(sh("ip netns del " + ns + " 2>/dev/null; ip netns add " + ns, 20).rc, 0);
+  const Result r =
+      sh("ip netns exec " + ns + " " + kBin + " wan-delayline --queue 77 --delay-ms 1 --loss 1 --ready-file " +
+             ready.string() + " --stats-file " + stats.string() + " --duration-s 60 >" + (dir_ / "dl.log").string() +
+             " 2>&1 & p=$!; for i in $(seq 200); do [ -f " + ready.string() + " ] && break; sleep 0.05; done; "
+             "echo threads $(ls /proc/$p/task | wc -l); kill -USR1 $p; sleep 0.5; kill -0 $p && echo alive-after-usr1; "
+             "kill -USR2 $p; sleep 0.5; kill -0 $p && echo alive-after-usr2; kill -TERM $p; "
+             "for i in $(seq 100); do kill -0 $p 2>/dev/null || break; sleep 0.05; done; wait $p; echo rc $?",
+         40);
+  sh("ip netns del " + ns, 20);
+  EXPECT_NE(r.out.find("alive-after-usr1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("alive-after-usr2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rc 0"), std::string::npos) << r.out << slurp(dir_ / "dl.log");
+  ASSERT_TRUE(fs::exists(stats)) << r.out << slurp(dir_ / "dl.log");
+  EXPECT_EQ(read_json(stats)["format"], "geoloco-wan-delayline-stats");
+  const std::string log = slurp(dir_ / "dl.log");
+  EXPECT_NE(log.find("loss off"), std::string::npos) << log;
+  EXPECT_NE(log.find("loss on"), std::string::npos) << log;
+  std::cout << "[measured] " << r.out;
 }
 
 }  // namespace
