@@ -12,7 +12,7 @@
 # REPEATS (1; the fastest repeat is reported, since the machine may be shared),
 # PORT_BASE (31400; run i uses PORT_BASE + 10 i .. + 10 i + ranks),
 # KEEP=1 keeps the runs' output directory (path printed on stderr).
-# Progress goes to stderr; stdout is only the JSON document.
+# Progress goes to stderr; stdout is only the JSON document. Measured figures: README.md.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
