@@ -115,7 +115,9 @@ pick_ports 1; slurmd_port=$port_base
 pick_ports 8; srun_lo=$port_base
 pick_ports 3; site_port=$port_base   # rank r on port+r, the site's store on port+2
 
-node="$(hostname -s)"
+# slurmctld recognises itself by the short host name (gethostname up to the first dot).
+node="$(uname -n)"
+node="${node%%.*}"
 mkdir -p "$T/state" "$T/spool" "$T/out"
 
 # munge: its own key, socket, pid, seed and log, all in the temp dir.
