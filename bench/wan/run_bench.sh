@@ -42,7 +42,7 @@ one_run() {
   rm -rf "$dir"
   local rc=0
   "$root/tools/wan/run" --prefix glb "${check[@]}" --timeout 900 --output-dir "$dir" --result "$dir/wan-result.json" \
-    "$root/configs/wan/$scenario.yaml" -- "$GEOLOCO_BIN" worker "$cfg" --site "{site}" --rank "{rank}" "{hosts}" \
+    "$root/configs/wan/$scenario.yaml" "$cfg" -- "$GEOLOCO_BIN" worker "$cfg" --site "{site}" --rank "{rank}" "{hosts}" \
     --set "run.output_dir=$dir" "$@" >"$out/$scenario-$mode.log" 2>&1 || rc=$?
   echo "bench/wan: $scenario $mode: status $rc" >&2
 }

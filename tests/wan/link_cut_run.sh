@@ -42,13 +42,18 @@ if ((base >= 0)); then
     sleep 0.05
   done
 fi
-down_bytes=-1 during=-1 up_at=-1 alive_after_cut=0
+down_bytes=-1 during=-1 up_at=-1 alive_after_cut=0 workers=-1
 if [[ "$cut_at" != -1 ]]; then
   ip -n "$router" link set "$ifc" down
   down_bytes="$(tx)"  # `ip link set down` itself can take a second on a loaded host
   sleep "$cut_s"
   during="$(tx)"
   kill -0 $run_pid 2>/dev/null && alive_after_cut=1
+  # Workers still running in the site namespaces (gone namespaces count as none).
+  workers=0
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^$prefix-" | grep -v -- "-router$" || true); do
+    workers=$((workers + $(ip netns pids "$ns" 2>/dev/null | wc -l)))
+  done
   restore
   up_at="$(now)"
 fi
@@ -56,5 +61,5 @@ rc=0
 wait $run_pid || rc=$?
 end_at="$(now)"
 trap - EXIT
-printf '{"baseline_bytes":%s,"bytes_at_cut":%s,"bytes_link_down":%s,"bytes_end_of_cut":%s,"cut_at":%s,"up_at":%s,"end_at":%s,"alive_at_end_of_cut":%s,"run_status":%s}\n' \
-  "$base" "$before" "$down_bytes" "$during" "$cut_at" "$up_at" "$end_at" "$alive_after_cut" "$rc"
+printf '{"baseline_bytes":%s,"bytes_at_cut":%s,"bytes_link_down":%s,"bytes_end_of_cut":%s,"cut_at":%s,"up_at":%s,"end_at":%s,"alive_at_end_of_cut":%s,"workers_at_end_of_cut":%s,"run_status":%s}\n' \
+  "$base" "$before" "$down_bytes" "$during" "$cut_at" "$up_at" "$end_at" "$alive_after_cut" "$workers" "$rc"

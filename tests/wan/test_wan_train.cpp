@@ -188,6 +188,7 @@ TEST_F(WanTrain, ShortLinkCutMidSyncIsSurvivedWithSameHash) {
   const std::string log = slurp(out / "run.log");
   ASSERT_GT(c["cut_at"].get<double>(), 0) << "no sync traffic seen: " << c.dump() << "\n" << log;
   EXPECT_EQ(c["alive_at_end_of_cut"], 1);
+  EXPECT_EQ(c["workers_at_end_of_cut"], 2) << "both workers ride out a cut shorter than the timeout";
   EXPECT_EQ(c["bytes_end_of_cut"], c["bytes_link_down"]) << "bytes crossed a down link: " << c.dump();
   ASSERT_EQ(c["run_status"], 0) << log;
   const json res = read_json(out / "wan-result.json");
@@ -218,7 +219,7 @@ TEST_F(WanTrain, LongLinkCutFailsCleanlyNamingThePeer) {
               log.find("peer east/0") != std::string::npos || log.find("peer west/0") != std::string::npos)
       << log;
   EXPECT_NE(log.find("geoloco: failed:"), std::string::npos) << log;  // one line, exit 1 (error.hpp)
-  EXPECT_EQ(c["alive_at_end_of_cut"], 0) << "the run should fail while the link is still down: " << c.dump();
+  EXPECT_EQ(c["workers_at_end_of_cut"], 0) << "the workers should fail while the link is still down: " << c.dump();
   // The failure came from the transport's timeout, not from the run's own --timeout (120 s).
   EXPECT_LT(c["end_at"].get<double>() - c["cut_at"].get<double>(), 60.0) << c.dump();
   const json res = read_json(out / "wan-result.json");
