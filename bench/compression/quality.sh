@@ -10,7 +10,7 @@
 # seeds, default "1235"), EVAL_BATCHES (validation micro-batches per rank, default 16),
 # BLOCK_SIZE (model context, default 64: half the demo's, so a run takes ~1-2 minutes here),
 # PORT (first port, default 32500; each run moves up by 10), ONLY (space-separated run
-# names to run, default all).
+# names to run, default all; runs of the list already in OUT_DIR stay in the report).
 #
 # Prints ONE JSON document on stdout (also OUT_DIR/quality.json): per run the final
 # validation loss, its relative difference from the fp32 run with the same seed, the
@@ -54,8 +54,11 @@ runs+=(
 names=()
 for r in "${runs[@]}"; do
   read -r name codec ef zstd s <<<"$r"
+  # The report covers every run of the list already in OUT_DIR, so ONLY can add runs to an
+  # earlier table; the report refuses runs of a different length or H.
+  [[ -f "$out/$name/run/summary.json" ]] && names+=("$name")
   if [[ -n "$only" && " $only " != *" $name "* ]]; then continue; fi
-  names+=("$name")
+  [[ " ${names[*]} " == *" $name "* ]] || names+=("$name")
   dir="$out/$name"
   rm -rf "$dir"
   mkdir -p "$dir"
@@ -78,7 +81,7 @@ for r in "${runs[@]}"; do
   port=$((port + 10))
 done
 
-/usr/bin/python3 - "$out" "$seed" "$steps" "$interval" "$eval_batches" "$block" "${names[@]}" <<'EOF' | tee "$out/quality.json"
+/usr/bin/python3 - "$out" "$seed" "$steps" "$interval" "$eval_batches" "$block" "${names[@]}" >"$out/quality.json.tmp" <<'EOF'
 import json, sys
 out, seed, steps, interval, eval_batches, names = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[7:]
 rows = {}
@@ -86,6 +89,9 @@ for n in names:
     s = json.load(open(f"{out}/{n}/run/summary.json"))
     if not s.get("completed"):
         raise SystemExit(f"quality: run {n} did not complete")
+    if s["steps"] != steps or s.get("outer_steps") != steps // interval + (steps % interval > 0):
+        raise SystemExit(f"quality: run {n} in {out} has {s['steps']} steps and {s.get('outer_steps')} outer steps, "
+                         f"not {steps} and H={interval}: use another OUT_DIR")
     rows[n] = {"val_loss": s["val_loss"], "final_loss": s["final_loss"], "steps": s["steps"],
                "outer_steps": s.get("outer_steps"), "compression_ratio": s.get("compression_ratio"),
                "wire_bytes_per_outer_step": s.get("wire_bytes_per_outer_step"),
@@ -115,3 +121,6 @@ if "fp32" in rows:
     doc["targets"] = targets
 print(json.dumps(doc, indent=2))
 EOF
+# Only a complete report replaces the previous one.
+mv "$out/quality.json.tmp" "$out/quality.json"
+cat "$out/quality.json"

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Turns bench_codecs JSON (stdin or a file) into the markdown tables of docs/compression.md."""
+"""Turns bench_codecs JSON or quality.sh JSON (stdin or a file) into the markdown tables of
+docs/compression.md."""
 import json
 import sys
 
@@ -42,8 +43,31 @@ def zstd_gain(section):
     return "\n".join(out)
 
 
+def quality(doc):
+    """The training-quality table from bench/compression/quality.sh."""
+    print("| run | final val loss | vs fp32 (same seed) | final train loss | x smaller than fp32 | wire bytes / outer step | WAN bytes sent |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, r in doc["runs"].items():
+        print(f"| {name} | {r['val_loss']:.4f} | {r['rel_diff_vs_fp32'] * 100:+.2f}% | {r['final_loss']:.4f} | "
+              f"{r['compression_ratio']:.2f} | {r['wire_bytes_per_outer_step']:.0f} | {r['wan_bytes_sent_total']} |")
+    if "fp32_seed_spread" in doc:
+        sp = doc["fp32_seed_spread"]
+        print()
+        print(f"fp32 across seeds: val loss {', '.join(f'{v:.4f}' for v in sp['val_losses'])}; "
+              f"max-min {sp['max_minus_min_rel'] * 100:.2f}% of the mean.")
+    print()
+    print("| target | run | geoloco | fp32 | difference | goal | met |")
+    print("|---|---|---:|---:|---:|---:|---|")
+    for t in doc["targets"]:
+        print(f"| {t['target']} | {t['run']} | {t['geoloco']:.4f} | {t['peer']:.4f} | {t['rel_diff'] * 100:+.2f}% | "
+              f"{t['goal'] * 100:.0f}% | {'yes' if t['met'] else 'no'} |")
+
+
 def main():
     doc = json.load(open(sys.argv[1]) if len(sys.argv) > 1 else sys.stdin)
+    if doc.get("bench") == "compression quality":
+        quality(doc)
+        return
     for key in ("synthetic", "real"):
         if key in doc:
             print(table(doc[key]))
