@@ -12,7 +12,9 @@
 # Writes OUT_DIR/run/ (summary.json of the run), OUT_DIR/capture/*.safetensors (every rank's
 # shard of every outer round), OUT_DIR/real64.f32 (64 MiB of them, concatenated by
 # concat_pseudograds.py) and OUT_DIR/bench.json (bench_codecs on synthetic and real data);
-# prints bench.json on stdout. Takes ~2-4 minutes on a loaded 2-core machine.
+# prints bench.json on stdout. The run takes ~1.5 min and bench_codecs ~1 min of CPU time;
+# at a load average of 20-25 on 2 cores the benchmark took ~10 min of wall time (its
+# figures are thread CPU time, so they hold regardless).
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
