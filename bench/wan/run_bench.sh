@@ -90,3 +90,4 @@ plot="$out/loss.gp"
   echo "unset multiplot"
 } >"$plot"
 gnuplot "$plot" && echo "bench/wan: plot $out/loss.svg" >&2
+"$here/to_markdown.sh" "$out/bench.json" >"$out/table.md" && echo "bench/wan: table $out/table.md" >&2
