@@ -13,7 +13,9 @@
 # bring-up, 90 + 60 s of srun), inside ctest's 300 s; a normal pass takes 12-25 s.
 # Set GEOLOCO_SLURM_NO_INSTALL=1 to skip instead of trying apt-get when binaries are missing.
 # Set GEOLOCO_SLURM_KEEP=1 to keep the temp dir (daemon logs) for debugging.
-set -euo pipefail
+set -Eeuo pipefail
+# Name the command when `set -e` ends the test on something other than an explicit fail().
+trap 'echo "FAIL: line $LINENO: \"$BASH_COMMAND\" exited with $?" >&2' ERR
 
 skip() { echo "SKIP: $*"; exit 77; }
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -66,9 +68,9 @@ our_stragglers() {
 teardown() {
   local rc=$? pid i
   set +e
-  trap - EXIT INT TERM
+  trap - EXIT INT TERM ERR
   if [[ $rc -ne 0 && $rc -ne 77 ]]; then
-    for f in slurmctld.log slurmd.log munged.log; do
+    for f in munged.out munged.log slurmctld.out slurmctld.log slurmd.out slurmd.log; do
       [[ -f "$T/$f" ]] && { echo "---- $f (last 30 lines)"; tail -n 30 "$T/$f"; }
     done
   fi
@@ -225,10 +227,8 @@ run_srun() {
   local limit=$1 out=$2
   shift 2
   timeout "$limit" srun "$@" >"$out" 2>&1 &
-  set +e
-  wait $!
-  rc=$?
-  set -e
+  rc=0
+  wait $! || rc=$?
 }
 
 # --- the run: 2 Slurm tasks = site s, ranks 0 and 1 (from SLURM_PROCID) ---------------------
