@@ -6,9 +6,10 @@
 #   bench/compression/quality.sh [OUT_DIR]        (default /tmp/geoloco-quality)
 #
 # Environment: BUILD (build directory holding geoloco; default build), STEPS (inner steps,
-# default 100), INTERVAL (H, default 10), SEED (default 1234), NOISE_SEEDS (extra fp32
+# default 250), INTERVAL (H, default 10), SEED (default 1234), NOISE_SEEDS (extra fp32
 # seeds, default "1235"), EVAL_BATCHES (validation micro-batches per rank, default 16),
-# BLOCK_SIZE (model context, default 64: half the demo's, so a run takes ~1-2 minutes here),
+# BLOCK_SIZE (model context, default 64: half the demo's, so a run takes 1-3 minutes here
+# and the whole table 10-17 minutes),
 # PORT (first port, default 32500; each run moves up by 10), ONLY (space-separated run
 # names to run, default all; runs of the list already in OUT_DIR stay in the report).
 #
@@ -23,7 +24,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 build="${BUILD:-$repo/build}"
 out="${1:-/tmp/geoloco-quality}"
-steps="${STEPS:-100}"
+steps="${STEPS:-250}"
 interval="${INTERVAL:-10}"
 seed="${SEED:-1234}"
 noise_seeds="${NOISE_SEEDS:-1235}"
