@@ -1,5 +1,7 @@
 #include "outer_optimizer/outer_config.hpp"
 
+#include <fmt/format.h>
+
 namespace geoloco::outer {
 
 OuterOptimizerConfig OuterOptimizerConfig::from_yaml(const config::Node& n) {
@@ -29,6 +31,14 @@ OuterConfig OuterConfig::from_yaml(const config::Node& n) {
   c.weighting = n.get_choice("weighting", c.weighting, {"uniform", "tokens"});
   c.inner_state = n.get_choice("inner_state", c.inner_state, {"keep", "reset"});
   c.check_hash = n.get<bool>("check_hash", c.check_hash);
+  c.overlap_steps = n.get_int("overlap_steps", c.overlap_steps, 0, int64_t{1} << 40);
+  // tau >= H would put two rounds of one shard in flight: their snapshots would overlap.
+  if (c.overlap_steps >= c.interval)
+    n.fail_value("overlap_steps", fmt::format("an integer below interval ({})", c.interval));
+  c.merge_alpha = n.get_double("merge_alpha", c.merge_alpha, 0.0, 1.0);
+  c.delayed_update = n.get<bool>("delayed_update", c.delayed_update);
+  if (c.delayed_update && c.overlap_steps > 0)
+    n.fail("overlap_steps", "delayed_update already overlaps a whole interval; leave overlap_steps at 0");
   n.finish();
   return c;
 }

@@ -2,15 +2,92 @@
 // depending on it. The DiLoCo outer loop (outer_optimizer/) implements it.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "trainer/checkpoint/safetensors.hpp"
 #include "trainer/loop/site_strategy.hpp"
 
 namespace geoloco::trainer {
+
+// TraceRecorder: complete-event spans ("ph":"X") of one rank for the Chrome trace-event
+// format (Perfetto, chrome://tracing). Thread-safe: the inner loop, the outer loop's
+// worker and transport callbacks record into the same rank's buffer. Timestamps are
+// steady_clock microseconds, so ranks on one machine share a time base (ranks on other
+// machines do not: their spans are only comparable within themselves). A cap bounds the
+// memory of long runs; spans past it are counted, not kept.
+class TraceRecorder {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // Thread ids of the spans: the inner loop, the outer loop's worker, the transport.
+  static constexpr int kMainThread = 0, kOuterThread = 1, kTransportThread = 2;
+  static constexpr size_t kDefaultCap = 500000;
+
+  explicit TraceRecorder(size_t cap = kDefaultCap) : cap_(cap) {}
+
+  void span(const char* name, int tid, Clock::time_point t0, Clock::time_point t1) {
+    const auto us = [](Clock::time_point t) {
+      return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
+    };
+    std::lock_guard lk(mu_);
+    if (events_.size() >= cap_) {
+      ++dropped_;
+      return;
+    }
+    events_.push_back({name, tid, us(t0), us(t1) - us(t0)});
+  }
+
+  // The events as trace-event objects with pid `pid` (the global rank).
+  nlohmann::json to_json(int pid) const {
+    std::lock_guard lk(mu_);
+    nlohmann::json a = nlohmann::json::array();
+    for (const auto& e : events_)
+      a.push_back({{"name", e.name}, {"ph", "X"}, {"ts", e.ts}, {"dur", e.dur}, {"pid", pid}, {"tid", e.tid}});
+    return a;
+  }
+  size_t size() const {
+    std::lock_guard lk(mu_);
+    return events_.size();
+  }
+  uint64_t dropped() const {
+    std::lock_guard lk(mu_);
+    return dropped_;
+  }
+
+ private:
+  struct Event {
+    const char* name;  // string literals only: spans are recorded on hot paths
+    int tid;
+    int64_t ts, dur;
+  };
+  mutable std::mutex mu_;
+  std::vector<Event> events_;
+  size_t cap_;
+  uint64_t dropped_ = 0;
+};
+
+// Records [construction, destruction) as one span; null recorder = no-op.
+class TraceSpan {
+ public:
+  TraceSpan(TraceRecorder* rec, const char* name, int tid)
+      : rec_(rec), name_(name), tid_(tid), t0_(TraceRecorder::Clock::now()) {}
+  ~TraceSpan() {
+    if (rec_) rec_->span(name_, tid_, t0_, TraceRecorder::Clock::now());
+  }
+  TraceSpan(const TraceSpan&) = delete;
+  TraceSpan& operator=(const TraceSpan&) = delete;
+
+ private:
+  TraceRecorder* rec_;
+  const char* name_;
+  int tid_;
+  TraceRecorder::Clock::time_point t0_;
+};
 
 class OuterHook {
  public:
@@ -31,6 +108,9 @@ class OuterHook {
   };
   virtual State save_state() = 0;
   virtual void restore_state(const SafetensorsFile& file) = 0;
+  // The rank's trace (owned by the trainer, outlives the run); spans of the outer loop's
+  // phases go there. Default: the hook records nothing.
+  virtual void set_trace(TraceRecorder* /*trace*/) {}
 };
 
 }  // namespace geoloco::trainer

@@ -1,12 +1,14 @@
 #include "trainer/loop/trainer.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "trainer/checkpoint/atomic_file.hpp"
 #include "trainer/checkpoint/model_checkpoint.hpp"
@@ -56,6 +58,11 @@ struct Trainer::Impl {
   int64_t step = 0;             // completed inner steps
   double wall_before = 0;       // wall seconds of earlier segments (resume)
   double compute_seconds = 0;   // time in forward/backward/optimizer
+  double outer_wait_seconds = 0;  // inner loop blocked in the outer loop (exposed WAN/sync time)
+  // The current outer period (since the last outer step): utilization = compute / wall.
+  Clock::time_point period_t0 = Clock::now();
+  double period_compute = 0, period_wait = 0;
+  TraceRecorder trace;
   double last_loss = NAN, last_val_loss = NAN;
   int64_t tokens_per_step_rank;
 
@@ -141,6 +148,7 @@ struct Trainer::Impl {
     smeta["rank"] = std::to_string(opt.rank);
     smeta["wall_s"] = fmt::format("{:.17g}", wall_before + seconds_since(start));
     smeta["compute_s"] = fmt::format("{:.17g}", compute_seconds);
+    smeta["outer_wait_s"] = fmt::format("{:.17g}", outer_wait_seconds);
     OuterHook::State outer_state;
     if (opt.outer) {
       outer_state = opt.outer->save_state();
@@ -198,6 +206,8 @@ struct Trainer::Impl {
     step = std::stoll(need("geoloco_step"));
     wall_before = std::stod(need("wall_s"));
     compute_seconds = std::stod(need("compute_s"));
+    // Checkpoints written before the overlap metrics existed lack it: count from zero.
+    if (st.metadata().count("outer_wait_s")) outer_wait_seconds = std::stod(need("outer_wait_s"));
     if (opt.outer) opt.outer->restore_state(st);
     strategy->shard_updated();
     log_info(fmt::format("resumed from {} at step {}", dir.string(), step));
@@ -251,13 +261,23 @@ struct Trainer::Impl {
     double loss = 0;
     for (int k = 0; k < K; ++k) {
       sampler->next_batch(B, T, inputs.data(), targets.data());
-      loss += model.forward(params, inputs.data(), targets.data(), B, T);
+      {
+        TraceSpan sp(&trace, "forward", TraceRecorder::kMainThread);
+        loss += model.forward(params, inputs.data(), targets.data(), B, T);
+      }
+      TraceSpan sp(&trace, "backward", TraceRecorder::kMainThread);
       model.backward(params, grads, 1.0f / static_cast<float>(K));
     }
     loss /= K;
     const double lr = scheduled_lr(cfg.train.schedule, cfg.peak_lr(), step, cfg.train.steps);
-    auto r = strategy->finish_step(lr, cfg.train.grad_clip);
-    compute_seconds += seconds_since(t0);
+    StepResult r;
+    {
+      TraceSpan sp(&trace, "optimizer", TraceRecorder::kMainThread);
+      r = strategy->finish_step(lr, cfg.train.grad_clip);
+    }
+    const double dt = seconds_since(t0);
+    compute_seconds += dt;
+    period_compute += dt;
     ++step;
     last_lr = lr;
     last_grad_norm = r.grad_norm;
@@ -273,7 +293,9 @@ struct Trainer::Impl {
       log_info(fmt::format("site {}: {} rank(s), strategy {}, model {:.2f}M params, {} steps, {} tokens/step/rank, data {}",
                            site.name, site.ranks, site.strategy, model.layout().total() / 1e6, cfg.train.steps,
                            tokens_per_step_rank, data.train->describe()));
+    if (opt.outer) opt.outer->set_trace(&trace);
     start = Clock::now();
+    period_t0 = start;
     const int64_t first = step;
     auto window_t0 = Clock::now();
     int64_t window_tokens = 0;
@@ -284,11 +306,36 @@ struct Trainer::Impl {
       loss_acc += loss;
       ++loss_n;
       window_tokens += tokens_per_step_rank;
-      bool outer_step = opt.outer && opt.outer->after_inner_step(step, *strategy);
       const bool last = step == cfg.train.steps;
+      bool outer_step = false;
+      if (opt.outer) {
+        // Everything the inner loop spends inside the outer hook is exposed wait: time the
+        // compute could not hide (all of a sync without overlap, only the tail with it).
+        const auto w0 = Clock::now();
+        outer_step = opt.outer->after_inner_step(step, *strategy);
+        if (last) opt.outer->finish(step, *strategy);
+        const auto w1 = Clock::now();
+        const double w = std::chrono::duration<double>(w1 - w0).count();
+        outer_wait_seconds += w;
+        period_wait += w;
+        // Sub-millisecond calls are the hook's bookkeeping on non-sync steps: not worth a span.
+        if (outer_step || last || w >= 1e-3) trace.span("wait", TraceRecorder::kMainThread, w0, w1);
+      }
       const bool do_eval = last || (cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0);
       const bool do_log = do_eval || outer_step || step % cfg.train.log_every == 0 || step == end_step;
-      if (last && opt.outer) opt.outer->finish(step, *strategy);
+      nlohmann::json period;
+      if (opt.outer && (outer_step || last)) {
+        // Per outer period: wall time from the end of the previous period (eval, logging
+        // and checkpoints included: they also keep the accelerator idle).
+        const double pw = seconds_since(period_t0);
+        period = {{"compute_utilization", pw > 0 ? period_compute / pw : 0.0},
+                  {"exposed_wait_s", period_wait},
+                  {"period_wall_s", pw},
+                  {"period_compute_s", period_compute}};
+        period_t0 = Clock::now();
+        period_compute = 0;
+        period_wait = 0;
+      }
       if (do_log) {
         const double mean_loss = strategy->site_mean(loss_acc / loss_n);
         last_loss = mean_loss;
@@ -307,6 +354,7 @@ struct Trainer::Impl {
           line["val_loss"] = last_val_loss;
         }
         if (opt.outer) line.update(opt.outer->metrics());
+        if (!period.is_null()) line.update(period);
         if (metrics) metrics->write(line);
         if (run_metrics) run_metrics->write(line);
         if (progress) progress->update(step, mean_loss, tps, wall_before + seconds_since(start), do_eval ? last_val_loss : NAN);
@@ -321,6 +369,70 @@ struct Trainer::Impl {
     if (progress) progress->finish();
     (void)first;
     return summary();
+  }
+
+  // ---- trace -------------------------------------------------------------------------
+
+  // Every rank writes sites/<site>/trace.r<rank>.json: {"geoloco_trace": 1, "end_step",
+  // "global_rank", "events"}. Global rank 0 then merges every rank's file that ended at the
+  // same step into <output_dir>/trace.json (a trace-event array with process and thread
+  // names). The files share one directory tree when all ranks run on one machine; elsewhere
+  // the wait is bounded and the merge keeps the ranks it found (and says which are missing).
+  static constexpr int kTraceVersion = 1;
+
+  fs::path rank_trace_path(int s, int r) const {
+    return out_dir / "sites" / cfg.sites.at(static_cast<size_t>(s)).name / fmt::format("trace.r{}.json", r);
+  }
+
+  void write_trace() {
+    nlohmann::json mine = {{"geoloco_trace", kTraceVersion},
+                           {"end_step", step},
+                           {"global_rank", global_rank},
+                           {"config_hash", hex64(cfg.hash)},
+                           {"events", trace.to_json(global_rank)}};
+    write_text_atomically(rank_trace_path(opt.site, opt.rank).string(), mine.dump() + "\n");
+    if (global_rank != 0) return;
+
+    nlohmann::json merged = nlohmann::json::array();
+    std::vector<std::string> missing;
+    const auto deadline = Clock::now() + std::chrono::seconds(30);
+    for (int s = 0; s < static_cast<int>(cfg.sites.size()); ++s)
+      for (int r = 0; r < cfg.sites[static_cast<size_t>(s)].ranks; ++r) {
+        const int g = cfg.global_rank(s, r);
+        nlohmann::json doc;
+        for (;;) {
+          doc = read_rank_trace(rank_trace_path(s, r));
+          if (!doc.is_null() || Clock::now() >= deadline) break;
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+        if (doc.is_null()) {
+          missing.push_back(fmt::format("{}/r{}", cfg.sites[static_cast<size_t>(s)].name, r));
+          continue;
+        }
+        const std::string pname = fmt::format("{} rank {}", cfg.sites[static_cast<size_t>(s)].name, r);
+        merged.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", g}, {"args", {{"name", pname}}}});
+        merged.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", g}, {"args", {{"sort_index", g}}}});
+        const char* tnames[] = {"inner loop", "outer loop", "transport"};
+        for (int t = 0; t < 3; ++t)
+          merged.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", g}, {"tid", t}, {"args", {{"name", tnames[t]}}}});
+        for (auto& e : doc["events"]) merged.push_back(std::move(e));
+      }
+    if (!missing.empty())
+      spdlog::warn("trace.json: no trace ending at step {} from {} after 30 s; merged the others", step,
+                   fmt::join(missing, ", "));
+    write_text_atomically((out_dir / "trace.json").string(), merged.dump() + "\n");
+  }
+
+  // A rank's trace file if it is complete and belongs to this run segment, else null.
+  nlohmann::json read_rank_trace(const fs::path& p) const {
+    std::ifstream in(p);
+    if (!in) return nullptr;
+    auto doc = nlohmann::json::parse(in, nullptr, false);
+    if (doc.is_discarded() || !doc.is_object() || doc.value("geoloco_trace", 0) != kTraceVersion ||
+        doc.value("end_step", int64_t{-1}) != step || doc.value("config_hash", std::string()) != hex64(cfg.hash) ||
+        !doc.contains("events") || !doc["events"].is_array())
+      return nullptr;
+    return doc;
   }
 
   nlohmann::json summary() {
@@ -338,6 +450,10 @@ struct Trainer::Impl {
     s["tokens_per_rank"] = step * tokens_per_step_rank;
     s["wall_s"] = wall;
     s["compute_s"] = compute_seconds;
+    s["compute_utilization"] = wall > 0 ? compute_seconds / wall : 0.0;
+    s["exposed_wait_s"] = outer_wait_seconds;
+    s["trace_events"] = trace.size();
+    s["trace_events_dropped"] = trace.dropped();
     s["tokens_per_s"] = wall > 0 ? double(step * tokens_per_step_rank * world) / wall : 0;
     s["params"] = model.layout().total();
     s["config_hash"] = hex64(cfg.hash);
@@ -363,6 +479,7 @@ nlohmann::json Trainer::run() {
   auto s = impl_->run();
   // Per-rank summary; the run-level summary.json is written by the caller (global rank 0).
   write_text_atomically((impl_->site_dir / fmt::format("rank{}.json", impl_->opt.rank)).string(), s.dump(2) + "\n");
+  impl_->write_trace();
   return s;
 }
 
