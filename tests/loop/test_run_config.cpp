@@ -39,12 +39,18 @@ TEST(RunConfig, LinearLrScalingUsesTheSiteBatch) {
   auto c = parse_run_config(config::load_string(
       std::string(kBase) +
           "train: {micro_batch: 4, grad_accum: 2, optimizer: {lr: 1.0e-3}, lr_scaling: {kind: linear, base_batch: 4}}\n"
-          "sites: [{name: a, ranks: 2, port: 30000}, {name: b, ranks: 2, port: 30100}]\n",
+          "sites: [{name: a, ranks: 2, port: 30000}]\n",
       "run.yaml"));
   EXPECT_EQ(c.site_batch(0), 16);
-  EXPECT_EQ(c.global_batch(), 32);
+  EXPECT_EQ(c.global_batch(), 16);
   EXPECT_DOUBLE_EQ(c.peak_lr(), 4.0e-3);
-  EXPECT_EQ(c.global_rank(1, 1), 3);
+  EXPECT_EQ(c.global_rank(0, 1), 1);
+}
+
+TEST(RunConfig, MultiSiteNeedsATransportAndEqualRanks) {
+  EXPECT_NE(error_of(std::string(kBase) + "sites: [{name: a, port: 30000}, {name: b, port: 30100}]\n")
+                .find("transport: missing: a multi-site run needs a transport section"),
+            std::string::npos);
 }
 
 // Each class of config error: message and location.
