@@ -47,6 +47,17 @@ TEST(RunConfig, LinearLrScalingUsesTheSiteBatch) {
   EXPECT_EQ(c.global_rank(0, 1), 1);
 }
 
+TEST(RunConfig, PerRankHostsForASiteOnSeveralNodes) {
+  auto c = parse_run_config(config::load_string(
+      std::string(kBase) + "sites: [{name: a, ranks: 2, hosts: [10.0.0.1, 10.0.0.2], port: 30000}]\n", "run.yaml"));
+  EXPECT_EQ(c.sites[0].host_of(0), "10.0.0.1");
+  EXPECT_EQ(c.sites[0].host_of(1), "10.0.0.2");
+  EXPECT_EQ(c.sites[0].host, "10.0.0.1");  // rank 0 serves the rendezvous
+  EXPECT_NE(error_of(std::string(kBase) + "sites: [{name: a, ranks: 3, hosts: [h1, h2], port: 30000}]\n")
+                .find("sites[0].hosts: got 2 addresses for 3 ranks"),
+            std::string::npos);
+}
+
 TEST(RunConfig, MultiSiteNeedsATransportAndEqualRanks) {
   EXPECT_NE(error_of(std::string(kBase) + "sites: [{name: a, port: 30000}, {name: b, port: 30100}]\n")
                 .find("transport: missing: a multi-site run needs a transport section"),

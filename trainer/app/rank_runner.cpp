@@ -60,7 +60,7 @@ nlohmann::json run_rank(const trainer::RunConfig& cfg, const RankOptions& o) {
     ro.size = sc.ranks;
     ro.store_host = sc.host;
     ro.store_port = sc.port + sc.ranks;
-    ro.bind_address = sc.host;
+    ro.bind_address = sc.host_of(rank);
     ro.timeout = rendezvous_timeout(cfg);
     coll = parallel::make_gloo(ro);
   }
@@ -69,9 +69,9 @@ nlohmann::json run_rank(const trainer::RunConfig& cfg, const RankOptions& o) {
     transport::Identity self{sc.name, rank, cfg.run.name, cfg.hash};
     std::vector<transport::PeerInfo> peers;
     for (const auto& s : cfg.sites)
-      if (s.name != sc.name) peers.push_back({s.name, rank, s.host, s.port + rank});
+      if (s.name != sc.name) peers.push_back({s.name, rank, s.host_of(rank), s.port + rank});
     tp = std::make_unique<transport::Transport>(*cfg.transport, self);
-    tp->start(sc.host, sc.port + rank, peers);
+    tp->start(sc.host_of(rank), sc.port + rank, peers);
     spdlog::info("connected to {} peer site(s) over UCX", peers.size());
   }
 

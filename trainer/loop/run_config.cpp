@@ -102,11 +102,19 @@ std::vector<SiteConfig> parse_sites(const config::Node& root) {
     s.ranks = static_cast<int>(n.get_int("ranks", 1, 1, 4096));
     s.host = n.get<std::string>("host", s.host);
     if (s.host.empty()) n.fail_value("host", "an IP address or host name");
+    s.hosts = n.get<std::vector<std::string>>("hosts", {});
+    if (!s.hosts.empty()) {
+      if (static_cast<int>(s.hosts.size()) != s.ranks)
+        n.fail("hosts", fmt::format("got {} addresses for {} ranks: give one per rank (rank r listens on hosts[r])",
+                                    s.hosts.size(), s.ranks));
+      if (n.has("host")) n.fail("host", "give either host (every rank) or hosts (one per rank), not both");
+      s.host = s.hosts[0];
+    }
     s.port = static_cast<int>(n.get_int("port", s.port, 1024, 65535));
     if (s.port + s.ranks > 65535) n.fail("port", fmt::format("port {} + {} ranks exceeds 65535", s.port, s.ranks));
     // Rank r uses port + r; the site's rendezvous uses port + ranks.
     for (int r = 0; r <= s.ranks; ++r) {
-      if (!ports.insert({s.host, s.port + r}).second)
+      if (!ports.insert({r < s.ranks ? s.host_of(r) : s.host, s.port + r}).second)
         n.fail("port", fmt::format("port range {}..{} on {} overlaps another site's", s.port, s.port + s.ranks, s.host));
     }
     s.strategy = n.get_choice("strategy", d.strategy, {"ddp", "zero1", "zero2", "fsdp"});

@@ -52,10 +52,13 @@ struct TrainConfig {
 struct SiteConfig {
   std::string name;
   int ranks = 1;
-  std::string host = "127.0.0.1";  // where this site's ranks listen
+  std::string host = "127.0.0.1";  // where this site's ranks listen (rank 0 serves the rendezvous)
+  std::vector<std::string> hosts;  // per-rank addresses when a site spans several nodes (else all `host`)
   int port = 29500;                // rank r listens on port + r (WAN); rendezvous on port + ranks
   std::string strategy = "ddp";    // ddp | zero1 | zero2 | fsdp
   std::string device = "cpu";      // cpu | cuda
+
+  const std::string& host_of(int rank) const { return hosts.empty() ? host : hosts.at(static_cast<size_t>(rank)); }
 };
 
 struct RunConfig {
