@@ -48,6 +48,9 @@ void print_human_summary(const trainer::RunConfig& cfg, const nlohmann::json& s)
     if (wan > 0 && std::isfinite(ddp)) fmt::print(", {:.0f}x fewer bytes than per-step data parallelism ({})", ddp / wan, bytes_text(ddp));
     fmt::print("\n");
   }
+  if (s.contains("compute_utilization"))
+    fmt::print("  compute utilization {:.1f}% (exposed wait {:.1f} s; timeline in trace.json)\n",
+               100.0 * num(s, "compute_utilization"), num(s, "exposed_wait_s"));
   fmt::print("  outputs: {}/ (summary.json, metrics.jsonl, checkpoints/)\n", cfg.run.output_dir);
 }
 
