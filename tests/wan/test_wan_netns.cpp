@@ -277,7 +277,18 @@ TEST_F(WanNetns, StaleRunIsCleanedAfterCrash) {
   ASSERT_EQ(r.rc, 0) << r.out;
   EXPECT_NE(r.out.find("removed 3 namespaces"), std::string::npos) << r.out;
   std::istringstream ps(old_pids);
-  for (std::string p; ps >> p;) EXPECT_NE(sh("kill -0 " + p).rc, 0) << "stale process " << p << " survived";
+  // Dead or a zombie (its parent, the runner, was SIGKILLed; whether init reaps it promptly
+  // depends on the machine): either way it no longer runs.
+  // Killed processes may take a moment to exit: wait (bounded) for each.
+  for (std::string p; ps >> p;) {
+    const std::string alive = "[ -e /proc/" + p + " ] && ! grep -q '^State:[[:space:]]*Z' /proc/" + p + "/status";
+    bool gone = false;
+    for (int i = 0; i < 50 && !gone; ++i) {
+      gone = sh(alive).rc != 0;
+      if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    EXPECT_TRUE(gone) << "stale process " << p << " survived";
+  }
 
   ASSERT_EQ(sh(kWan + "down --prefix " + kPrefix, 30).rc, 0);
   EXPECT_EQ(sh("ip netns list | grep -q \"^glt-\"").rc, 1);
