@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "../loop/test_util.hpp"
+#include "multisite_util.hpp"
 #include "trainer/app/rank_runner.hpp"
 #include "trainer/checkpoint/model_checkpoint.hpp"
 #include "trainer/core/hash.hpp"
@@ -31,46 +32,13 @@ std::string base(const std::filesystem::path& out, int steps) {
          "train: {steps: " + std::to_string(steps) + ", micro_batch: 4, log_every: 5, optimizer: {lr: 3.0e-3}}\n";
 }
 
-std::string sites(int count, int ranks) {
-  int port = fresh_port();
-  std::string s = "sites:\n";
-  const char* names[] = {"paris", "lyon", "milan", "oslo"};
-  for (int i = 0; i < count; ++i)
-    s += "  - {name: " + std::string(names[i]) + ", ranks: " + std::to_string(ranks) + ", port: " + std::to_string(port + 10 * i) + "}\n";
-  return s;
-}
+std::string sites(int count, int ranks) { return geoloco::testing::sites_yaml(count, ranks, fresh_port()); }
 
 struct RunOut {
   std::vector<nlohmann::json> summaries;  // by global rank
 };
 
-// Runs every rank of the config as a thread.
-RunOut run_all(const trainer::RunConfig& cfg) {
-  RunOut out;
-  const int world = cfg.world_size();
-  out.summaries.resize(static_cast<size_t>(world));
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
-  std::vector<std::thread> threads;
-  for (size_t s = 0; s < cfg.sites.size(); ++s)
-    for (int r = 0; r < cfg.sites[s].ranks; ++r) {
-      const int g = cfg.global_rank(static_cast<int>(s), r);
-      threads.emplace_back([&, s, r, g] {
-        try {
-          app::RankOptions o;
-          o.site = static_cast<int>(s);
-          o.rank = r;
-          o.progress = false;
-          out.summaries[static_cast<size_t>(g)] = app::run_rank(cfg, o);
-        } catch (...) {
-          errors[static_cast<size_t>(g)] = std::current_exception();
-        }
-      });
-    }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-  return out;
-}
+RunOut run_all(const trainer::RunConfig& cfg) { return {geoloco::testing::run_ranks(cfg)}; }
 
 std::vector<float> load_params(const std::string& checkpoint) {
   auto f = trainer::SafetensorsFile::read(checkpoint);
@@ -192,31 +160,8 @@ TEST(Diloco, MultiSiteResumeIsExact) {
   auto ref = run_all(whole).summaries[0];
   const std::string yaml = base(b.path() / "out", 12) + body + sites(2, 1) + "transport: {psk_file: k.psk, timeout_s: 30}\n";
   auto cfg = trainer::load_run_config(b.file("c.yaml", yaml));
-  {
-    std::vector<std::thread> ts;
-    for (int s = 0; s < 2; ++s)
-      ts.emplace_back([&, s] {
-        app::RankOptions o;
-        o.site = s;
-        o.progress = false;
-        o.stop_at_step = 6;
-        app::run_rank(cfg, o);
-      });
-    for (auto& t : ts) t.join();
-  }
-  std::vector<nlohmann::json> res(2);
-  {
-    std::vector<std::thread> ts;
-    for (int s = 0; s < 2; ++s)
-      ts.emplace_back([&, s] {
-        app::RankOptions o;
-        o.site = s;
-        o.progress = false;
-        o.resume = true;
-        res[static_cast<size_t>(s)] = app::run_rank(cfg, o);
-      });
-    for (auto& t : ts) t.join();
-  }
+  geoloco::testing::run_ranks(cfg, /*stop_at=*/6);
+  auto res = geoloco::testing::run_ranks(cfg, 0, /*resume=*/true);
   EXPECT_EQ(res[0]["global_weights_hash"], ref["global_weights_hash"]);
   EXPECT_EQ(res[0]["params_hash"], ref["params_hash"]);
 }

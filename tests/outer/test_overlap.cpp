@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "../loop/test_util.hpp"
+#include "multisite_util.hpp"
 #include "outer_optimizer/outer_config.hpp"
 #include "trainer/app/rank_runner.hpp"
 #include "trainer/core/config_node.hpp"
@@ -37,44 +38,13 @@ std::string base(const std::filesystem::path& out, int steps, const std::string&
          ", log_every: 5, optimizer: {lr: 3.0e-3}}\n";
 }
 
-std::string sites(int count, int ranks) {
-  int port = fresh_port();
-  std::string s = "sites:\n";
-  const char* names[] = {"paris", "lyon", "milan", "oslo"};
-  for (int i = 0; i < count; ++i)
-    s += "  - {name: " + std::string(names[i]) + ", ranks: " + std::to_string(ranks) + ", port: " + std::to_string(port + 10 * i) + "}\n";
-  return s;
-}
+std::string sites(int count, int ranks) { return geoloco::testing::sites_yaml(count, ranks, fresh_port()); }
 
 std::string tport(const std::string& extra = "") { return "transport: {psk_file: k.psk, timeout_s: 30" + extra + "}\n"; }
 
-// Runs every rank of the config as a thread; returns global rank 0's run summary.
+// Global rank 0's run summary.
 nlohmann::json run_all(const trainer::RunConfig& cfg, int64_t stop_at = 0, bool resume = false) {
-  const int world = cfg.world_size();
-  std::vector<nlohmann::json> out(static_cast<size_t>(world));
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
-  std::vector<std::thread> threads;
-  for (size_t s = 0; s < cfg.sites.size(); ++s)
-    for (int r = 0; r < cfg.sites[s].ranks; ++r) {
-      const int g = cfg.global_rank(static_cast<int>(s), r);
-      threads.emplace_back([&, s, r, g] {
-        try {
-          app::RankOptions o;
-          o.site = static_cast<int>(s);
-          o.rank = r;
-          o.progress = false;
-          o.stop_at_step = stop_at;
-          o.resume = resume;
-          out[static_cast<size_t>(g)] = app::run_rank(cfg, o);
-        } catch (...) {
-          errors[static_cast<size_t>(g)] = std::current_exception();
-        }
-      });
-    }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-  return out[0];
+  return geoloco::testing::run_ranks(cfg, stop_at, resume)[0];
 }
 
 trainer::RunConfig load(TempDir& d, const std::string& yaml) {

@@ -117,9 +117,6 @@ StepResult SiteStrategy::finish_step(double lr, double max_norm) {
       break;
     }
   }
-  if (kind_ == StrategyKind::Ddp || kind_ == StrategyKind::Zero1) {
-    // Keep the buffer for the next step's zeroing (ddp/zero1 hold full gradients anyway).
-  }
   return r;
 }
 

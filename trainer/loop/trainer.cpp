@@ -296,7 +296,6 @@ struct Trainer::Impl {
     if (opt.outer) opt.outer->set_trace(&trace);
     start = Clock::now();
     period_t0 = start;
-    const int64_t first = step;
     auto window_t0 = Clock::now();
     int64_t window_tokens = 0;
     double loss_acc = 0;
@@ -367,7 +366,6 @@ struct Trainer::Impl {
       if (ckpt || step == end_step) save_checkpoint();
     }
     if (progress) progress->finish();
-    (void)first;
     return summary();
   }
 
