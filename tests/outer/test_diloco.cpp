@@ -22,7 +22,7 @@ namespace {
 
 int fresh_port() {
   static int n = 0;
-  return 21000 + (getpid() * 53) % 25000 + 40 * (n++);
+  return 21000 + (getpid() * 53) % 5000 + 40 * (n++);  // below the ephemeral range (32768+)
 }
 
 std::string base(const std::filesystem::path& out, int steps) {

@@ -26,7 +26,7 @@ namespace {
 int fresh_port() {
   // Another range than test_diloco.cpp's, which runs in the same process.
   static int n = 0;
-  return 21000 + (getpid() * 53 + 12000) % 25000 + 40 * (n++);
+  return 27000 + (getpid() * 53) % 4000 + 40 * (n++);  // below the ephemeral range (32768+)
 }
 
 std::string base(const std::filesystem::path& out, int steps, const std::string& model = "n_layer: 2, n_head: 2, n_embd: 32",
