@@ -21,14 +21,14 @@ std::span<const uint8_t> as_bytes(const uint64_t& v) { return {reinterpret_cast<
 }  // namespace
 
 Diloco::Diloco(const trainer::RunConfig& cfg, int site, int rank, transport::Transport* transport,
-               trainer::SiteStrategy& strategy)
+               trainer::SiteStrategy& strategy, const trainer::ParamLayout& layout)
     : cfg_(cfg),
       ocfg_(cfg.outer),
       site_(site),
       rank_(rank),
       transport_(transport),
       n_(strategy.shard_params().size()),
-      opt_(cfg.outer.optimizer, strategy.shard_params().size()) {
+      plans_(plan_fragments(layout, ocfg_.fragments, ocfg_.interval)) {
   const int S = static_cast<int>(cfg.sites.size());
   peer_of_site_.assign(static_cast<size_t>(S), -1);
   for (int s = 0; s < S; ++s) {
@@ -39,15 +39,28 @@ Diloco::Diloco(const trainer::RunConfig& cfg, int site, int rank, transport::Tra
     peer_of_site_[static_cast<size_t>(s)] = p;
   }
   auto shard = strategy.shard_params();
-  global_.assign(shard.begin(), shard.end());
-  delta_.resize(n_);
-  decoded_.resize(n_);
-  avg_.resize(n_);
-  pipeline_ = std::make_unique<compression::Pipeline>(ocfg_.compression);
-  if (ocfg_.compression.error_feedback) ef_ = std::make_unique<compression::ErrorFeedback>(n_);
   // Every site starts from the same initial weights (same seed): check it before training.
-  check_hashes(hash64(global_.data(), global_.size() * sizeof(float)), 0);
-  site_hash_ = combine_site_hash(strategy, hash64(global_.data(), global_.size() * sizeof(float)));
+  const uint64_t h0 = hash64(shard.data(), shard.size() * sizeof(float));
+  check_hashes(h0, 0);
+  for (const auto& plan : plans_) {
+    auto f = std::make_unique<Fragment>();
+    f->index = plan.index;
+    f->local = intersect(plan.ranges, strategy.shard());
+    for (const auto& r : f->local) f->n += static_cast<size_t>(r.size());
+    f->global.resize(f->n);
+    gather_local(*f, shard, f->global);
+    f->delta.resize(f->n);
+    f->decoded.resize(f->n);
+    f->avg.resize(f->n);
+    f->pipeline = std::make_unique<compression::Pipeline>(ocfg_.compression);
+    if (ocfg_.compression.error_feedback) f->ef = std::make_unique<compression::ErrorFeedback>(f->n);
+    f->opt = std::make_unique<OuterOptimizer>(ocfg_.optimizer, f->n);
+    f->hash = hash64(f->global.data(), f->global.size() * sizeof(float));
+    frags_.push_back(std::move(f));
+  }
+  site_hash_ = combine_site_hash(strategy, combined_hash());
+  if (rank_ == 0 && plans_.size() > 1)
+    for (const auto& p : plans_) spdlog::info("outer loop: {}", p.describe());
 }
 
 std::string Diloco::peer_name(int s) const {
@@ -56,156 +69,195 @@ std::string Diloco::peer_name(int s) const {
 }
 
 Diloco::~Diloco() {
-  // A run that failed with a sync in flight: the worker's transport waits are bounded by
-  // the transport's timeouts, so this join is too.
-  if (worker_.joinable()) worker_.join();
+  // A run that failed with syncs in flight: the workers' transport waits are bounded by
+  // the transport's timeouts, so these joins are too.
+  for (auto& f : frags_)
+    if (f->worker.joinable()) f->worker.join();
 }
 
 bool Diloco::overlapped() const { return ocfg_.overlap_steps > 0 || ocfg_.delayed_update; }
 
 int64_t Diloco::tau() const { return ocfg_.delayed_update ? ocfg_.interval : ocfg_.overlap_steps; }
 
+int Diloco::trace_tid(const Fragment& f) const {
+  return f.index == 0 ? trainer::TraceRecorder::kOuterThread : trainer::TraceRecorder::kFragmentThreadBase + f.index;
+}
+
+// The fragment's values, gathered from the shard in range order.
+void Diloco::gather_local(const Fragment& f, std::span<const float> shard, std::span<float> out) const {
+  size_t k = 0;
+  for (const auto& r : f.local) {
+    std::copy(shard.begin() + r.begin, shard.begin() + r.end, out.begin() + static_cast<std::ptrdiff_t>(k));
+    k += static_cast<size_t>(r.size());
+  }
+}
+
+uint64_t Diloco::combined_hash() const {
+  // One fragment: its hash (the whole shard's). Several: a hash of the fragments' hashes.
+  if (frags_.size() == 1) return frags_[0]->hash;
+  Hasher hs;
+  for (const auto& f : frags_) hs.update(&f->hash, sizeof f->hash);
+  return hs.digest();
+}
+
 bool Diloco::after_inner_step(int64_t step, trainer::SiteStrategy& strategy) {
-  if (!overlapped()) {
-    if (step % ocfg_.interval != 0) return false;
-    sync(step, strategy);
+  bool any = false;
+  // Merges first: with delayed_update the merge of round t and the launch of round t+1 of
+  // a fragment fall on the same step.
+  for (auto& f : frags_)
+    if (f->pending_merge && step >= f->merge_step) {
+      complete(*f, strategy);
+      any = true;
+    }
+  if (step == cfg_.train.steps) {
+    // The last step: blocking syncs, so that every site ends with the same weights.
+    final_sync(step, strategy);
     return true;
   }
-  bool completed = false;
-  // Merge first: with delayed_update the merge of round t and the launch of round t+1 fall
-  // on the same step.
-  if (pending_merge_ && step >= merge_step_) {
-    complete(strategy);
-    completed = true;
+  for (auto& f : frags_) {
+    if (!syncs_at(plans_[static_cast<size_t>(f->index)], step, ocfg_.interval)) continue;
+    if (overlapped())
+      launch(*f, step, strategy);
+    else
+      sync(*f, step, strategy);
+    any = any || !overlapped();
   }
-  if (step % ocfg_.interval == 0) {
-    if (step == cfg_.train.steps) {
-      // The last step: a blocking sync, so that every site ends with the same weights.
-      sync(step, strategy);
-      return true;
-    }
-    launch(step, strategy);
-  }
-  return completed;
+  return any;
 }
 
-void Diloco::finish(int64_t step, trainer::SiteStrategy& strategy) {
-  if (pending_merge_) complete(strategy);
-  // A last partial period: sync so that every site ends with the same global weights.
-  if (step != last_sync_step_) sync(step, strategy);
+void Diloco::finish(int64_t step, trainer::SiteStrategy& strategy) { final_sync(step, strategy); }
+
+void Diloco::final_sync(int64_t step, trainer::SiteStrategy& strategy) {
+  for (auto& f : frags_)
+    if (f->pending_merge) complete(*f, strategy);
+  for (auto& f : frags_)
+    if (f->blocking_step != step) sync(*f, step, strategy);
 }
 
-uint64_t Diloco::period_tokens(int64_t step) const {
-  return static_cast<uint64_t>(step - last_sync_step_) * static_cast<uint64_t>(cfg_.site_batch(site_)) *
+uint64_t Diloco::tokens_since(int64_t step, int64_t since) const {
+  return static_cast<uint64_t>(step - since) * static_cast<uint64_t>(cfg_.site_batch(site_)) *
          static_cast<uint64_t>(cfg_.seq_len());
 }
 
-void Diloco::sync(int64_t step, trainer::SiteStrategy& strategy) {
+void Diloco::sync(Fragment& f, int64_t step, trainer::SiteStrategy& strategy) {
   const auto t0 = Clock::now();
   const uint64_t round = static_cast<uint64_t>(++round_);
-  auto local = strategy.shard_params();
-  const ExchangeResult r = exchange(step, round, period_tokens(step), local, trainer::TraceRecorder::kMainThread);
+  auto shard = strategy.shard_params();
+  f.snapshot.resize(f.n);
+  gather_local(f, shard, f.snapshot);
+  const ExchangeResult r =
+      exchange(f, step, round, tokens_since(step, f.last_sync_step), f.snapshot, trainer::TraceRecorder::kMainThread);
+  f.last_sync_step = step;
+  f.blocking_step = step;
 
   // 5. local <- global; the site re-assembles its replica.
   {
     trainer::TraceSpan sp(trace_, "outer_step", trainer::TraceRecorder::kMainThread);
-    std::copy(global_.begin(), global_.end(), local.begin());
+    size_t k = 0;
+    for (const auto& rg : f.local) {
+      std::copy(f.global.begin() + static_cast<std::ptrdiff_t>(k), f.global.begin() + static_cast<std::ptrdiff_t>(k + size_t(rg.size())),
+                shard.begin() + rg.begin);
+      k += static_cast<size_t>(rg.size());
+    }
     strategy.shard_updated();
     if (ocfg_.inner_state == "reset") strategy.optimizer().reset();
   }
-  finish_round(strategy, step, round, std::chrono::duration<double>(Clock::now() - t0).count(), r);
+  finish_round(f, strategy, step, round, std::chrono::duration<double>(Clock::now() - t0).count(), r);
 }
 
-void Diloco::launch(int64_t step, trainer::SiteStrategy& strategy) {
+void Diloco::launch(Fragment& f, int64_t step, trainer::SiteStrategy& strategy) {
   const uint64_t round = static_cast<uint64_t>(++round_);
-  const uint64_t tokens = period_tokens(step);
-  auto local = strategy.shard_params();
+  const uint64_t tokens = tokens_since(step, f.last_sync_step);
   // The worker reads a snapshot: the inner loop keeps training the live shard meanwhile.
-  snapshot_.assign(local.begin(), local.end());
-  last_sync_step_ = step;
-  launch_step_ = step;
-  launch_round_ = round;
-  merge_step_ = step + tau();
-  pending_merge_ = true;
-  in_flight_ = true;
-  worker_error_ = nullptr;
-  launch_t0_ = Clock::now();
-  worker_ = std::thread([this, step, round, tokens] {
+  f.snapshot.resize(f.n);
+  gather_local(f, strategy.shard_params(), f.snapshot);
+  f.last_sync_step = step;
+  f.launch_step = step;
+  f.round = round;
+  f.merge_step = step + tau();
+  f.pending_merge = true;
+  f.in_flight = true;
+  f.error = nullptr;
+  f.t0 = Clock::now();
+  Fragment* fp = &f;
+  f.worker = std::thread([this, fp, step, round, tokens] {
     try {
-      worker_result_ = exchange(step, round, tokens, snapshot_, trainer::TraceRecorder::kOuterThread);
+      fp->result = exchange(*fp, step, round, tokens, fp->snapshot, trace_tid(*fp));
     } catch (...) {
-      worker_error_ = std::current_exception();  // rethrown by the inner loop at the join
+      fp->error = std::current_exception();  // rethrown by the inner loop at the join
     }
-    worker_t1_ = Clock::now();
+    fp->t1 = Clock::now();
   });
 }
 
-void Diloco::join_worker() {
-  if (!in_flight_) return;
-  worker_.join();
-  in_flight_ = false;
-  if (worker_error_) {
-    auto e = worker_error_;
-    worker_error_ = nullptr;
-    pending_merge_ = false;
+void Diloco::join(Fragment& f) {
+  if (!f.in_flight) return;
+  f.worker.join();
+  f.in_flight = false;
+  if (f.error) {
+    auto e = f.error;
+    f.error = nullptr;
+    f.pending_merge = false;
     std::rethrow_exception(e);
   }
-  joined_seconds_ = std::chrono::duration<double>(worker_t1_ - launch_t0_).count();
-  joined_ = true;
+  f.joined_seconds = std::chrono::duration<double>(f.t1 - f.t0).count();
+  f.joined = true;
 }
 
-void Diloco::complete(trainer::SiteStrategy& strategy) {
-  join_worker();
+void Diloco::complete(Fragment& f, trainer::SiteStrategy& strategy) {
+  join(f);
   // local <- alpha * local + (1 - alpha) * global: keeps part of the inner progress made
   // while the sync was in flight. Elementwise and contraction-free: bit-identical on every
   // rank that holds the same local values.
   {
     trainer::TraceSpan sp(trace_, "merge", trainer::TraceRecorder::kMainThread);
-    auto local = strategy.shard_params();
+    auto shard = strategy.shard_params();
     const float a = static_cast<float>(ocfg_.merge_alpha), b = 1.0f - a;
-    for (size_t i = 0; i < n_; ++i) local[i] = a * local[i] + b * global_[i];
+    size_t k = 0;
+    for (const auto& rg : f.local)
+      for (int64_t i = rg.begin; i < rg.end; ++i, ++k) {
+        float& x = shard[static_cast<size_t>(i)];
+        x = a * x + b * f.global[k];
+      }
     strategy.shard_updated();
     if (ocfg_.inner_state == "reset") strategy.optimizer().reset();
   }
-  pending_merge_ = false;
+  f.pending_merge = false;
   // A restored checkpoint has no worker timing: count the round with its joined time only.
-  const double secs = joined_ ? joined_seconds_ : 0.0;
-  joined_ = false;
-  finish_round(strategy, launch_step_, launch_round_, secs, worker_result_);
+  const double secs = f.joined ? f.joined_seconds : 0.0;
+  f.joined = false;
+  finish_round(f, strategy, f.launch_step, f.round, secs, f.result);
 }
 
-void Diloco::finish_round(trainer::SiteStrategy& strategy, int64_t step, uint64_t round, double seconds,
+void Diloco::finish_round(Fragment& f, trainer::SiteStrategy& strategy, int64_t step, uint64_t round, double seconds,
                           const ExchangeResult& r) {
-  {
-    trainer::TraceSpan sp(trace_, "hash_check", trainer::TraceRecorder::kMainThread);
-    const uint64_t h = hash64(global_.data(), global_.size() * sizeof(float));
-    if (ocfg_.check_hash) check_hashes(h, round);
-    site_hash_ = combine_site_hash(strategy, h);
-  }
-  last_sync_step_ = std::max(last_sync_step_, step);
+  f.hash = r.hash;
+  site_hash_ = combine_site_hash(strategy, combined_hash());
   last_sync_s_ = seconds;
   sync_seconds_.push_back(last_sync_s_);
-  last_frame_bytes_ = r.envelope_bytes;
   frame_bytes_total_ += r.frame_bytes;
   elements_total_ += r.elements;
-  if (rank_ == 0)
-    spdlog::info("outer step {} at inner step {}: sync {:.3f} s, {} bytes/rank/peer (x{:.1f} vs fp32), global weights {}",
-                 round, step, last_sync_s_, r.envelope_bytes, r.ratio, hex64(site_hash_));
+  if (rank_ == 0) {
+    const std::string frag = frags_.size() > 1 ? fmt::format(" fragment {}/{}", f.index, frags_.size()) : "";
+    spdlog::info("outer step {}{} at inner step {}: sync {:.3f} s, {} bytes/rank/peer (x{:.1f} vs fp32), global weights {}",
+                 round, frag, step, last_sync_s_, r.envelope_bytes, r.ratio, hex64(site_hash_));
+  }
 }
 
-Diloco::ExchangeResult Diloco::exchange(int64_t step, uint64_t round, uint64_t tokens, std::span<const float> local,
+Diloco::ExchangeResult Diloco::exchange(Fragment& f, int64_t step, uint64_t round, uint64_t tokens, std::span<const float> local,
                                         int tid) {
+  const size_t n = f.n;
   const int S = static_cast<int>(cfg_.sites.size());
 
   // 1. Pseudo-gradient of this shard.
-  for (size_t i = 0; i < n_; ++i) delta_[i] = global_[i] - local[i];
+  for (size_t i = 0; i < n; ++i) f.delta[i] = f.global[i] - local[i];
 
   // Benchmarks capture real pseudo-gradients: GEOLOCO_CAPTURE_PSEUDOGRAD=<dir> writes this
   // shard's delta of every round as safetensors (tensor "delta").
   if (const char* dir = std::getenv("GEOLOCO_CAPTURE_PSEUDOGRAD"); dir && *dir) {
     const std::string path = fmt::format("{}/pseudograd.{}.r{}.round{}.safetensors", dir,
                                          cfg_.sites[static_cast<size_t>(site_)].name, rank_, round);
-    trainer::TensorWrite t = trainer::f32_tensor("delta", {static_cast<int64_t>(n_)}, delta_);
+    trainer::TensorWrite t = trainer::f32_tensor("delta", {static_cast<int64_t>(n)}, f.delta);
     trainer::write_safetensors(path, std::span<const trainer::TensorWrite>(&t, 1),
                                {{"round", std::to_string(round)}, {"step", std::to_string(step)}});
   }
@@ -213,7 +265,7 @@ Diloco::ExchangeResult Diloco::exchange(int64_t step, uint64_t round, uint64_t t
   // 2. Compress, wrap, exchange.
   std::optional<trainer::TraceSpan> compress_span(std::in_place, trace_, "compress", tid);
   std::vector<uint8_t> frame;
-  auto info = pipeline_->encode(delta_, ef_.get(), frame);
+  auto info = f.pipeline->encode(f.delta, f.ef.get(), frame);
   std::vector<uint8_t> mine;
   write_envelope({EnvelopeKind::kPseudoGradient, round, static_cast<uint32_t>(site_), static_cast<uint32_t>(rank_), tokens, frame}, mine);
   // Every site encodes with the same pipeline config, so a peer's frame is at most our raw
@@ -266,15 +318,15 @@ Diloco::ExchangeResult Diloco::exchange(int64_t step, uint64_t round, uint64_t t
     if (total <= 0) throw Error(fmt::format("outer round {}: no site reported any tokens", round));
     for (int s = 0; s < S; ++s) weight[static_cast<size_t>(s)] = static_cast<float>(double(env[static_cast<size_t>(s)].value) / total);
   }
-  std::fill(avg_.begin(), avg_.end(), 0.0f);
+  std::fill(f.avg.begin(), f.avg.end(), 0.0f);
   for (int s = 0; s < S; ++s) {
     try {
-      pipeline_->decode(env[static_cast<size_t>(s)].body, n_, decoded_);
+      f.pipeline->decode(env[static_cast<size_t>(s)].body, n, f.decoded);
     } catch (const compression::FrameError& e) {
       throw Error(fmt::format("outer round {}: pseudo-gradient from {} rejected: {}", round, peer_name(s), e.what()));
     }
     const float w = weight[static_cast<size_t>(s)];
-    for (size_t i = 0; i < n_; ++i) avg_[i] += w * decoded_[i];
+    for (size_t i = 0; i < n; ++i) f.avg[i] += w * f.decoded[i];
   }
 
   decode_span.reset();
@@ -282,9 +334,14 @@ Diloco::ExchangeResult Diloco::exchange(int64_t step, uint64_t round, uint64_t t
   // 4. Outer step on this shard of the global weights.
   {
     trainer::TraceSpan sp(trace_, "outer_optimizer", tid);
-    opt_.step(global_, avg_);
+    f.opt->step(f.global, f.avg);
   }
   ExchangeResult r;
+  r.hash = hash64(f.global.data(), f.global.size() * sizeof(float));
+  if (ocfg_.check_hash) {
+    trainer::TraceSpan sp(trace_, "hash_check", tid);
+    check_hashes(r.hash, round);
+  }
   r.envelope_bytes = mine.size();
   r.frame_bytes = info.frame_bytes;
   r.elements = info.elements;
@@ -348,6 +405,7 @@ nlohmann::json Diloco::summary() {
   nlohmann::json j;
   j["outer_steps"] = round_;
   j["outer_interval"] = ocfg_.interval;
+  j["outer_fragments"] = frags_.size();
   j["outer_overlap_steps"] = tau();
   j["outer_delayed_update"] = ocfg_.delayed_update;
   j["outer_optimizer"] = ocfg_.optimizer.kind;
@@ -355,8 +413,18 @@ nlohmann::json Diloco::summary() {
   j["sync_seconds"] = sync_seconds_;
   j["sync_seconds_mean"] =
       sync_seconds_.empty() ? 0.0 : std::accumulate(sync_seconds_.begin(), sync_seconds_.end(), 0.0) / double(sync_seconds_.size());
-  j["wire_bytes_per_outer_step"] = round_ > 0 ? double(frame_bytes_total_) / double(round_) : 0.0;
+  // Per period of `interval` steps: F fragment rounds together carry one model's worth.
+  const double periods = double(round_) / double(frags_.size());
+  j["wire_bytes_per_outer_step"] = periods > 0 ? double(frame_bytes_total_) / periods : 0.0;
   j["compression_ratio"] = frame_bytes_total_ ? 4.0 * double(elements_total_) / double(frame_bytes_total_) : 0.0;
+  nlohmann::json fr = nlohmann::json::array();
+  for (size_t i = 0; i < plans_.size(); ++i)
+    fr.push_back({{"index", plans_[i].index},
+                  {"offset", plans_[i].offset},
+                  {"blocks", plans_[i].blocks},
+                  {"params", plans_[i].elements()},
+                  {"shard_elements", frags_[i]->n}});
+  j["fragments"] = fr;
   uint64_t sent = 0, recv = 0;
   if (transport_) {
     auto st = transport_->stats();
@@ -372,51 +440,94 @@ nlohmann::json Diloco::summary() {
   return j;
 }
 
+namespace {
+// Fragment-ordered values (each fragment's vector in turn) <-> one shard-sized tensor laid
+// out like the shard, so a checkpoint's outer state reads like the parameters.
+template <class Get>
+std::vector<float> to_shard_layout(size_t n, const std::vector<std::vector<Range>>& ranges, Get get) {
+  std::vector<float> out(n, 0.0f);
+  for (size_t f = 0; f < ranges.size(); ++f) {
+    std::span<const float> v = get(f);
+    size_t k = 0;
+    for (const auto& r : ranges[f])
+      for (int64_t i = r.begin; i < r.end; ++i) out[static_cast<size_t>(i)] = v[k++];
+  }
+  return out;
+}
+}  // namespace
+
 Diloco::State Diloco::save_state() {
-  // A sync in flight: wait for its result (global weights, outer optimizer and error
-  // feedback state all advance in the worker) and checkpoint the merge still due, so a
-  // resumed run merges at the same step as an uninterrupted one.
-  join_worker();
+  // Syncs in flight: wait for their results (global weights, outer optimizer and error
+  // feedback state all advance in the worker) and checkpoint the merges still due, so a
+  // resumed run merges at the same steps as an uninterrupted one.
+  for (auto& f : frags_) join(*f);
+  std::vector<std::vector<Range>> ranges;
+  for (auto& f : frags_) ranges.push_back(f->local);
+  auto layout = [&](auto get) { return to_shard_layout(n_, ranges, get); };
   State s;
-  s.tensors["global"] = global_;
-  if (!opt_.state_a().empty()) s.tensors["opt_a"] = std::vector<float>(opt_.state_a().begin(), opt_.state_a().end());
-  if (!opt_.state_b().empty()) s.tensors["opt_b"] = std::vector<float>(opt_.state_b().begin(), opt_.state_b().end());
-  if (ef_) s.tensors["ef_residual"] = std::vector<float>(ef_->residual().begin(), ef_->residual().end());
+  s.tensors["global"] = layout([&](size_t i) { return std::span<const float>(frags_[i]->global); });
+  if (!frags_[0]->opt->state_a().empty())
+    s.tensors["opt_a"] = layout([&](size_t i) { return std::span<const float>(frags_[i]->opt->state_a()); });
+  if (!frags_[0]->opt->state_b().empty())
+    s.tensors["opt_b"] = layout([&](size_t i) { return std::span<const float>(frags_[i]->opt->state_b()); });
+  if (frags_[0]->ef)
+    s.tensors["ef_residual"] = layout([&](size_t i) { return std::span<const float>(frags_[i]->ef->residual()); });
   s.metadata["round"] = std::to_string(round_);
-  s.metadata["last_sync_step"] = std::to_string(last_sync_step_);
-  s.metadata["opt_steps"] = std::to_string(opt_.steps());
-  if (pending_merge_) {
-    s.metadata["pending_merge_step"] = std::to_string(merge_step_);
-    s.metadata["pending_launch_step"] = std::to_string(launch_step_);
-    s.metadata["pending_round"] = std::to_string(launch_round_);
-    s.metadata["pending_frame_bytes"] = std::to_string(worker_result_.frame_bytes);
-    s.metadata["pending_envelope_bytes"] = std::to_string(worker_result_.envelope_bytes);
-    s.metadata["pending_elements"] = std::to_string(worker_result_.elements);
+  s.metadata["fragments"] = std::to_string(frags_.size());
+  for (auto& f : frags_) {
+    const std::string p = "f" + std::to_string(f->index) + ".";
+    s.metadata[p + "last_sync_step"] = std::to_string(f->last_sync_step);
+    s.metadata[p + "blocking_step"] = std::to_string(f->blocking_step);
+    s.metadata[p + "opt_steps"] = std::to_string(f->opt->steps());
+    if (f->pending_merge) {
+      s.metadata[p + "pending_merge_step"] = std::to_string(f->merge_step);
+      s.metadata[p + "pending_launch_step"] = std::to_string(f->launch_step);
+      s.metadata[p + "pending_round"] = std::to_string(f->round);
+      s.metadata[p + "pending_frame_bytes"] = std::to_string(f->result.frame_bytes);
+      s.metadata[p + "pending_envelope_bytes"] = std::to_string(f->result.envelope_bytes);
+      s.metadata[p + "pending_elements"] = std::to_string(f->result.elements);
+    }
   }
   return s;
 }
 
-void Diloco::restore_state(const trainer::SafetensorsFile& f) {
+void Diloco::restore_state(const trainer::SafetensorsFile& file) {
   const std::vector<int64_t> shape = {static_cast<int64_t>(n_)};
-  f.copy_f32("outer.global", shape, global_);
-  if (!opt_.state_a().empty()) f.copy_f32("outer.opt_a", shape, opt_.state_a());
-  if (!opt_.state_b().empty()) f.copy_f32("outer.opt_b", shape, opt_.state_b());
-  if (ef_) f.copy_f32("outer.ef_residual", shape, ef_->residual());
-  round_ = std::stoll(f.meta("outer.round"));
-  last_sync_step_ = std::stoll(f.meta("outer.last_sync_step"));
-  opt_.set_steps(std::stoll(f.meta("outer.opt_steps")));
-  pending_merge_ = f.metadata().count("outer.pending_merge_step") > 0;
-  if (pending_merge_) {
-    merge_step_ = std::stoll(f.meta("outer.pending_merge_step"));
-    launch_step_ = std::stoll(f.meta("outer.pending_launch_step"));
-    launch_round_ = std::stoull(f.meta("outer.pending_round"));
-    worker_result_ = {};
-    worker_result_.frame_bytes = std::stoull(f.meta("outer.pending_frame_bytes"));
-    worker_result_.envelope_bytes = std::stoull(f.meta("outer.pending_envelope_bytes"));
-    worker_result_.elements = std::stoull(f.meta("outer.pending_elements"));
-    if (!overlapped())
-      throw FileError(f.path(), "holds an outer sync still in flight, but this run has no overlap (outer.overlap_steps "
-                                "or outer.delayed_update changed?)");
+  const std::string saved_f = file.meta("outer.fragments");
+  if (saved_f != std::to_string(frags_.size()))
+    throw FileError(file.path(), fmt::format("holds outer state for {} fragment(s), but this run has outer.fragments: {}",
+                                             saved_f, frags_.size()));
+  // Shard-laid-out tensors back into each fragment's gathered order.
+  std::vector<float> buf(n_);
+  auto scatter = [&](const char* name, auto dest) {
+    file.copy_f32(name, shape, buf);
+    for (auto& f : frags_) gather_local(*f, buf, dest(*f));
+  };
+  scatter("outer.global", [](Fragment& f) { return std::span<float>(f.global); });
+  if (!frags_[0]->opt->state_a().empty()) scatter("outer.opt_a", [](Fragment& f) { return f.opt->state_a(); });
+  if (!frags_[0]->opt->state_b().empty()) scatter("outer.opt_b", [](Fragment& f) { return f.opt->state_b(); });
+  if (frags_[0]->ef) scatter("outer.ef_residual", [](Fragment& f) { return f.ef->residual(); });
+  round_ = std::stoll(file.meta("outer.round"));
+  for (auto& f : frags_) {
+    const std::string p = "outer.f" + std::to_string(f->index) + ".";
+    f->last_sync_step = std::stoll(file.meta(p + "last_sync_step"));
+    f->blocking_step = std::stoll(file.meta(p + "blocking_step"));
+    f->opt->set_steps(std::stoll(file.meta(p + "opt_steps")));
+    f->hash = hash64(f->global.data(), f->global.size() * sizeof(float));
+    f->pending_merge = file.metadata().count(p + "pending_merge_step") > 0;
+    if (f->pending_merge) {
+      f->merge_step = std::stoll(file.meta(p + "pending_merge_step"));
+      f->launch_step = std::stoll(file.meta(p + "pending_launch_step"));
+      f->round = std::stoull(file.meta(p + "pending_round"));
+      f->result = {};
+      f->result.hash = f->hash;
+      f->result.frame_bytes = std::stoull(file.meta(p + "pending_frame_bytes"));
+      f->result.envelope_bytes = std::stoull(file.meta(p + "pending_envelope_bytes"));
+      f->result.elements = std::stoull(file.meta(p + "pending_elements"));
+      if (!overlapped())
+        throw FileError(file.path(), "holds an outer sync still in flight, but this run has no overlap "
+                                     "(outer.overlap_steps or outer.delayed_update changed?)");
+    }
   }
 }
 

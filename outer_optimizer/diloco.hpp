@@ -1,6 +1,6 @@
 // Diloco: the outer loop of one rank (DiLoCo, Douillard et al. 2023), shard-parallel.
 //
-// Every `interval` inner steps, rank r of every site:
+// At each sync, rank r of every site:
 //   1. computes its pseudo-gradient on its shard: delta = global - local;
 //   2. compresses it (error feedback optional) and sends it to rank r of every other site,
 //      receiving theirs (one UCX connection -- or `lanes` -- per peer pair, in parallel
@@ -12,13 +12,21 @@
 // Then the shard hashes are compared with the other sites (a mismatch stops the run) and
 // combined into a site-wide hash that is logged.
 //
-// Overlap (outer.overlap_steps = tau > 0, or outer.delayed_update): steps 1-4 run on a
-// worker thread from a snapshot of the local shard taken at the sync step, while the inner
-// loop keeps training; tau steps later the inner loop joins the worker (the exposed wait)
-// and merges: local <- alpha * local + (1 - alpha) * global, then the site all-gathers.
-// Joins and merges happen on the inner loop's thread at fixed steps, so every rank calls
-// the site's collectives at the same step and every site computes the same global weights.
-// The last step of the run always syncs blocking, so all sites end bit-identical.
+// Streaming fragments (outer.fragments = F, fragments.hpp): steps 1-5 run per fragment, at
+// the fragment's own offset within every `interval` steps, on the part of the shard that
+// belongs to the fragment. Each fragment has its own global weights, outer-optimizer and
+// error-feedback state and compression pipeline; its rounds are numbered in the global
+// order of all syncs (the same on every site), which keys its frames on the wire.
+//
+// Overlap (outer.overlap_steps = tau > 0, or outer.delayed_update): steps 1-4 of a fragment
+// run on a worker thread of that fragment from a snapshot of its local values taken at the
+// sync step, while the inner loop keeps training; tau steps later the inner loop joins the
+// worker (the exposed wait) and merges: local <- alpha * local + (1 - alpha) * global, then
+// the site all-gathers. Several fragments may be in flight at once (tau > interval / F).
+// Joins and merges happen on the inner loop's thread at fixed steps, so every rank calls the
+// site's collectives at the same step and every site computes the same global weights. The
+// last step of the run syncs every fragment blocking, so all sites end bit-identical.
+// With F = 1 and tau = 0 all of this is the plain outer loop, bit for bit.
 #pragma once
 
 #include <chrono>
@@ -31,6 +39,7 @@
 
 #include "compression/error_feedback.hpp"
 #include "compression/pipeline.hpp"
+#include "outer_optimizer/fragments.hpp"
 #include "outer_optimizer/outer_config.hpp"
 #include "outer_optimizer/outer_optimizer.hpp"
 #include "trainer/loop/outer_hook.hpp"
@@ -42,9 +51,10 @@ namespace geoloco::outer {
 class Diloco : public trainer::OuterHook {
  public:
   // `transport` connects this rank to rank r of every other site (null for a one-site run);
-  // its peers must be ordered as the other sites appear in cfg.sites.
+  // its peers must be ordered as the other sites appear in cfg.sites. `layout` is the
+  // model's parameter layout (fragments are cut along it).
   Diloco(const trainer::RunConfig& cfg, int site, int rank, transport::Transport* transport,
-         trainer::SiteStrategy& strategy);
+         trainer::SiteStrategy& strategy, const trainer::ParamLayout& layout);
   ~Diloco() override;
   Diloco(const Diloco&) = delete;
   Diloco& operator=(const Diloco&) = delete;
@@ -59,27 +69,61 @@ class Diloco : public trainer::OuterHook {
 
   int64_t rounds() const { return round_; }
   uint64_t site_hash() const { return site_hash_; }
+  const std::vector<FragmentPlan>& fragment_plans() const { return plans_; }
 
  private:
   struct ExchangeResult {
     uint64_t envelope_bytes = 0, frame_bytes = 0, elements = 0;
     double ratio = 0;
+    uint64_t hash = 0;  // of the fragment's new global weights
   };
+  // One fragment's part of this rank's shard and its outer-loop state.
+  struct Fragment {
+    int index = 0;
+    std::vector<Range> local;     // ranges within this rank's shard
+    size_t n = 0;                 // elements on this rank (may be 0)
+    std::vector<float> global;    // the fragment's global weights, gathered in range order
+    std::vector<float> delta, decoded, avg, snapshot;
+    std::unique_ptr<compression::Pipeline> pipeline;
+    std::unique_ptr<compression::ErrorFeedback> ef;
+    std::unique_ptr<OuterOptimizer> opt;
+    int64_t last_sync_step = 0;   // launch step of its latest round
+    int64_t blocking_step = -1;   // step of its latest blocking sync
+    uint64_t hash = 0;            // hash of `global`
+    // Overlap: the worker owns global/delta/decoded/avg/snapshot/pipeline/ef/opt while
+    // in_flight; the inner loop touches them only after join().
+    std::thread worker;
+    bool in_flight = false, pending_merge = false, joined = false;
+    int64_t merge_step = 0, launch_step = 0;
+    uint64_t round = 0;
+    ExchangeResult result;
+    std::exception_ptr error;
+    std::chrono::steady_clock::time_point t0, t1;
+    double joined_seconds = 0;
+  };
+
   bool overlapped() const;
   int64_t tau() const;
-  uint64_t period_tokens(int64_t step) const;
-  // Blocking sync (the plain outer loop).
-  void sync(int64_t step, trainer::SiteStrategy& strategy);
-  // Steps 1-4 on `local`: pseudo-gradient, compress, exchange, decode, average, outer
-  // optimizer step on global_. Touches no collective (runs on the worker when overlapped).
-  ExchangeResult exchange(int64_t step, uint64_t round, uint64_t tokens, std::span<const float> local, int tid);
-  // Overlap: start a round on the worker; join it; join + merge + all-gather.
-  void launch(int64_t step, trainer::SiteStrategy& strategy);
-  void join_worker();
-  void complete(trainer::SiteStrategy& strategy);
-  // Hash check, site hash (a collective) and accounting of a finished round.
-  void finish_round(trainer::SiteStrategy& strategy, int64_t step, uint64_t round, double seconds,
+  int trace_tid(const Fragment& f) const;
+  uint64_t tokens_since(int64_t step, int64_t since) const;
+  void gather_local(const Fragment& f, std::span<const float> shard, std::span<float> out) const;
+  // Blocking sync of one fragment (the plain outer loop when F = 1).
+  void sync(Fragment& f, int64_t step, trainer::SiteStrategy& strategy);
+  // Steps 1-4 on `local` (the fragment's values, gathered): pseudo-gradient, compress,
+  // exchange, decode, average, outer step on f.global, then the cross-site hash check of
+  // the new global weights (outer.check_hash). Touches no collective.
+  ExchangeResult exchange(Fragment& f, int64_t step, uint64_t round, uint64_t tokens, std::span<const float> local,
+                          int tid);
+  // Overlap: start a fragment's round on its worker; join it; join + merge + all-gather.
+  void launch(Fragment& f, int64_t step, trainer::SiteStrategy& strategy);
+  void join(Fragment& f);
+  void complete(Fragment& f, trainer::SiteStrategy& strategy);
+  // Site hash (a collective) and accounting of a finished round.
+  void finish_round(Fragment& f, trainer::SiteStrategy& strategy, int64_t step, uint64_t round, double seconds,
                     const ExchangeResult& r);
+  // Syncs (blocking) every fragment not yet blocking-synced at `step`: the run's end.
+  void final_sync(int64_t step, trainer::SiteStrategy& strategy);
+  uint64_t combined_hash() const;
   uint64_t combine_site_hash(trainer::SiteStrategy& strategy, uint64_t shard_hash);
   void check_hashes(uint64_t shard_hash, uint64_t round);
   std::string peer_name(int site) const;
@@ -90,35 +134,16 @@ class Diloco : public trainer::OuterHook {
   transport::Transport* transport_;
   std::vector<int> peer_of_site_;  // site index -> transport peer index (-1 for self)
   size_t n_;                       // shard elements
-  std::vector<float> global_;      // global weights, this shard
-  std::vector<float> delta_, decoded_, avg_;
-  std::unique_ptr<compression::Pipeline> pipeline_;
-  std::unique_ptr<compression::ErrorFeedback> ef_;
-  OuterOptimizer opt_;
+  std::vector<FragmentPlan> plans_;
+  std::vector<std::unique_ptr<Fragment>> frags_;
   int64_t round_ = 0;
-  int64_t last_sync_step_ = 0;
   uint64_t site_hash_ = 0;
   trainer::TraceRecorder* trace_ = nullptr;  // spans of the sync's phases (null: none)
-
-  // Overlap state. The worker owns delta_/decoded_/avg_/global_/pipeline_/ef_/opt_/
-  // snapshot_ while in_flight_; the inner loop touches them only after join_worker().
-  std::thread worker_;
-  bool in_flight_ = false;      // worker started, not joined
-  bool pending_merge_ = false;  // a round's global weights await their merge at merge_step_
-  int64_t merge_step_ = 0, launch_step_ = 0;
-  uint64_t launch_round_ = 0;
-  std::vector<float> snapshot_;
-  ExchangeResult worker_result_;
-  std::exception_ptr worker_error_;
-  std::chrono::steady_clock::time_point launch_t0_, worker_t1_;
-  double joined_seconds_ = 0;   // launch to worker end of the joined round
-  bool joined_ = false;
 
   // Measurements.
   std::vector<double> sync_seconds_;
   uint64_t frame_bytes_total_ = 0, elements_total_ = 0;
   double last_sync_s_ = 0;
-  uint64_t last_frame_bytes_ = 0;
 };
 
 }  // namespace geoloco::outer

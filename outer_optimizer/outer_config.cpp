@@ -31,6 +31,9 @@ OuterConfig OuterConfig::from_yaml(const config::Node& n) {
   c.weighting = n.get_choice("weighting", c.weighting, {"uniform", "tokens"});
   c.inner_state = n.get_choice("inner_state", c.inner_state, {"keep", "reset"});
   c.check_hash = n.get<bool>("check_hash", c.check_hash);
+  c.fragments = static_cast<int>(n.get_int("fragments", c.fragments, 1, 1 << 20));
+  if (c.fragments > c.interval)
+    n.fail_value("fragments", fmt::format("an integer from 1 to interval ({}): fragments sync at distinct steps", c.interval));
   c.overlap_steps = n.get_int("overlap_steps", c.overlap_steps, 0, int64_t{1} << 40);
   // tau >= H would put two rounds of one shard in flight: their snapshots would overlap.
   if (c.overlap_steps >= c.interval)
@@ -39,6 +42,9 @@ OuterConfig OuterConfig::from_yaml(const config::Node& n) {
   c.delayed_update = n.get<bool>("delayed_update", c.delayed_update);
   if (c.delayed_update && c.overlap_steps > 0)
     n.fail("overlap_steps", "delayed_update already overlaps a whole interval; leave overlap_steps at 0");
+  if (c.fragments > 1 && c.inner_state == "reset")
+    n.fail("inner_state", "reset needs fragments: 1 (a fragment's sync covers only part of the model, the AdamW state "
+                          "covers all of it)");
   n.finish();
   return c;
 }

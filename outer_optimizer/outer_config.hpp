@@ -7,6 +7,7 @@
 //     weighting: uniform            # uniform | tokens (each site weighted by tokens processed)
 //     inner_state: keep             # keep | reset (AdamW moments after each outer step)
 //     check_hash: true              # compare global-weight hashes across sites every sync
+//     fragments: 1                  # F: streaming fragments (1 <= F <= n_layer, F <= interval)
 //     overlap_steps: 0              # tau: inner steps a sync runs behind compute (0: blocking)
 //     merge_alpha: 0.5              # overlap merge: local <- alpha * local + (1 - alpha) * global
 //     delayed_update: false         # apply round t's outer update at round t+1 (tau = interval)
@@ -37,6 +38,7 @@ struct OuterConfig {
   std::string weighting = "uniform";
   std::string inner_state = "keep";
   bool check_hash = true;
+  int fragments = 1;              // F: streaming fragments, each synced at its own offset
   int64_t overlap_steps = 0;      // tau, 0 <= tau < interval
   double merge_alpha = 0.5;
   bool delayed_update = false;

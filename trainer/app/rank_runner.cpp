@@ -85,7 +85,7 @@ nlohmann::json run_rank(const trainer::RunConfig& cfg, const RankOptions& o) {
   trainer::Trainer trainer(cfg, opt);
   std::unique_ptr<outer::Diloco> diloco;
   if (cfg.outer.enabled) {
-    diloco = std::make_unique<outer::Diloco>(cfg, site, rank, tp.get(), trainer.strategy());
+    diloco = std::make_unique<outer::Diloco>(cfg, site, rank, tp.get(), trainer.strategy(), trainer::ParamLayout(cfg.model));
     trainer.set_outer(diloco.get());
   }
   nlohmann::json mine = trainer.run();

@@ -25,7 +25,8 @@ class TraceRecorder {
  public:
   using Clock = std::chrono::steady_clock;
   // Thread ids of the spans: the inner loop, the outer loop's worker, the transport.
-  static constexpr int kMainThread = 0, kOuterThread = 1, kTransportThread = 2;
+  // Outer-loop fragment f > 0 (outer.fragments) records on kFragmentThreadBase + f.
+  static constexpr int kMainThread = 0, kOuterThread = 1, kTransportThread = 2, kFragmentThreadBase = 10;
   static constexpr size_t kDefaultCap = 500000;
 
   explicit TraceRecorder(size_t cap = kDefaultCap) : cap_(cap) {}

@@ -152,6 +152,10 @@ RunConfig parse_run_config(const config::Document& doc) {
                                                     c.train.seq_len, c.model.block_size));
   c.sites = parse_sites(root);
   if (root.has("outer") || c.sites.size() > 1) c.outer = outer::OuterConfig::from_yaml(root.child("outer"));
+  if (c.outer.fragments > c.model.n_layer)
+    root.child("outer").fail("fragments", fmt::format("got {}, but the model has {} transformer blocks (a fragment holds "
+                                                      "at least one block)",
+                                                      c.outer.fragments, c.model.n_layer));
   if (root.has("transport")) c.transport = transport::TransportConfig::from_yaml(root.child("transport"), c.dir);
   if (c.sites.size() > 1) {
     if (!c.transport)

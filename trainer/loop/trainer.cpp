@@ -413,6 +413,12 @@ struct Trainer::Impl {
         const char* tnames[] = {"inner loop", "outer loop", "transport"};
         for (int t = 0; t < 3; ++t)
           merged.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", g}, {"tid", t}, {"args", {{"name", tnames[t]}}}});
+        for (int f = 1; f < cfg.outer.fragments; ++f)
+          merged.push_back({{"name", "thread_name"},
+                            {"ph", "M"},
+                            {"pid", g},
+                            {"tid", TraceRecorder::kFragmentThreadBase + f},
+                            {"args", {{"name", fmt::format("outer loop, fragment {}", f)}}}});
         for (auto& e : doc["events"]) merged.push_back(std::move(e));
       }
     if (!missing.empty())
