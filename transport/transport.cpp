@@ -128,6 +128,7 @@ nlohmann::json TransportStats::to_json() const {
                           {"frames_sent", p.frames_sent},
                           {"frames_received", p.frames_received},
                           {"frames_rejected", p.frames_rejected},
+                          {"lane_bytes_sent", p.lane_bytes_sent},
                           {"failure", p.failure}});
   }
   return j;
@@ -197,6 +198,7 @@ struct SendOp {
   uint64_t next_chunk = 0;
   uint64_t done_chunks = 0;
   int inflight = 0;
+  int lane = -1;  // -1: round-robin over the peer's lanes; else this lane only
   Clock::time_point enqueued{};
   std::optional<Clock::time_point> next_release;  // emulation: when the next chunk may go
   bool failed = false;
@@ -366,14 +368,19 @@ class Transport::Impl {
     info_ready_ = true;
   }
 
-  OpHandle send(int peer, FrameKind kind, uint64_t round, uint32_t shard, std::span<const uint8_t> payload) {
+  OpHandle send(int peer, FrameKind kind, uint64_t round, uint32_t shard, std::span<const uint8_t> payload,
+                int lane = -1) {
     auto op = std::make_shared<SendOp>();
     op->peer = peer;
     op->key = Key{static_cast<uint16_t>(kind), round, shard};
     op->payload = payload;
+    op->lane = lane;
     op->state = std::make_shared<detail::OpState>();
     OpHandle h(op->state);
     check_api(peer, static_cast<uint16_t>(kind), op->state);
+    if (!h.ready() && lane != -1 && (lane < 0 || lane >= cfg_.lanes))
+      op->state->finish(make_error(FailKind::kTransport, fmt::format("transport: no lane {} (lanes {})", lane, cfg_.lanes)),
+                        0);
     if (!h.ready()) post([this, op] { enqueue_send(op); });
     return h;
   }
@@ -401,6 +408,7 @@ class Transport::Impl {
   }
 
   const Identity& self() const { return self_; }
+  int lanes() const { return cfg_.lanes; }
   const std::vector<PeerInfo>& peers() const { return peer_infos_; }
   int peer_index(const std::string& site, int rank) const {
     for (size_t i = 0; i < peer_infos_.size(); ++i)
@@ -445,8 +453,14 @@ class Transport::Impl {
       busy |= run_commands();
       if (stopping_) break;
       process_failures();
+      // pump_sends() books the emulator's next release with next_timer(); check_timers()
+      // starts its own list, so keep the release and sleep until whichever comes first
+      // (otherwise emulated delays were rounded up to the 50 ms poll interval).
+      next_timer_ = {};
       busy |= pump_all_sends();
+      const Clock::time_point release = next_timer_;
       Clock::time_point next = check_timers();
+      if (release != Clock::time_point{} && (next == Clock::time_point{} || release < next)) next = release;
       reap_endpoints();
       if (busy) {
         idle_spins = 0;
@@ -559,6 +573,7 @@ class Transport::Impl {
       p.dial_active.assign(cfg_.lanes, false);
       p.stats.site = info.site;
       p.stats.rank = info.rank;
+      p.stats.lane_bytes_sent.assign(static_cast<size_t>(cfg_.lanes), 0);
       peers_.push_back(std::move(p));
     }
     publish_stats();
@@ -1234,6 +1249,7 @@ class Transport::Impl {
     int left = 1;  // frames of this chunk still in flight
     ucs_status_t status = UCS_OK;
     uint64_t length = 0;
+    int lane = -1;  // the lane its (last) frame went out on
   };
 
   struct SendChunk {
@@ -1305,7 +1321,7 @@ class Transport::Impl {
     ++op->inflight;
     ++p.inflight;
     if (parts == 0) {  // the hook dropped the chunk
-      chunk_sent(op, UCS_OK, 0);
+      chunk_sent(op, UCS_OK, 0, -1);
       return;
     }
     auto group = std::make_shared<ChunkGroup>();
@@ -1330,7 +1346,9 @@ class Transport::Impl {
       } else {
         h.encode(ctx->header);
       }
-      ucp_ep_h ep = p.lane_ep[p.rr++ % p.lane_ep.size()];
+      const size_t lane = op->lane >= 0 ? static_cast<size_t>(op->lane) : p.rr++ % p.lane_ep.size();
+      group->lane = static_cast<int>(lane);
+      ucp_ep_h ep = p.lane_ep[lane];
       if (ep == nullptr) {
         finish_part(ctx.get(), UCS_ERR_NOT_CONNECTED);
         continue;
@@ -1354,7 +1372,7 @@ class Transport::Impl {
   void finish_part(SendChunk* c, ucs_status_t status) {
     ChunkGroup& g = *c->group;
     if (status != UCS_OK) g.status = status;
-    if (--g.left == 0) chunk_sent(c->op, g.status, g.length);
+    if (--g.left == 0) chunk_sent(c->op, g.status, g.length, g.lane);
   }
 
   static void on_chunk_sent(void* request, ucs_status_t status, void* user) {
@@ -1364,7 +1382,7 @@ class Transport::Impl {
     ucp_request_free(request);
   }
 
-  void chunk_sent(const std::shared_ptr<SendOp>& op, ucs_status_t status, uint64_t length) {
+  void chunk_sent(const std::shared_ptr<SendOp>& op, ucs_status_t status, uint64_t length, int lane) {
     Peer& p = peers_[op->peer];
     --op->inflight;
     --p.inflight;
@@ -1374,6 +1392,8 @@ class Transport::Impl {
     } else {
       ++op->done_chunks;
       p.stats.bytes_sent += length;
+      if (lane >= 0 && static_cast<size_t>(lane) < p.stats.lane_bytes_sent.size())
+        p.stats.lane_bytes_sent[static_cast<size_t>(lane)] += length;
       ++p.stats.frames_sent;
       p.send_progress = Clock::now();
     }
@@ -1633,6 +1653,11 @@ SendHandle Transport::send(int peer, FrameKind kind, uint64_t round, uint32_t sh
 RecvHandle Transport::recv(int peer, FrameKind kind, uint64_t round, uint32_t shard, std::span<uint8_t> dest) {
   return impl_->recv(peer, kind, round, shard, dest);
 }
+SendHandle Transport::send_on_lane(int peer, int lane, FrameKind kind, uint64_t round, uint32_t shard,
+                                   std::span<const uint8_t> payload) {
+  return impl_->send(peer, kind, round, shard, payload, lane < 0 ? -2 : lane);
+}
+int Transport::lanes() const { return impl_->lanes(); }
 TransportStats Transport::stats() const { return impl_->stats(); }
 std::vector<std::string> Transport::ucx_settings() const { return impl_->ucx_settings(); }
 

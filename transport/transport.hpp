@@ -38,6 +38,7 @@ struct PeerStats {
   uint64_t frames_sent = 0;
   uint64_t frames_received = 0;
   uint64_t frames_rejected = 0;
+  std::vector<uint64_t> lane_bytes_sent;  // bytes_sent split by lane (index = lane)
   std::string failure;  // empty while the peer is healthy
 };
 
@@ -115,6 +116,14 @@ class Transport {
   // contents of dest are unspecified.
   SendHandle send(int peer, FrameKind kind, uint64_t round, uint32_t shard, std::span<const uint8_t> payload);
   RecvHandle recv(int peer, FrameKind kind, uint64_t round, uint32_t shard, std::span<uint8_t> dest);
+  // As send(), but every chunk travels on lane `lane` (0 <= lane < lanes()) instead of
+  // round-robin over all of them: one TCP connection's throughput (geoloco probe). The
+  // receiver does not see a difference. A lane outside the range fails the handle at once.
+  SendHandle send_on_lane(int peer, int lane, FrameKind kind, uint64_t round, uint32_t shard,
+                          std::span<const uint8_t> payload);
+
+  // Endpoints (TCP connections) per peer: the configured lanes.
+  int lanes() const;
 
   TransportStats stats() const;
   // UCX settings applied at startup ("NAME=value"), for logs and summaries.

@@ -208,3 +208,71 @@ TEST(Transport, StatsJsonHasPerPeerCounters) {
   auto settings = c.t[1]->ucx_settings();
   EXPECT_FALSE(settings.empty());
 }
+
+// send_on_lane keeps every chunk of a transfer on one lane (geoloco probe's single-connection
+// figure); plain send spreads chunks round-robin over all lanes. The per-lane counters show it.
+TEST(Transport, SendOnLaneUsesOnlyThatLane) {
+  const uint64_t chunk = 64 * 1024;
+  std::vector<TransportConfig> cfgs(2, small_config(3, chunk));
+  Cluster c(cfgs, {ident("a"), ident("b")});
+  for (auto& e : c.connect_all()) ASSERT_EQ(e, "");
+  ASSERT_EQ(c.t[0]->lanes(), 3);
+  auto x = pattern(12 * chunk + 5, 11);
+  std::vector<uint8_t> d(x.size());
+  auto r = c.t[1]->recv(0, FrameKind::kProbe, 1, 0, d);
+  c.t[0]->send_on_lane(0, 2, FrameKind::kProbe, 1, 0, x).wait();
+  r.wait();
+  EXPECT_EQ(d, x);
+  auto lanes = c.t[0]->stats().peers.at(0).lane_bytes_sent;
+  ASSERT_EQ(lanes.size(), 3u);
+  EXPECT_EQ(lanes[0], 0u);
+  EXPECT_EQ(lanes[1], 0u);
+  EXPECT_EQ(lanes[2], x.size());
+
+  // Round-robin: 13 chunks over 3 lanes, every lane carries some.
+  std::fill(d.begin(), d.end(), 0);
+  r = c.t[1]->recv(0, FrameKind::kProbe, 2, 0, d);
+  c.t[0]->send(0, FrameKind::kProbe, 2, 0, x).wait();
+  r.wait();
+  EXPECT_EQ(d, x);
+  lanes = c.t[0]->stats().peers.at(0).lane_bytes_sent;
+  EXPECT_GE(lanes[0], 4 * chunk);
+  EXPECT_GE(lanes[1], 4 * chunk);
+  EXPECT_GE(lanes[2], x.size() + 4 * chunk);
+  EXPECT_EQ(lanes[0] + lanes[1] + lanes[2], 2 * x.size());
+  EXPECT_EQ(c.t[0]->stats().to_json()["peers"][0]["lane_bytes_sent"].size(), 3u);
+
+  // A lane out of range fails the handle at once and leaves the peer healthy.
+  for (int bad : {3, -1}) {
+    auto h = c.t[0]->send_on_lane(0, bad, FrameKind::kProbe, 3, 0, x);
+    ASSERT_TRUE(h.ready());
+    try {
+      h.wait();
+      ADD_FAILURE() << "lane " << bad << " accepted";
+    } catch (const TransportError& e) {
+      EXPECT_NE(std::string(e.what()).find("no lane"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(c.t[0]->stats().peers.at(0).failure, "");
+}
+
+// The emulated delay is kept to within a few ms, not rounded up to the progress thread's 50 ms
+// poll interval (it was: 20 ms one way gave ~50 ms, a 102 ms ping-pong in geoloco probe).
+TEST(Transport, EmulatedDelayIsNotRoundedUpToThePollInterval) {
+  auto cfg = small_config(1);
+  cfg.emulate.delay_ms = 20;
+  Cluster c({cfg, cfg}, {ident("a"), ident("b")});
+  for (auto& e : c.connect_all()) ASSERT_EQ(e, "");
+  std::vector<uint8_t> one(1, 7), got(1);
+  std::vector<double> ms;
+  for (uint64_t i = 0; i < 10; ++i) {
+    auto r = c.t[1]->recv(0, FrameKind::kControl, i, 0, got);
+    auto t0 = std::chrono::steady_clock::now();
+    c.t[0]->send(0, FrameKind::kControl, i, 0, one).wait();
+    r.wait();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  EXPECT_GE(ms.front(), 20.0);
+  EXPECT_LT(ms[5], 30.0) << "median one-way " << ms[5] << " ms for a 20 ms emulated delay";
+}
