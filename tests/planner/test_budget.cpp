@@ -319,6 +319,7 @@ TEST(Budget, MeasuredSectionRoundTripsBitExact) {
   m.connections = 8;
   m.connections_gbps = 1.0 / 3.0;
   m.step_time_s = 0.1 + 0.2;  // not representable in short decimal
+  m.retransmit_pct = 0.0123456789;
   const std::string text = std::string("model: {params: 1e9}\nlink: {rate_gbps: 10}\n") + measured_yaml(m);
   auto in = parse(text);
   EXPECT_EQ(in.rtt_s, m.rtt_median_ms * 1e-3);
@@ -327,6 +328,12 @@ TEST(Budget, MeasuredSectionRoundTripsBitExact) {
   EXPECT_EQ(in.measured_connections, 8);
   EXPECT_EQ(*in.measured_path_Bps, gbit_to_bytes_per_s(1.0 / 3.0));
   EXPECT_EQ(in.step_time_s, 0.1 + 0.2);
+  ASSERT_TRUE(in.measured_retransmit_pct.has_value());
+  EXPECT_EQ(*in.measured_retransmit_pct, 0.0123456789);
+  // 0% retransmissions is a measurement too: written, read back as 0.
+  MeasuredPath none;
+  none.retransmit_pct = 0.0;
+  EXPECT_EQ(measured_yaml(none), "measured:\n  retransmit_pct: 0\n");
   // Nothing measured: an empty section, still a valid document once the rest is given.
   EXPECT_EQ(measured_yaml(MeasuredPath{}), "measured: {}\n");
 }

@@ -138,6 +138,7 @@ BudgetInput BudgetInput::from_yaml(const config::Node& root) {
     if (!meas.has("connections")) meas.fail("connections", "missing: how many connections carried connections_gbps");
   }
   in.measured_connections = meas.get_int("connections", 0, 0, int64_t(1) << 30);
+  if (meas.has("retransmit_pct")) in.measured_retransmit_pct = meas.get_double("retransmit_pct", 0, 0, 100);
   std::optional<double> measured_step;
   if (meas.has("step_time_s")) measured_step = meas.get_double("step_time_s", 0, 1e-9, 1e9);
   meas.finish();
@@ -352,6 +353,7 @@ std::string measured_yaml(const MeasuredPath& m) {
   if (m.connections_gbps > 0 && m.connections > 0)
     out += fmt::format("  connections: {}\n  connections_gbps: {}\n", m.connections, m.connections_gbps);
   if (m.step_time_s > 0) out += fmt::format("  step_time_s: {}\n", m.step_time_s);
+  if (m.retransmit_pct) out += fmt::format("  retransmit_pct: {}\n", *m.retransmit_pct);
   if (out == "measured:\n") out = "measured: {}\n";
   return out;
 }

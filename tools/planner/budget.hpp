@@ -61,6 +61,7 @@ struct BudgetInput {
   std::optional<double> measured_per_connection_Bps;  // probe: one connection's throughput
   std::optional<double> measured_path_Bps;            // probe: N connections together
   int64_t measured_connections = 0;
+  std::optional<double> measured_retransmit_pct;      // probe: TCP retransmissions (reported only)
 
   // Schedule.
   double step_time_s = 0;
@@ -171,6 +172,7 @@ struct MeasuredPath {
   int64_t connections = 0;        // connections used for connections_gbps
   double connections_gbps = 0;
   double step_time_s = 0;
+  std::optional<double> retransmit_pct;  // TCP retransmitted segments, % of segments sent
 };
 // The `measured:` section as YAML text, values written so that they read back bit-exact
 // through BudgetInput::from_yaml. Append it to a budget document (or to the header

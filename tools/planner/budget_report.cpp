@@ -73,6 +73,9 @@ std::string format_budget_table(const BudgetReport& r) {
   t.row("sites", fmt::format("{}", in.sites));
   t.row("round trip", fmt::format("{} ({}){}", format_seconds(in.rtt_s), in.rtt_source,
                                   in.rtt_p99_s > 0 ? ", p99 " + format_seconds(in.rtt_p99_s) : ""));
+  if (in.measured_retransmit_pct)
+    t.row("TCP retransmissions", fmt::format("{:.3g}% of segments (measured; not part of the model)",
+                                             *in.measured_retransmit_pct));
   {
     const double cap = in.site_capacity_Bps();
     const double spec = gbit_to_bytes_per_s(in.link_gbps) * static_cast<double>(in.parallel_links);
@@ -155,6 +158,8 @@ nlohmann::json budget_json(const BudgetReport& r) {
                  {"rtt_s", in.rtt_s},
                  {"rtt_p99_s", in.rtt_p99_s},
                  {"rtt_source", in.rtt_source},
+                 {"retransmit_pct", in.measured_retransmit_pct ? nlohmann::json(*in.measured_retransmit_pct)
+                                                               : nlohmann::json(nullptr)},
                  {"site_capacity_bytes_per_s", std::isfinite(in.site_capacity_Bps()) ? nlohmann::json(in.site_capacity_Bps()) : nlohmann::json(nullptr)},
                  {"step_time_s", in.step_time_s},
                  {"H", in.H},
