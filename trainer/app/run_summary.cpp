@@ -43,8 +43,13 @@ void print_human_summary(const trainer::RunConfig& cfg, const nlohmann::json& s)
              trainer::format_rate(num(s, "tokens_per_s")));
   if (s.contains("outer_steps")) {
     const double wan = num(s, "wan_bytes_sent_total"), ddp = num(s, "ddp_equivalent_wan_bytes");
-    fmt::print("  {} outer steps across {} sites; WAN {} sent", s.value("outer_steps", 0), cfg.sites.size(),
-               bytes_text(wan));
+    const int frags = s.value("outer_fragments", 1);
+    if (frags > 1)
+      fmt::print("  {} outer rounds ({} streaming fragments) across {} sites; WAN {} sent", s.value("outer_steps", 0),
+                 frags, cfg.sites.size(), bytes_text(wan));
+    else
+      fmt::print("  {} outer steps across {} sites; WAN {} sent", s.value("outer_steps", 0), cfg.sites.size(),
+                 bytes_text(wan));
     if (wan > 0 && std::isfinite(ddp)) fmt::print(", {:.0f}x fewer bytes than per-step data parallelism ({})", ddp / wan, bytes_text(ddp));
     fmt::print("\n");
   }
