@@ -4,11 +4,17 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cinttypes>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
+#include <mutex>
 #include <optional>
 
 #include "outer_optimizer/envelope.hpp"
+#include "tools/probe/probe.hpp"
+#include "trainer/loop/metrics.hpp"
 #include "trainer/core/error.hpp"
 #include "trainer/core/hash.hpp"
 
@@ -18,6 +24,40 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 std::span<const uint8_t> as_bytes(const uint64_t& v) { return {reinterpret_cast<const uint8_t*>(&v), sizeof v}; }
+// Fragment-ordered values (each fragment's vector in turn) <-> one shard-sized tensor laid
+// out like the shard, so a checkpoint's outer state reads like the parameters.
+template <class Get>
+std::vector<float> to_shard_layout(size_t n, const std::vector<std::vector<Range>>& ranges, Get get) {
+  std::vector<float> out(n, 0.0f);
+  for (size_t f = 0; f < ranges.size(); ++f) {
+    std::span<const float> v = get(f);
+    size_t k = 0;
+    for (const auto& r : ranges[f])
+      for (int64_t i = r.begin; i < r.end; ++i) out[static_cast<size_t>(i)] = v[k++];
+  }
+  return out;
+}
+
+// Keys of the plan protocol's control messages (FrameKind::kControl; the hash check uses
+// shard = rank, far below these).
+constexpr uint32_t kPlanReportShard = 0xFFFF0001u, kPlanDecisionShard = 0xFFFF0002u;
+constexpr uint32_t kStartReportShard = 0xFFFF0003u, kStartPlanShard = 0xFFFF0004u;
+constexpr uint64_t kMaxControlBody = 1 << 20;
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
+
+// Buffers of control messages still owned by the transport when a failed run unwinds: kept
+// until exit, so a late arrival never writes into freed memory.
+std::vector<std::shared_ptr<std::vector<uint8_t>>>& orphaned_buffers() {
+  static std::vector<std::shared_ptr<std::vector<uint8_t>>> v;
+  return v;
+}
+std::mutex orphan_mu;
 }  // namespace
 
 Diloco::Diloco(const trainer::RunConfig& cfg, int site, int rank, transport::Transport* transport,
@@ -28,7 +68,9 @@ Diloco::Diloco(const trainer::RunConfig& cfg, int site, int rank, transport::Tra
       rank_(rank),
       transport_(transport),
       n_(strategy.shard_params().size()),
-      plans_(plan_fragments(layout, ocfg_.fragments, ocfg_.interval)) {
+      layout_(layout),
+      interval_(ocfg_.interval),
+      pcfg_(ocfg_.compression) {
   const int S = static_cast<int>(cfg.sites.size());
   peer_of_site_.assign(static_cast<size_t>(S), -1);
   for (int s = 0; s < S; ++s) {
@@ -42,25 +84,50 @@ Diloco::Diloco(const trainer::RunConfig& cfg, int site, int rank, transport::Tra
   // Every site starts from the same initial weights (same seed): check it before training.
   const uint64_t h0 = hash64(shard.data(), shard.size() * sizeof(float));
   check_hashes(h0, 0);
+  shard_offset_ = strategy.shard().offset;
+  build_fragments(ocfg_.fragments, shard, strategy.shard());
+  site_hash_ = combine_site_hash(strategy, combined_hash());
+  // The config's own schedule is plan epoch 0.
+  plan_.interval = interval_;
+  plan_.fragments = ocfg_.fragments;
+  plan_.codec = std::string(compression::codec_name(pcfg_.codec));
+  plan_.lanes = transport_ ? transport_->lanes() : 1;
+  plan_.reason = "the configured schedule (outer.plan: manual)";
+  planned_ = !ocfg_.auto_plan() || S == 1;
+  if (!planned_ && rank_ == 0)
+    // Probe in the background while the first steps are timed; joined at the plan.
+    probe_thread_ = std::thread([this] {
+      try {
+        probe_path_ = probe_sites();
+      } catch (...) {
+        probe_error_ = std::current_exception();
+      }
+    });
+  if (ocfg_.auto_plan() && S == 1 && rank_ == 0)
+    spdlog::warn("outer.plan: auto needs more than one site; keeping the configured schedule");
+  if (rank_ == 0 && plans_.size() > 1)
+    for (const auto& p : plans_) spdlog::info("outer loop: {}", p.describe());
+}
+
+void Diloco::build_fragments(int fragments, std::span<const float> shard, parallel::ShardRange range) {
+  plans_ = plan_fragments(layout_, fragments, interval_);
+  frags_.clear();
   for (const auto& plan : plans_) {
     auto f = std::make_unique<Fragment>();
     f->index = plan.index;
-    f->local = intersect(plan.ranges, strategy.shard());
+    f->local = intersect(plan.ranges, range);
     for (const auto& r : f->local) f->n += static_cast<size_t>(r.size());
     f->global.resize(f->n);
     gather_local(*f, shard, f->global);
     f->delta.resize(f->n);
     f->decoded.resize(f->n);
     f->avg.resize(f->n);
-    f->pipeline = std::make_unique<compression::Pipeline>(ocfg_.compression);
-    if (ocfg_.compression.error_feedback) f->ef = std::make_unique<compression::ErrorFeedback>(f->n);
+    f->pipeline = std::make_unique<compression::Pipeline>(pcfg_);
+    if (pcfg_.error_feedback) f->ef = std::make_unique<compression::ErrorFeedback>(f->n);
     f->opt = std::make_unique<OuterOptimizer>(ocfg_.optimizer, f->n);
     f->hash = hash64(f->global.data(), f->global.size() * sizeof(float));
     frags_.push_back(std::move(f));
   }
-  site_hash_ = combine_site_hash(strategy, combined_hash());
-  if (rank_ == 0 && plans_.size() > 1)
-    for (const auto& p : plans_) spdlog::info("outer loop: {}", p.describe());
 }
 
 std::string Diloco::peer_name(int s) const {
@@ -73,11 +140,16 @@ Diloco::~Diloco() {
   // the transport's timeouts, so these joins are too.
   for (auto& f : frags_)
     if (f->worker.joinable()) f->worker.join();
+  if (probe_thread_.joinable()) probe_thread_.join();
+  std::lock_guard lk(orphan_mu);
+  for (auto* list : {&report_recvs_, &report_sends_, &decision_recvs_, &decision_sends_})
+    for (auto& op : *list)
+      if (!op.op.ready()) orphaned_buffers().push_back(op.buf);
 }
 
 bool Diloco::overlapped() const { return ocfg_.overlap_steps > 0 || ocfg_.delayed_update; }
 
-int64_t Diloco::tau() const { return ocfg_.delayed_update ? ocfg_.interval : ocfg_.overlap_steps; }
+int64_t Diloco::tau() const { return ocfg_.delayed_update ? interval_ : ocfg_.overlap_steps; }
 
 int Diloco::trace_tid(const Fragment& f) const {
   return f.index == 0 ? trainer::TraceRecorder::kOuterThread : trainer::TraceRecorder::kFragmentThreadBase + f.index;
@@ -101,6 +173,14 @@ uint64_t Diloco::combined_hash() const {
 }
 
 bool Diloco::after_inner_step(int64_t step, trainer::SiteStrategy& strategy) {
+  // Inner step time: from the end of the previous call to the start of this one.
+  const auto now = Clock::now();
+  if (last_hook_end_ != Clock::time_point{}) step_times_.push_back(std::chrono::duration<double>(now - last_hook_end_).count());
+  struct Stamp {
+    Clock::time_point& t;
+    ~Stamp() { t = Clock::now(); }
+  } stamp{last_hook_end_};
+
   bool any = false;
   // Merges first: with delayed_update the merge of round t and the launch of round t+1 of
   // a fragment fall on the same step.
@@ -114,8 +194,16 @@ bool Diloco::after_inner_step(int64_t step, trainer::SiteStrategy& strategy) {
     final_sync(step, strategy);
     return true;
   }
+  if (!planned_) {
+    // outer.plan: auto times the first steps; nothing syncs before the plan.
+    if (step >= ocfg_.plan_measure_steps) initial_plan(step, strategy);
+    return any;
+  }
+  const int64_t rel = step - epoch_start_;
+  if (ocfg_.auto_plan() && cfg_.sites.size() > 1 && rel > 0 && rel % interval_ == 0 && plan_boundary(step, strategy))
+    return true;
   for (auto& f : frags_) {
-    if (!syncs_at(plans_[static_cast<size_t>(f->index)], step, ocfg_.interval)) continue;
+    if (!syncs_at(plans_[static_cast<size_t>(f->index)], rel, interval_)) continue;
     if (overlapped())
       launch(*f, step, strategy);
     else
@@ -128,10 +216,346 @@ bool Diloco::after_inner_step(int64_t step, trainer::SiteStrategy& strategy) {
 void Diloco::finish(int64_t step, trainer::SiteStrategy& strategy) { final_sync(step, strategy); }
 
 void Diloco::final_sync(int64_t step, trainer::SiteStrategy& strategy) {
+  drain_plan_protocol();
   for (auto& f : frags_)
     if (f->pending_merge) complete(*f, strategy);
   for (auto& f : frags_)
     if (f->blocking_step != step) sync(*f, step, strategy);
+}
+
+// ---- outer.plan: auto -------------------------------------------------------------------
+
+PlanRequest Diloco::plan_request(const PathMeasurement& path, double step_time_s, double capacity_scale) const {
+  PlanRequest r;
+  r.params = static_cast<double>(layout_.total());
+  r.sites = static_cast<int>(cfg_.sites.size());
+  r.ranks = cfg_.sites[0].ranks;
+  r.transport_lanes = transport_ ? transport_->lanes() : 1;
+  r.n_layer = layout_.config().n_layer;
+  r.path = path;
+  r.step_time_s = step_time_s;
+  r.capacity_scale = capacity_scale;
+  r.outer = &ocfg_;
+  return r;
+}
+
+std::vector<uint8_t> Diloco::site_broadcast(trainer::SiteStrategy& strategy, std::vector<uint8_t> mine) {
+  auto* coll = strategy.collective();
+  if (!coll || strategy.ranks() == 1) return mine;
+  if (rank_ != 0) mine.clear();
+  auto all = coll->all_gather_bytes(std::as_bytes(std::span<const uint8_t>(mine)));
+  const auto& b = all.at(0);
+  return std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(b.data()), reinterpret_cast<const uint8_t*>(b.data()) + b.size());
+}
+
+void Diloco::send_control(int site, EnvelopeKind kind, uint64_t round, uint32_t shard, uint64_t value,
+                          const std::string& body, std::vector<ControlOp>& into) {
+  ControlOp op;
+  op.site = site;
+  op.buf = std::make_shared<std::vector<uint8_t>>();
+  write_envelope({kind, round, static_cast<uint32_t>(site_), static_cast<uint32_t>(rank_), value,
+                  std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(body.data()), body.size())},
+                 *op.buf);
+  op.op = transport_->send(peer_of_site_[static_cast<size_t>(site)], transport::FrameKind::kControl, round, shard, *op.buf);
+  into.push_back(std::move(op));
+}
+
+void Diloco::post_control_recv(int site, uint64_t round, uint32_t shard, std::vector<ControlOp>& into) {
+  ControlOp op;
+  op.site = site;
+  op.buf = std::make_shared<std::vector<uint8_t>>(kEnvelopeBytes + kMaxControlBody);
+  op.op = transport_->recv(peer_of_site_[static_cast<size_t>(site)], transport::FrameKind::kControl, round, shard, *op.buf);
+  into.push_back(std::move(op));
+}
+
+Envelope Diloco::read_control(ControlOp& op, EnvelopeKind kind, uint64_t round) const {
+  op.op.wait();
+  op.buf->resize(op.op.bytes());
+  return read_envelope(*op.buf, kind, round, static_cast<uint32_t>(op.site), static_cast<uint32_t>(rank_), kMaxControlBody,
+                       peer_name(op.site));
+}
+
+namespace {
+nlohmann::json body_json(const Envelope& e, const std::string& who) {
+  try {
+    return nlohmann::json::parse(std::string(reinterpret_cast<const char*>(e.body.data()), e.body.size()));
+  } catch (const nlohmann::json::exception& x) {
+    throw Error(fmt::format("outer plan: malformed message from {}: {}", who, x.what()));
+  }
+}
+std::string bytes_string(const std::vector<uint8_t>& b) { return std::string(b.begin(), b.end()); }
+}  // namespace
+
+PathMeasurement Diloco::probe_sites() {
+  // Every site pair this site belongs to, in one global order (no deadlock); the worst path.
+  const int S = static_cast<int>(cfg_.sites.size());
+  std::optional<PathMeasurement> worst;
+  uint32_t pair = 0;
+  for (int a = 0; a < S; ++a)
+    for (int b = a + 1; b < S; ++b) {
+      ++pair;
+      if (a != site_ && b != site_) continue;
+      const int other = a == site_ ? b : a;
+      probe::ProbeOptions po;
+      po.session = pair;
+      po.seconds = ocfg_.plan_probe_seconds;
+      po.ping_count = 20;
+      po.ping_warmup = 3;
+      spdlog::info("outer plan: probing {} ({:.1f} s per stream) while the first {} steps are timed", peer_name(other),
+                   po.seconds, ocfg_.plan_measure_steps);
+      auto r = probe::probe_peer(*transport_, peer_of_site_[static_cast<size_t>(other)],
+                                 a == site_ ? probe::Role::kInitiator : probe::Role::kResponder, po);
+      PathMeasurement m;
+      m.rtt_s = r.rtt.median_ms / 1e3;
+      m.rtt_p99_s = r.rtt.p99_ms / 1e3;
+      m.per_connection_Bps = r.single ? r.single->gbps * 1e9 / 8 : 0;
+      m.path_Bps = r.multi ? r.multi->gbps * 1e9 / 8 : m.per_connection_Bps;
+      m.connections = r.multi ? r.multi->connections : 1;
+      worst = worst ? PathMeasurement::worst(*worst, m) : m;
+    }
+  return *worst;
+}
+
+void Diloco::initial_plan(int64_t step, trainer::SiteStrategy& strategy) {
+  const int S = static_cast<int>(cfg_.sites.size());
+  // 1. The inner step time: this rank's median (the first step, with its start-up costs,
+  //    left out), then the site's slowest rank.
+  std::vector<double> times(step_times_.begin() + std::min<ptrdiff_t>(1, ptrdiff_t(step_times_.size())), step_times_.end());
+  double step_s = median(times);
+  if (auto* coll = strategy.collective(); coll && strategy.ranks() > 1) {
+    auto all = coll->all_gather_bytes(std::as_bytes(std::span<const double>(&step_s, 1)));
+    for (auto& b : all) {
+      double v = 0;
+      std::memcpy(&v, b.data(), sizeof v);
+      step_s = std::max(step_s, v);
+    }
+  }
+  std::vector<uint8_t> plan_bytes;
+  if (rank_ == 0) {
+    // 2. The probe ran on its own thread during the measured steps.
+    if (probe_thread_.joinable()) probe_thread_.join();
+    if (probe_error_) std::rethrow_exception(probe_error_);
+    const std::optional<PathMeasurement> worst = probe_path_;
+    if (!worst) throw Error("outer plan: the probe measured nothing");
+    // 3. Site 0 plans from every site's report; the others receive the plan.
+    const nlohmann::json report = {{"step_time_s", step_s}, {"path", worst->to_json()}};
+    if (site_ == 0) {
+      std::vector<ControlOp> recvs, sends;
+      for (int s = 1; s < S; ++s) post_control_recv(s, 0, kStartReportShard, recvs);
+      double max_step = step_s;
+      PathMeasurement path = *worst;
+      for (auto& op : recvs) {
+        auto e = read_control(op, EnvelopeKind::kPlanReport, 0);
+        auto j = body_json(e, peer_name(op.site));
+        try {
+          max_step = std::max(max_step, j.at("step_time_s").get<double>());
+          path = PathMeasurement::worst(path, PathMeasurement::from_json(j.at("path")));
+        } catch (const nlohmann::json::exception& x) {
+          throw Error(fmt::format("outer plan: malformed report from {}: {}", peer_name(op.site), x.what()));
+        }
+      }
+      PlanDecision d = choose_plan(plan_request(path, max_step, 1.0));
+      d.epoch = 1;
+      const std::string body = d.to_json().dump();
+      for (int s = 1; s < S; ++s) send_control(s, EnvelopeKind::kPlanDecision, 0, kStartPlanShard, 0, body, sends);
+      for (auto& op : sends) op.op.wait();
+      plan_bytes.assign(body.begin(), body.end());
+    } else {
+      std::vector<ControlOp> sends, recvs;
+      send_control(0, EnvelopeKind::kPlanReport, 0, kStartReportShard, 0, report.dump(), sends);
+      post_control_recv(0, 0, kStartPlanShard, recvs);
+      sends[0].op.wait();
+      auto e = read_control(recvs[0], EnvelopeKind::kPlanDecision, 0);
+      plan_bytes.assign(e.body.begin(), e.body.end());
+    }
+  }
+  // 4. The same plan on every rank of the site.
+  plan_bytes = site_broadcast(strategy, std::move(plan_bytes));
+  const PlanDecision d = PlanDecision::from_json(nlohmann::json::parse(bytes_string(plan_bytes), nullptr, false),
+                                                 site_ == 0 ? "this site" : peer_name(0));
+  apply_plan(d, step, strategy, true);
+}
+
+bool Diloco::plan_boundary(int64_t step, trainer::SiteStrategy& strategy) {
+  const int S = static_cast<int>(cfg_.sites.size());
+  const uint64_t key = (static_cast<uint64_t>(plan_.epoch) << 32) | static_cast<uint64_t>(++boundary_);
+  // A. The decision due at this boundary: site 0 made it one boundary ago, the others
+  //    received it since.
+  std::vector<uint8_t> due;
+  if (rank_ == 0) {
+    if (site_ == 0) {
+      if (next_due_) {
+        const std::string b = next_due_->to_json().dump();
+        due.assign(b.begin(), b.end());
+      }
+      next_due_.reset();
+      for (auto& op : decision_sends_) op.op.wait();
+      decision_sends_.clear();
+    } else {
+      for (auto& op : decision_recvs_) {
+        auto e = read_control(op, EnvelopeKind::kPlanDecision, key - 1);
+        auto j = body_json(e, peer_name(0));
+        if (j.value("change", false)) {
+          const std::string b = j.at("plan").dump();
+          due.assign(b.begin(), b.end());
+        }
+      }
+      decision_recvs_.clear();
+    }
+  }
+  due = site_broadcast(strategy, std::move(due));
+  if (!due.empty()) {
+    PlanDecision d = PlanDecision::from_json(nlohmann::json::parse(bytes_string(due), nullptr, false),
+                                             site_ == 0 ? "this site" : peer_name(0));
+    if (!d.same_schedule(plan_)) {
+      drain_plan_protocol();
+      ++replans_;
+      apply_plan(d, step, strategy, false);
+      return true;
+    }
+    // Same schedule, recalibrated predictions: nothing to rebuild.
+    if (rank_ == 0)
+      spdlog::info("outer plan: recalibrated at step {} (fragment sync predicted {:.1f} ms, was {:.1f} ms); schedule "
+                   "unchanged", step, d.predicted_fragment_sync_s * 1e3, plan_.predicted_fragment_sync_s * 1e3);
+    d.epoch = plan_.epoch;
+    plan_ = d;
+    ++recalibrations_;
+  }
+  // B. This boundary's measurements (rank 0's stand for its site).
+  double sync_s = median(boundary_syncs_);
+  const double step_s = median(step_times_);
+  // Test hook: GEOLOCO_PLAN_TEST_DRIFT="STEP:FACTOR" multiplies the sync times measured
+  // after inner step STEP by FACTOR (a link that got slower), so tests can exercise the
+  // re-plan protocol deterministically. Never set in production.
+  if (const char* h = std::getenv("GEOLOCO_PLAN_TEST_DRIFT"); h && *h) {
+    int64_t after = 0;
+    double factor = 1;
+    if (std::sscanf(h, "%" SCNd64 ":%lf", &after, &factor) != 2)
+      throw InputError(fmt::format("GEOLOCO_PLAN_TEST_DRIFT='{}': expected STEP:FACTOR", h));
+    if (step > after) sync_s *= factor;
+  }
+  boundary_syncs_.clear();
+  step_times_.clear();
+  const bool drift = drifted(plan_.predicted_fragment_sync_s, sync_s, ocfg_.replan_threshold) ||
+                     drifted(plan_.step_time_s, step_s, ocfg_.replan_threshold);
+  if (rank_ != 0) return false;
+  const nlohmann::json report = {{"sync_s", sync_s}, {"step_s", step_s}, {"drift", drift}};
+  if (site_ == 0) {
+    // C. Decide from every site's report of the previous boundary.
+    std::optional<PlanDecision> d;
+    if (!own_report_.is_null()) {
+      std::vector<nlohmann::json> reports = {own_report_};
+      for (auto& op : report_recvs_) reports.push_back(body_json(read_control(op, EnvelopeKind::kPlanReport, key - 1), peer_name(op.site)));
+      // Sync time: the smallest site's (a site that reached the sync first also waited for
+      // the others; the last one to arrive measures the transfer). Step time: the slowest.
+      bool any_drift = false;
+      double max_sync = 0, max_step = 0;
+      try {
+        for (auto& r : reports) {
+          any_drift = any_drift || r.at("drift").get<bool>();
+          const double v = r.at("sync_s").get<double>();
+          if (v > 0) max_sync = max_sync > 0 ? std::min(max_sync, v) : v;
+          max_step = std::max(max_step, r.at("step_s").get<double>());
+        }
+      } catch (const nlohmann::json::exception& x) {
+        throw Error(fmt::format("outer plan: malformed report at boundary {}: {}", boundary_, x.what()));
+      }
+      if (any_drift && max_step > 0) {
+        PlanRequest req = plan_request(plan_.path, max_step, plan_.capacity_scale);
+        const double scale = max_sync > 0 ? calibrated_capacity_scale(req, plan_, max_sync) : plan_.capacity_scale;
+        PlanDecision n = choose_plan(plan_request(plan_.path, max_step, scale));
+        n.epoch = n.same_schedule(plan_) ? plan_.epoch : plan_.epoch + 1;
+        // A recalibration that moves the prediction by less than half the threshold is noise.
+        const bool minor = n.same_schedule(plan_) &&
+                           !drifted(plan_.predicted_fragment_sync_s, n.predicted_fragment_sync_s, ocfg_.replan_threshold / 2) &&
+                           !drifted(plan_.step_time_s, n.step_time_s, ocfg_.replan_threshold / 2);
+        n.reason = fmt::format("Re-planned at step {}: measured fragment sync {:.1f} ms (plan {:.1f} ms), step {:.1f} ms "
+                               "(plan {:.1f} ms), threshold {:.0f}%. {}",
+                               step, max_sync * 1e3, plan_.predicted_fragment_sync_s * 1e3, max_step * 1e3,
+                               plan_.step_time_s * 1e3, ocfg_.replan_threshold * 100, n.reason);
+        if (!minor) d = n;
+      }
+    }
+    report_recvs_.clear();
+    const nlohmann::json msg = {{"change", d.has_value()}, {"plan", d ? d->to_json() : nlohmann::json()}};
+    for (int s = 1; s < S; ++s) send_control(s, EnvelopeKind::kPlanDecision, key, kPlanDecisionShard, 0, msg.dump(), decision_sends_);
+    next_due_ = d;
+    own_report_ = report;
+    for (int s = 1; s < S; ++s) post_control_recv(s, key, kPlanReportShard, report_recvs_);
+  } else {
+    for (auto& op : report_sends_) op.op.wait();
+    report_sends_.clear();
+    send_control(0, EnvelopeKind::kPlanReport, key, kPlanReportShard, 0, report.dump(), report_sends_);
+    post_control_recv(0, key, kPlanDecisionShard, decision_recvs_);
+  }
+  return false;
+}
+
+void Diloco::drain_plan_protocol() {
+  // Every message posted has its counterpart posted at the same boundary on the other side,
+  // so these waits end (bounded by the transport's timeouts if a peer died).
+  for (auto* list : {&report_recvs_, &report_sends_, &decision_recvs_, &decision_sends_}) {
+    for (auto& op : *list) op.op.wait();
+    list->clear();
+  }
+  next_due_.reset();
+  own_report_ = nullptr;
+  boundary_ = 0;
+}
+
+void Diloco::apply_plan(const PlanDecision& d, int64_t step, trainer::SiteStrategy& strategy, bool initial) {
+  if (!initial) {
+    // Land everything under the old schedule: merges, then a blocking sync of every fragment.
+    for (auto& f : frags_)
+      if (f->pending_merge) complete(*f, strategy);
+    for (auto& f : frags_)
+      if (f->blocking_step != step) sync(*f, step, strategy);
+  }
+  // Carry the global weights, outer-optimizer state and error feedback across the new cut.
+  std::vector<std::vector<Range>> ranges;
+  for (auto& f : frags_) ranges.push_back(f->local);
+  auto layout = [&](auto get) { return to_shard_layout(n_, ranges, get); };
+  const auto global = layout([&](size_t i) { return std::span<const float>(frags_[i]->global); });
+  std::vector<float> opt_a, opt_b, ef;
+  if (!frags_[0]->opt->state_a().empty()) opt_a = layout([&](size_t i) { return std::span<const float>(frags_[i]->opt->state_a()); });
+  if (!frags_[0]->opt->state_b().empty()) opt_b = layout([&](size_t i) { return std::span<const float>(frags_[i]->opt->state_b()); });
+  if (frags_[0]->ef) ef = layout([&](size_t i) { return std::span<const float>(frags_[i]->ef->residual()); });
+  int64_t opt_steps = 0;
+  for (auto& f : frags_) opt_steps = std::max(opt_steps, f->opt->steps());
+
+  interval_ = d.interval;
+  pcfg_ = plan_compression(ocfg_.compression, d);
+  build_fragments(d.fragments, global, strategy.shard());
+  for (auto& f : frags_) {
+    if (!opt_a.empty()) gather_local(*f, opt_a, f->opt->state_a());
+    if (!opt_b.empty()) gather_local(*f, opt_b, f->opt->state_b());
+    if (!ef.empty() && f->ef) gather_local(*f, ef, f->ef->residual());
+    f->opt->set_steps(opt_steps);
+    f->last_sync_step = initial ? 0 : step;
+    f->blocking_step = initial ? -1 : step;
+  }
+  epoch_start_ = step;
+  plan_ = d;
+  plan_history_.push_back(d);
+  planned_ = true;
+  boundary_ = 0;
+  step_times_.clear();
+  boundary_syncs_.clear();
+  site_hash_ = combine_site_hash(strategy, combined_hash());
+  log_plan(d, step);
+}
+
+void Diloco::log_plan(const PlanDecision& d, int64_t step) const {
+  if (rank_ != 0) return;
+  spdlog::info("outer plan (epoch {}, from step {}): H {}, {} fragment(s), {}, {} lane(s); predicted utilization {:.4f}. {}",
+               d.epoch, step, d.interval, d.fragments, d.codec, d.lanes, d.predicted_utilization, d.reason);
+  if (site_ != 0) return;
+  nlohmann::json all = nlohmann::json::array();
+  for (const auto& p : plan_history_) all.push_back(p.to_json());
+  std::error_code ec;
+  std::filesystem::create_directories(cfg_.run.output_dir, ec);
+  trainer::write_text_atomically((std::filesystem::path(cfg_.run.output_dir) / "plan.json").string(),
+                                 nlohmann::json({{"format", "geoloco-plan"}, {"version", 1}, {"plans", all}}).dump(2) + "\n");
 }
 
 uint64_t Diloco::tokens_since(int64_t step, int64_t since) const {
@@ -235,6 +659,7 @@ void Diloco::finish_round(Fragment& f, trainer::SiteStrategy& strategy, int64_t 
   site_hash_ = combine_site_hash(strategy, combined_hash());
   last_sync_s_ = seconds;
   sync_seconds_.push_back(last_sync_s_);
+  boundary_syncs_.push_back(seconds);
   frame_bytes_total_ += r.frame_bytes;
   elements_total_ += r.elements;
   if (rank_ == 0) {
@@ -404,12 +829,20 @@ nlohmann::json Diloco::metrics() {
 nlohmann::json Diloco::summary() {
   nlohmann::json j;
   j["outer_steps"] = round_;
-  j["outer_interval"] = ocfg_.interval;
+  j["outer_interval"] = interval_;
   j["outer_fragments"] = frags_.size();
   j["outer_overlap_steps"] = tau();
   j["outer_delayed_update"] = ocfg_.delayed_update;
   j["outer_optimizer"] = ocfg_.optimizer.kind;
-  j["compression"] = ocfg_.compression.describe();
+  j["compression"] = pcfg_.describe();
+  j["outer_plan"] = ocfg_.plan;
+  if (ocfg_.auto_plan()) {
+    nlohmann::json plans = nlohmann::json::array();
+    for (const auto& p : plan_history_) plans.push_back(p.to_json());
+    j["plans"] = plans;
+    j["replans"] = replans_;
+    j["plan_recalibrations"] = recalibrations_;
+  }
   j["sync_seconds"] = sync_seconds_;
   j["sync_seconds_mean"] =
       sync_seconds_.empty() ? 0.0 : std::accumulate(sync_seconds_.begin(), sync_seconds_.end(), 0.0) / double(sync_seconds_.size());
@@ -440,21 +873,6 @@ nlohmann::json Diloco::summary() {
   return j;
 }
 
-namespace {
-// Fragment-ordered values (each fragment's vector in turn) <-> one shard-sized tensor laid
-// out like the shard, so a checkpoint's outer state reads like the parameters.
-template <class Get>
-std::vector<float> to_shard_layout(size_t n, const std::vector<std::vector<Range>>& ranges, Get get) {
-  std::vector<float> out(n, 0.0f);
-  for (size_t f = 0; f < ranges.size(); ++f) {
-    std::span<const float> v = get(f);
-    size_t k = 0;
-    for (const auto& r : ranges[f])
-      for (int64_t i = r.begin; i < r.end; ++i) out[static_cast<size_t>(i)] = v[k++];
-  }
-  return out;
-}
-}  // namespace
 
 Diloco::State Diloco::save_state() {
   // Syncs in flight: wait for their results (global weights, outer optimizer and error
@@ -472,10 +890,19 @@ Diloco::State Diloco::save_state() {
     s.tensors["opt_b"] = layout([&](size_t i) { return std::span<const float>(frags_[i]->opt->state_b()); });
   if (frags_[0]->ef)
     s.tensors["ef_residual"] = layout([&](size_t i) { return std::span<const float>(frags_[i]->ef->residual()); });
+  drain_plan_protocol();
   s.metadata["round"] = std::to_string(round_);
   s.metadata["fragments"] = std::to_string(frags_.size());
+  if (ocfg_.auto_plan()) {
+    // The plan in effect and where its schedule starts; the protocol restarts after a
+    // checkpoint (drained above, in the uninterrupted run as in the resumed one).
+    s.metadata["planned"] = std::to_string(planned_ ? 1 : 0);
+    s.metadata["plan"] = plan_.to_json().dump();
+    s.metadata["epoch_start"] = std::to_string(epoch_start_);
+    s.metadata["replans"] = std::to_string(replans_);
+  }
   for (auto& f : frags_) {
-    const std::string p = "f" + std::to_string(f->index) + ".";
+    const std::string p = fmt::format("f{}.", f->index);
     s.metadata[p + "last_sync_step"] = std::to_string(f->last_sync_step);
     s.metadata[p + "blocking_step"] = std::to_string(f->blocking_step);
     s.metadata[p + "opt_steps"] = std::to_string(f->opt->steps());
@@ -493,6 +920,22 @@ Diloco::State Diloco::save_state() {
 
 void Diloco::restore_state(const trainer::SafetensorsFile& file) {
   const std::vector<int64_t> shape = {static_cast<int64_t>(n_)};
+  if (ocfg_.auto_plan() && file.metadata().count("outer.planned") && file.meta("outer.planned") == "1") {
+    // Rebuild the fragments of the saved plan before reading their state.
+    PlanDecision d = PlanDecision::from_json(nlohmann::json::parse(file.meta("outer.plan"), nullptr, false), file.path());
+    interval_ = d.interval;
+    pcfg_ = plan_compression(ocfg_.compression, d);
+    std::vector<float> zeros(n_, 0.0f);
+    parallel::ShardRange range{0, static_cast<int64_t>(n_)};
+    // Ranges are relative to the shard: only the shard's offset matters for the cut.
+    range.offset = shard_offset_;
+    build_fragments(d.fragments, zeros, range);
+    epoch_start_ = std::stoll(file.meta("outer.epoch_start"));
+    replans_ = std::stoi(file.meta("outer.replans"));
+    plan_ = d;
+    plan_history_ = {d};
+    planned_ = true;
+  }
   const std::string saved_f = file.meta("outer.fragments");
   if (saved_f != std::to_string(frags_.size()))
     throw FileError(file.path(), fmt::format("holds outer state for {} fragment(s), but this run has outer.fragments: {}",
@@ -509,7 +952,7 @@ void Diloco::restore_state(const trainer::SafetensorsFile& file) {
   if (frags_[0]->ef) scatter("outer.ef_residual", [](Fragment& f) { return f.ef->residual(); });
   round_ = std::stoll(file.meta("outer.round"));
   for (auto& f : frags_) {
-    const std::string p = "outer.f" + std::to_string(f->index) + ".";
+    const std::string p = fmt::format("outer.f{}.", f->index);
     f->last_sync_step = std::stoll(file.meta(p + "last_sync_step"));
     f->blocking_step = std::stoll(file.meta(p + "blocking_step"));
     f->opt->set_steps(std::stoll(file.meta(p + "opt_steps")));

@@ -32,6 +32,7 @@
 #include <chrono>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <thread>
@@ -39,6 +40,8 @@
 
 #include "compression/error_feedback.hpp"
 #include "compression/pipeline.hpp"
+#include "outer_optimizer/auto_plan.hpp"
+#include "outer_optimizer/envelope.hpp"
 #include "outer_optimizer/fragments.hpp"
 #include "outer_optimizer/outer_config.hpp"
 #include "outer_optimizer/outer_optimizer.hpp"
@@ -70,6 +73,10 @@ class Diloco : public trainer::OuterHook {
   int64_t rounds() const { return round_; }
   uint64_t site_hash() const { return site_hash_; }
   const std::vector<FragmentPlan>& fragment_plans() const { return plans_; }
+  int64_t interval() const { return interval_; }
+  // The plan in effect (epoch 0: the config's own schedule) and every plan of the run.
+  const PlanDecision& plan() const { return plan_; }
+  const std::vector<PlanDecision>& plan_history() const { return plan_history_; }
 
  private:
   struct ExchangeResult {
@@ -101,6 +108,29 @@ class Diloco : public trainer::OuterHook {
     std::chrono::steady_clock::time_point t0, t1;
     double joined_seconds = 0;
   };
+
+  // A message of the plan protocol in flight (rank 0 only): its buffer lives until done.
+  struct ControlOp {
+    int site = 0;
+    std::shared_ptr<std::vector<uint8_t>> buf;  // outlives a failed run: see ~Diloco
+    transport::OpHandle op;
+  };
+  // outer.plan: auto (auto_plan.hpp).
+  void build_fragments(int fragments, std::span<const float> shard, parallel::ShardRange range);
+  PathMeasurement probe_sites();  // rank 0, on probe_thread_
+  void initial_plan(int64_t step, trainer::SiteStrategy& strategy);
+  // The protocol at a period boundary; true when a new schedule was applied here.
+  bool plan_boundary(int64_t step, trainer::SiteStrategy& strategy);
+  void apply_plan(const PlanDecision& d, int64_t step, trainer::SiteStrategy& strategy, bool initial);
+  PlanRequest plan_request(const PathMeasurement& path, double step_time_s, double capacity_scale) const;
+  // Site 0's rank 0 decides, every other site's rank 0 receives: same bytes everywhere.
+  std::vector<uint8_t> site_broadcast(trainer::SiteStrategy& strategy, std::vector<uint8_t> mine);
+  void drain_plan_protocol();
+  void send_control(int site, EnvelopeKind kind, uint64_t round, uint32_t shard, uint64_t value, const std::string& body,
+                    std::vector<ControlOp>& into);
+  void post_control_recv(int site, uint64_t round, uint32_t shard, std::vector<ControlOp>& into);
+  Envelope read_control(ControlOp& op, EnvelopeKind kind, uint64_t round) const;
+  void log_plan(const PlanDecision& d, int64_t step) const;
 
   bool overlapped() const;
   int64_t tau() const;
@@ -134,8 +164,29 @@ class Diloco : public trainer::OuterHook {
   transport::Transport* transport_;
   std::vector<int> peer_of_site_;  // site index -> transport peer index (-1 for self)
   size_t n_;                       // shard elements
+  int64_t shard_offset_ = 0;       // the shard's offset in the flat parameter buffer
+  trainer::ParamLayout layout_;
+  int64_t interval_;                     // H in effect (outer.interval, or the plan's)
+  compression::PipelineConfig pcfg_;     // compression in effect
+  int64_t epoch_start_ = 0;              // fragment f syncs at s > epoch_start_, (s - epoch_start_) % H == offset
   std::vector<FragmentPlan> plans_;
   std::vector<std::unique_ptr<Fragment>> frags_;
+
+  // outer.plan: auto.
+  PlanDecision plan_;
+  std::vector<PlanDecision> plan_history_;
+  bool planned_ = false;                 // the start-up plan is in effect (or plan: manual)
+  std::chrono::steady_clock::time_point last_hook_end_{};
+  std::vector<double> step_times_;       // inner step times since the last boundary
+  std::vector<double> boundary_syncs_;   // fragment sync times since the last boundary
+  int64_t boundary_ = 0;                 // boundaries seen in this plan epoch
+  std::optional<PlanDecision> next_due_; // site 0: decided now, applied at the next boundary
+  nlohmann::json own_report_;            // site 0: its own report of the previous boundary
+  std::vector<ControlOp> report_recvs_, report_sends_, decision_recvs_, decision_sends_;
+  int replans_ = 0, recalibrations_ = 0;
+  std::thread probe_thread_;
+  std::optional<PathMeasurement> probe_path_;
+  std::exception_ptr probe_error_;
   int64_t round_ = 0;
   uint64_t site_hash_ = 0;
   trainer::TraceRecorder* trace_ = nullptr;  // spans of the sync's phases (null: none)

@@ -5,7 +5,7 @@
 //   off size field
 //     0    4 magic "GLOS"
 //     4    2 version (1)
-//     6    2 kind: 1 pseudo-gradient, 2 weights hash, 3 rank summary
+//     6    2 kind: 1 pseudo-gradient, 2 weights hash, 3 rank summary, 4 plan report, 5 plan decision
 //     8    8 round (outer step)
 //    16    4 site index (config order)
 //    20    4 rank
@@ -27,7 +27,7 @@ inline constexpr uint8_t kEnvelopeMagic[4] = {'G', 'L', 'O', 'S'};
 inline constexpr uint16_t kEnvelopeVersion = 1;
 inline constexpr size_t kEnvelopeBytes = 40;
 
-enum class EnvelopeKind : uint16_t { kPseudoGradient = 1, kWeightsHash = 2, kRankSummary = 3 };
+enum class EnvelopeKind : uint16_t { kPseudoGradient = 1, kWeightsHash = 2, kRankSummary = 3, kPlanReport = 4, kPlanDecision = 5 };
 
 struct Envelope {
   EnvelopeKind kind = EnvelopeKind::kPseudoGradient;

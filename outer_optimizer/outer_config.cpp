@@ -42,6 +42,26 @@ OuterConfig OuterConfig::from_yaml(const config::Node& n) {
   c.delayed_update = n.get<bool>("delayed_update", c.delayed_update);
   if (c.delayed_update && c.overlap_steps > 0)
     n.fail("overlap_steps", "delayed_update already overlaps a whole interval; leave overlap_steps at 0");
+  c.plan = n.get_choice("plan", c.plan, {"manual", "auto"});
+  c.target_utilization = n.get_double("target_utilization", c.target_utilization, 0.01, 0.99999);
+  c.plan_measure_steps = n.get_int("plan_measure_steps", c.plan_measure_steps, 2, 100000);
+  c.plan_probe_seconds = n.get_double("plan_probe_seconds", c.plan_probe_seconds, 0.05, 600.0);
+  c.replan_threshold = n.get_double("replan_threshold", c.replan_threshold, 0.0, 1000.0);
+  c.plan_h_min = n.get_int("plan_h_min", c.plan_h_min, 1, int64_t{1} << 30);
+  c.plan_h_max = n.get_int("plan_h_max", c.plan_h_max, 1, int64_t{1} << 30);
+  if (c.plan_h_max < c.plan_h_min) n.fail_value("plan_h_max", fmt::format("at least plan_h_min ({})", c.plan_h_min));
+  if (n.has("plan_bits")) {
+    c.plan_bits = n.get<std::vector<int>>("plan_bits", {});
+    if (c.plan_bits.empty()) n.fail_value("plan_bits", "a non-empty list of 32, 16, 8, 4, 2");
+    for (int b : c.plan_bits)
+      if (b != 32 && b != 16 && b != 8 && b != 4 && b != 2) n.fail_value("plan_bits", "a non-empty list of 32, 16, 8, 4, 2");
+  }
+  if (c.auto_plan() && c.overlap_steps + 1 > c.plan_h_max)
+    n.fail("plan_h_max", fmt::format("must exceed overlap_steps ({})", c.overlap_steps));
+  if (c.auto_plan() && c.compression.topk)
+    n.fail("plan", "auto picks a dense codec (fp16/int8/int4/int2): remove compression.topk or use plan: manual");
+  if (c.auto_plan() && c.inner_state == "reset")
+    n.fail("plan", "auto may choose fragments > 1, which excludes inner_state: reset");
   if (c.fragments > 1 && c.inner_state == "reset")
     n.fail("inner_state", "reset needs fragments: 1 (a fragment's sync covers only part of the model, the AdamW state "
                           "covers all of it)");

@@ -11,10 +11,19 @@
 //     overlap_steps: 0              # tau: inner steps a sync runs behind compute (0: blocking)
 //     merge_alpha: 0.5              # overlap merge: local <- alpha * local + (1 - alpha) * global
 //     delayed_update: false         # apply round t's outer update at round t+1 (tau = interval)
+//     plan: manual                  # manual | auto: probe, time the steps, choose H/F/codec (auto_plan.hpp)
+//     target_utilization: 0.95      # what plan: auto aims for
+//     plan_measure_steps: 5         # inner steps timed before the plan (no sync before it)
+//     plan_probe_seconds: 1.0       # per probe stream (one connection, all lanes)
+//     replan_threshold: 0.5         # re-plan when measured sync/step time drifts by more than this
+//     plan_h_min: 25                # H range the plan searches (quality floor: FINDINGS.md)
+//     plan_h_max: 5000
+//     plan_bits: [16, 8, 4]         # codecs the plan may pick (16 fp16, 8 int8, 4 int4, 2 int2)
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "compression/config.hpp"
 #include "trainer/core/config_node.hpp"
@@ -42,6 +51,14 @@ struct OuterConfig {
   int64_t overlap_steps = 0;      // tau, 0 <= tau < interval
   double merge_alpha = 0.5;
   bool delayed_update = false;
+  std::string plan = "manual";
+  double target_utilization = 0.95;
+  int64_t plan_measure_steps = 5;
+  double plan_probe_seconds = 1.0;
+  double replan_threshold = 0.5;
+  int64_t plan_h_min = 25, plan_h_max = 5000;
+  std::vector<int> plan_bits{16, 8, 4};
+  bool auto_plan() const { return plan == "auto"; }
 
   static OuterConfig from_yaml(const config::Node& node);
 };
