@@ -166,6 +166,24 @@ target: {utilization: 0.95, h_floor: 25, bits: [16, 8, 4], fragments: [1], lanes
   EXPECT_EQ(s.best.bits, 8);
 }
 
+TEST(Budget, SmallestHKeepsTheAnswerWhenALaterConfigurationFallsShort) {
+  // Blocking, latency-bound: F = 1 reaches 0.9 at some H <= h_max, F = 4 pays the latency four
+  // times and cannot reach it at h_max. The answer must stay F = 1 (a regression: the first
+  // configuration that fell short at h_max overwrote an answer already found).
+  auto in = parse(R"(
+model: {params: 5e4}
+compression: {bits: 16}
+link: {rtt_ms: 3, rate_gbps: 5}
+schedule: {step_time_s: 0.001}
+target: {utilization: 0.9, h_floor: 5, h_max: 60, bits: [16], fragments: [1, 4], lanes: [1]}
+)");
+  auto s = smallest_h(in);
+  ASSERT_TRUE(s.found) << s.reason;
+  EXPECT_EQ(s.best.fragments, 1);
+  EXPECT_GE(s.best.utilization, 0.9);
+  EXPECT_LT(evaluate(in, 60, 16, in.bytes_per_value_for_bits(16), 4, 1).utilization, 0.9);
+}
+
 TEST(Budget, SmallestHAddsLanesWhenBandwidthDelayBound) {
   // One connection carries 1 Gbit/s (measured), the link 8 Gbit/s: lanes l give
   // min(1e9, l x 125e6) B/s. 2e9 bytes: 8 lanes -> 2 s -> H 38; 4 lanes -> 4 s -> H 76.

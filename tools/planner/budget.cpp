@@ -273,7 +273,8 @@ HSearch smallest_h(const BudgetInput& in) {
       for (int lanes : in.search_lanes) {
         Evaluation top = evaluate(in, in.h_max, bits, bpv, F, lanes);
         if (top.utilization < in.target_utilization) {
-          if (!have_best_at_max || top.utilization > out.best.utilization) {
+          // Only while nothing reaches the target: the best reached at h_max, for the reason.
+          if (!out.found && (!have_best_at_max || top.utilization > out.best.utilization)) {
             out.best = top;
             have_best_at_max = true;
           }
