@@ -94,15 +94,6 @@ Diloco::Diloco(const trainer::RunConfig& cfg, int site, int rank, transport::Tra
   plan_.lanes = transport_ ? transport_->lanes() : 1;
   plan_.reason = "the configured schedule (outer.plan: manual)";
   planned_ = !ocfg_.auto_plan() || S == 1;
-  if (!planned_ && rank_ == 0)
-    // Probe in the background while the first steps are timed; joined at the plan.
-    probe_thread_ = std::thread([this] {
-      try {
-        probe_path_ = probe_sites();
-      } catch (...) {
-        probe_error_ = std::current_exception();
-      }
-    });
   if (ocfg_.auto_plan() && S == 1 && rank_ == 0)
     spdlog::warn("outer.plan: auto needs more than one site; keeping the configured schedule");
   if (rank_ == 0 && plans_.size() > 1)
@@ -175,7 +166,10 @@ uint64_t Diloco::combined_hash() const {
 bool Diloco::after_inner_step(int64_t step, trainer::SiteStrategy& strategy) {
   // Inner step time: from the end of the previous call to the start of this one.
   const auto now = Clock::now();
-  if (last_hook_end_ != Clock::time_point{}) step_times_.push_back(std::chrono::duration<double>(now - last_hook_end_).count());
+  if (last_hook_end_ != Clock::time_point{})
+    step_times_.push_back(std::chrono::duration<double>(now - last_hook_end_).count());
+  else
+    first_step_ = step - 1;  // the step this run (segment) started from
   struct Stamp {
     Clock::time_point& t;
     ~Stamp() { t = Clock::now(); }
@@ -195,8 +189,18 @@ bool Diloco::after_inner_step(int64_t step, trainer::SiteStrategy& strategy) {
     return true;
   }
   if (!planned_) {
-    // outer.plan: auto times the first steps; nothing syncs before the plan.
-    if (step >= ocfg_.plan_measure_steps) initial_plan(step, strategy);
+    // outer.plan: auto times the first steps; nothing syncs before the plan. Rank 0 probes
+    // the other sites in the background meanwhile (started here, not at construction, so a
+    // run resumed with its plan restored never probes); joined at the plan.
+    if (rank_ == 0 && !probe_thread_.joinable() && !probe_path_ && !probe_error_)
+      probe_thread_ = std::thread([this] {
+        try {
+          probe_path_ = probe_sites();
+        } catch (...) {
+          probe_error_ = std::current_exception();
+        }
+      });
+    if (step >= first_step_ + ocfg_.plan_measure_steps) initial_plan(step, strategy);
     return any;
   }
   const int64_t rel = step - epoch_start_;

@@ -177,6 +177,7 @@ class Diloco : public trainer::OuterHook {
   std::vector<PlanDecision> plan_history_;
   bool planned_ = false;                 // the start-up plan is in effect (or plan: manual)
   std::chrono::steady_clock::time_point last_hook_end_{};
+  int64_t first_step_ = 0;               // the step before this process's first inner step
   std::vector<double> step_times_;       // inner step times since the last boundary
   std::vector<double> boundary_syncs_;   // fragment sync times since the last boundary
   int64_t boundary_ = 0;                 // boundaries seen in this plan epoch

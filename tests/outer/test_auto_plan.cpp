@@ -1,0 +1,277 @@
+// outer.plan: auto -- the decision (pure), its wire form, recalibration, and multi-site runs
+// in which every rank must apply the same plans at the same steps.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <set>
+
+#include "../loop/test_util.hpp"
+#include "multisite_util.hpp"
+#include "outer_optimizer/auto_plan.hpp"
+#include "trainer/core/config_node.hpp"
+#include "trainer/core/error.hpp"
+#include "trainer/loop/run_config.hpp"
+
+using namespace geoloco;
+using geoloco::testing::TempDir;
+
+namespace {
+
+int fresh_port() {
+  static int n = 0;
+  return 25000 + (getpid() * 53) % 1800 + 40 * (n++);  // below the ephemeral range (32768+)
+}
+
+outer::OuterConfig outer_from(const std::string& yaml) {
+  auto doc = config::load_string(yaml, "o.yaml");
+  return outer::OuterConfig::from_yaml(doc.node().child("outer"));
+}
+
+outer::PlanRequest request(const outer::OuterConfig& o, double rtt_ms, double mbit, double step_ms) {
+  outer::PlanRequest r;
+  r.params = 124e6;
+  r.sites = 2;
+  r.ranks = 8;
+  r.transport_lanes = 4;
+  r.n_layer = 12;
+  r.path.rtt_s = rtt_ms / 1e3;
+  r.path.rtt_p99_s = rtt_ms * 1.1 / 1e3;
+  r.path.per_connection_Bps = mbit * 1e6 / 8 / 4;
+  r.path.path_Bps = mbit * 1e6 / 8;
+  r.path.connections = 4;
+  r.step_time_s = step_ms / 1e3;
+  r.outer = &o;
+  return r;
+}
+
+std::string sites(int count, int ranks, const std::string& strategy) {
+  static const char* names[] = {"paris", "lyon", "milan"};
+  const int port = fresh_port();
+  std::string s = "sites:\n";
+  for (int i = 0; i < count; ++i)
+    s += fmt::format("  - {{name: {}, ranks: {}, port: {}, strategy: {}}}\n", names[i], ranks, port + 10 * i, strategy);
+  return s;
+}
+
+trainer::RunConfig load(TempDir& d, const std::string& yaml) {
+  d.file("k.psk", "0123456789abcdef-test-key");
+  return trainer::load_run_config(d.file("c.yaml", yaml));
+}
+
+std::string run_yaml(const std::filesystem::path& out, int steps, const std::string& outer, const std::string& sites_yaml,
+                     const std::string& emulate) {
+  return "run: {name: ap, seed: 3, output_dir: " + out.string() + "}\n"
+         "model: {n_layer: 4, n_head: 2, n_embd: 32, block_size: 16, vocab_size: 32}\n"
+         "data:\n  train: {kind: synthetic, vocab: 32, branching: 3, seed: 5, tokens: 400000}\n"
+         "train: {steps: " + std::to_string(steps) + ", micro_batch: 4, log_every: 5, optimizer: {lr: 3.0e-3}}\n"
+         "outer: {" + outer + "}\n" + sites_yaml +
+         "transport: {psk_file: k.psk, timeout_s: 30, lanes: 2, emulate: {" + emulate + "}}\n";
+}
+
+// Every rank's plans, as JSON text, must be the same.
+void expect_same_plans(const std::vector<nlohmann::json>& ranks) {
+  ASSERT_FALSE(ranks.empty());
+  const std::string first = ranks[0]["plans"].dump();
+  std::set<std::string> hashes;
+  for (auto& r : ranks) {
+    EXPECT_EQ(r["plans"].dump(), first) << "rank " << r.value("global_rank", -1);
+    hashes.insert(r["params_hash"].get<std::string>());
+  }
+  EXPECT_EQ(hashes.size(), 1u);
+}
+
+}  // namespace
+
+TEST(AutoPlanConfig, DefaultsAndRejections) {
+  auto c = outer_from("outer: {interval: 10}\n");
+  EXPECT_EQ(c.plan, "manual");
+  EXPECT_FALSE(c.auto_plan());
+  EXPECT_EQ(c.target_utilization, 0.95);
+  EXPECT_EQ(c.plan_bits, (std::vector<int>{16, 8, 4}));
+  auto a = outer_from("outer: {plan: auto, target_utilization: 0.99, plan_bits: [8, 4, 2], plan_h_min: 10}\n");
+  EXPECT_TRUE(a.auto_plan());
+  EXPECT_EQ(a.plan_bits, (std::vector<int>{8, 4, 2}));
+  EXPECT_THROW(outer_from("outer: {plan: sometimes}\n"), ConfigError);
+  EXPECT_THROW(outer_from("outer: {plan: auto, plan_bits: [3]}\n"), ConfigError);
+  EXPECT_THROW(outer_from("outer: {plan: auto, plan_bits: []}\n"), ConfigError);
+  EXPECT_THROW(outer_from("outer: {plan: auto, plan_h_min: 50, plan_h_max: 10}\n"), ConfigError);
+  EXPECT_THROW(outer_from("outer: {plan: auto, target_utilization: 1.5}\n"), ConfigError);
+  EXPECT_THROW(outer_from("outer: {plan: auto, compression: {codec: int8, topk: 0.1}}\n"), ConfigError);
+  EXPECT_THROW(outer_from("outer: {plan: auto, inner_state: reset}\n"), ConfigError);
+}
+
+TEST(AutoPlan, ChoosesTheSmallestIntervalThatMeetsTheTarget) {
+  auto o = outer_from("outer: {plan: auto, target_utilization: 0.95, plan_h_min: 1, plan_h_max: 100000}\n");
+  // 124M parameters, 100 ms RTT, 1 Gbit/s, 300 ms steps, blocking.
+  auto d = outer::choose_plan(request(o, 100, 1000, 300));
+  EXPECT_TRUE(d.target_met) << d.reason;
+  EXPECT_GE(d.predicted_utilization, 0.95);
+  EXPECT_EQ(d.codec, outer::codec_for_bits(d.bits));
+  EXPECT_EQ(d.lanes, 4);
+  // One step less would miss the target with the same fragments and bits.
+  auto o2 = o;
+  o2.plan_bits = {d.bits};
+  o2.plan_h_max = d.interval - 1;
+  o2.plan_h_min = std::min<int64_t>(o2.plan_h_min, o2.plan_h_max);
+  auto below = outer::choose_plan(request(o2, 100, 1000, 300));
+  EXPECT_TRUE(!below.target_met || below.fragments != d.fragments) << below.reason;
+  // A faster link never needs a larger H; a slower one never a smaller H.
+  auto fast = outer::choose_plan(request(o, 100, 10000, 300));
+  auto slow = outer::choose_plan(request(o, 100, 100, 300));
+  EXPECT_LE(fast.interval, d.interval);
+  EXPECT_GE(slow.interval, d.interval);
+  EXPECT_NE(d.reason.find("Chose H = " + std::to_string(d.interval)), std::string::npos) << d.reason;
+  EXPECT_NE(d.reason.find("RTT 100.00 ms"), std::string::npos) << d.reason;
+  // Overlap hides the sync: a smaller H suffices.
+  auto ov = outer_from("outer: {plan: auto, overlap_steps: 20, plan_h_min: 1, plan_h_max: 100000}\n");
+  EXPECT_LE(outer::choose_plan(request(ov, 100, 1000, 300)).interval, d.interval);
+}
+
+TEST(AutoPlan, UnreachableTargetSaysWhy) {
+  auto o = outer_from("outer: {plan: auto, target_utilization: 0.999, plan_h_min: 1, plan_h_max: 10, plan_bits: [16]}\n");
+  auto d = outer::choose_plan(request(o, 500, 10, 100));
+  EXPECT_FALSE(d.target_met);
+  EXPECT_LE(d.interval, 10);
+  EXPECT_NE(d.reason.find("not reachable"), std::string::npos) << d.reason;
+  // No throughput or step time: an error, not a plan.
+  auto bad = request(o, 500, 10, 100);
+  bad.step_time_s = 0;
+  EXPECT_THROW(outer::choose_plan(bad), Error);
+  bad = request(o, 500, 0, 100);
+  EXPECT_THROW(outer::choose_plan(bad), Error);
+}
+
+TEST(AutoPlan, DecisionRoundTripsAndMalformedIsRejected) {
+  auto o = outer_from("outer: {plan: auto, plan_h_min: 1}\n");
+  auto d = outer::choose_plan(request(o, 20, 1000, 100));
+  d.epoch = 3;
+  auto back = outer::PlanDecision::from_json(nlohmann::json::parse(d.to_json().dump()), "peer");
+  EXPECT_EQ(back.to_json(), d.to_json());
+  EXPECT_TRUE(back.same_schedule(d));
+  auto j = d.to_json();
+  j.erase("interval");
+  EXPECT_THROW(outer::PlanDecision::from_json(j, "lyon/0"), Error);
+  j = d.to_json();
+  j["codec"] = "int3";
+  try {
+    outer::PlanDecision::from_json(j, "lyon/0");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("lyon/0"), std::string::npos) << e.what();
+  }
+  j = d.to_json();
+  j["fragments"] = j["interval"].get<int64_t>() + 1;
+  EXPECT_THROW(outer::PlanDecision::from_json(j, "x"), Error);
+  EXPECT_THROW(outer::PlanDecision::from_json(nlohmann::json::parse("[1,2]"), "x"), Error);
+}
+
+TEST(AutoPlan, RecalibrationRecoversTheRate) {
+  auto o = outer_from("outer: {plan: auto, plan_h_min: 1, plan_bits: [8]}\n");
+  auto req = request(o, 40, 1000, 200);
+  auto d = outer::choose_plan(req);
+  // What the model predicts when the link is really 4x slower...
+  auto slow = req;
+  slow.capacity_scale = 0.25;
+  auto ds = d;
+  ds.bits = d.bits;
+  const double measured = [&] {
+    auto tmp = outer::choose_plan(slow);
+    // Same schedule as d, to compare like with like.
+    (void)tmp;
+    outer::PlanRequest r = slow;
+    auto o1 = o;
+    o1.plan_h_min = o1.plan_h_max = d.interval;
+    r.outer = &o1;
+    return outer::choose_plan(r).predicted_fragment_sync_s;
+  }();
+  // ... is recovered from that measured time.
+  EXPECT_NEAR(outer::calibrated_capacity_scale(req, d, measured), 0.25, 0.01);
+  EXPECT_NEAR(outer::calibrated_capacity_scale(req, d, d.predicted_fragment_sync_s), 1.0, 0.01);
+  EXPECT_TRUE(outer::drifted(1.0, 1.6, 0.5));
+  EXPECT_FALSE(outer::drifted(1.0, 1.4, 0.5));
+  EXPECT_TRUE(outer::drifted(1.0, 0.4, 0.5));
+  EXPECT_FALSE(outer::drifted(0.0, 5.0, 0.5));
+  EXPECT_EQ(outer::codec_for_bits(4), "int4");
+  EXPECT_THROW(outer::codec_for_bits(3), Error);
+}
+
+// 2 sites x 2 ranks (zero1): the sites probe each other during the first steps, site 0
+// plans, and every rank of every site runs the same plan; plan.json holds it with its
+// reasoning.
+TEST(AutoPlan, EverySiteAndRankRunsTheSamePlan) {
+  TempDir d;
+  auto cfg = load(d, run_yaml(d.path() / "out", 40,
+                              "plan: auto, overlap_steps: 2, plan_measure_steps: 4, plan_probe_seconds: 0.1, "
+                              "plan_h_min: 6, plan_h_max: 30, target_utilization: 0.9, compression: {codec: fp32}",
+                              sites(2, 2, "zero1"), "delay_ms: 2, rate_mbit: 200"));
+  auto ranks = geoloco::testing::run_ranks(cfg);
+  auto& s = ranks[0];
+  ASSERT_TRUE(s.contains("plans")) << s.dump().substr(0, 500);
+  expect_same_plans(ranks);
+  const auto& p = s["plans"][0];
+  EXPECT_EQ(p["epoch"].get<int>(), 1);
+  EXPECT_GE(p["interval"].get<int>(), 6);
+  EXPECT_LE(p["interval"].get<int>(), 30);
+  EXPECT_GT(p["path"]["rtt_s"].get<double>(), 0.003);  // 2 ms each way, at least
+  EXPECT_GT(p["step_time_s"].get<double>(), 0.0);
+  // The plan's schedule is the one that ran.
+  EXPECT_EQ(s["outer_interval"], p["interval"]);
+  EXPECT_EQ(s["outer_fragments"], p["fragments"]);
+  auto plan_json = nlohmann::json::parse(std::ifstream(d.path() / "out" / "plan.json"));
+  EXPECT_EQ(plan_json["format"], "geoloco-plan");
+  EXPECT_EQ(plan_json["plans"][0]["reason"], p["reason"]);
+  EXPECT_NE(p["reason"].get<std::string>().find("Chose H ="), std::string::npos);
+}
+
+// A link that gets 200x slower after step 20 (test hook scaling the measured sync times):
+// site 0 re-plans from the reports, every site applies the new schedule at the same
+// boundary, and the replicas stay identical. (The first plan may also be revised for the
+// step time: it was timed while the probe ran on this 2-core machine.) Reports travel one
+// period ahead, so the reaction takes up to three periods: the run is long enough.
+TEST(AutoPlan, DriftReplansOnEverySiteAtTheSameStep) {
+  TempDir d;
+  ::setenv("GEOLOCO_PLAN_TEST_DRIFT", "20:200", 1);
+  struct Unset {
+    ~Unset() { ::unsetenv("GEOLOCO_PLAN_TEST_DRIFT"); }
+  } unset;
+  auto cfg = load(d, run_yaml(d.path() / "out", 400,
+                              "plan: auto, plan_measure_steps: 4, plan_probe_seconds: 0.1, plan_h_min: 5, "
+                              "plan_h_max: 150, target_utilization: 0.9, replan_threshold: 0.5, plan_bits: [16], "
+                              "compression: {codec: fp32}",
+                              sites(2, 1, "ddp"), "delay_ms: 1"));
+  auto ranks = geoloco::testing::run_ranks(cfg);
+  auto& s = ranks[0];
+  expect_same_plans(ranks);
+  ASSERT_GE(s["plans"].size(), 2u) << s["plans"].dump();
+  EXPECT_GE(s["replans"].get<int>(), 1);
+  const auto& first = s["plans"][0];
+  const auto& last = s["plans"][s["plans"].size() - 1];
+  EXPECT_GT(last["epoch"].get<int>(), first["epoch"].get<int>());
+  // The link now looks 200x slower: recalibrated, and a longer interval to keep the target.
+  EXPECT_LT(last["capacity_scale"].get<double>(), 0.1) << s["plans"].dump();
+  EXPECT_GT(last["interval"].get<int>(), first["interval"].get<int>()) << s["plans"].dump();
+  EXPECT_EQ(s["outer_interval"], last["interval"]);
+}
+
+// A run stopped after its plan resumes with that plan (same schedule, no second probe) and
+// the sites stay identical.
+TEST(AutoPlan, ResumeKeepsThePlan) {
+  TempDir d;
+  auto cfg = load(d, run_yaml(d.path() / "out", 60,
+                              "plan: auto, plan_measure_steps: 4, plan_probe_seconds: 0.1, plan_h_min: 8, "
+                              "plan_h_max: 12, target_utilization: 0.5, replan_threshold: 1000, "
+                              "compression: {codec: int8}",
+                              sites(2, 1, "ddp"), "delay_ms: 1"));
+  auto before = geoloco::testing::run_ranks(cfg, 30)[0];
+  ASSERT_EQ(before["plans"].size(), 1u) << before["plans"].dump();
+  auto after = geoloco::testing::run_ranks(cfg, 0, true);
+  expect_same_plans(after);
+  auto& s = after[0];
+  ASSERT_EQ(s["plans"].size(), 1u) << s["plans"].dump();
+  EXPECT_EQ(s["plans"][0], before["plans"][0]);
+  EXPECT_EQ(s["outer_interval"], before["plans"][0]["interval"]);
+  EXPECT_EQ(s["replans"].get<int>(), 0);
+}
