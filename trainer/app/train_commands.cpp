@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tools/planner/cli.hpp"
+#include "tools/probe/cli.hpp"
 #include "tools/wan/cli.hpp"
 #include "trainer/app/commands.hpp"
 #include "trainer/app/rank_runner.hpp"
@@ -89,6 +90,7 @@ void register_commands(CLI::App& app) {
   add_eval_command(app);
   planner::add_budget_command(app);
   planner::add_topo_command(app);
+  probe::add_probe_command(app);
   wan::add_wan_commands(app);
 }
 
