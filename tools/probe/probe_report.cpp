@@ -102,7 +102,7 @@ std::string format_probe_table(const ProbeRun& run) {
     if (s)
       out += fmt::format(
           "  throughput: measured at the receiver over {:.2f} s after omitting {:.2f} s of slow start ({} messages of "
-          "up to {} bytes, {} in flight)\n",
+          "{} bytes, {} in flight)\n",
           s->receiver.counted_s, s->receiver.omitted_s, s->receiver.messages, s->message_bytes, s->window);
     out += fmt::format("  rtt: {} ping-pongs of small frames over the transport (UCX active messages over TCP)\n",
                        r.rtt.count);
