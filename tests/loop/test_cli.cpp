@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "test_util.hpp"
+#include "trainer/parallel/gpu.hpp"
 
 using geoloco::testing::TempDir;
 using geoloco::testing::tiny_config;
@@ -109,4 +110,78 @@ TEST(Cli, TrainRefusesAMultiRankConfig) {
   auto r = run("train " + cfg);
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("use `geoloco launch"), std::string::npos) << r.out;
+}
+
+// site.device: cuda through the real binary. A build without CUDA refuses the config at load
+// time (validate, train, launch: exit 2, says so); a CUDA build on a machine without a usable
+// GPU fails each rank with one line naming the site, the rank and the runtime's reason (exit 1).
+namespace {
+
+bool built_with_cuda_backend() {
+#ifdef GEOLOCO_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+int count_lines_with(const std::string& out, const std::string& what) {
+  int n = 0;
+  for (size_t p = out.find(what); p != std::string::npos; p = out.find(what, p + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST(Cli, DeviceCudaWithoutCudaInTheBuildIsAConfigError) {
+  if (built_with_cuda_backend()) GTEST_SKIP() << "this build has the CUDA backend (see DeviceCudaWithoutAGpu...)";
+  TempDir d;
+  auto one = d.file("one.yaml", tiny_config(d.path() / "out", "", "site: {device: cuda}\n"));
+  for (const char* cmd : {"validate ", "train ", "launch "}) {
+    auto r = run(cmd + one);
+    EXPECT_EQ(r.code, 2) << cmd << r.out;
+    EXPECT_NE(r.out.find("site.device: cuda, but this geoloco binary was built without CUDA"), std::string::npos)
+        << cmd << r.out;
+  }
+  auto two = d.file("two.yaml", tiny_config(d.path() / "out", "",
+                                            "sites: [{name: a, ranks: 2, port: 31020, device: cuda}]\n"));
+  auto r = run("launch " + two);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("device: cuda, but this geoloco binary was built without CUDA"), std::string::npos)
+      << r.out;
+}
+
+TEST(Cli, Bf16OnACpuSiteIsAConfigError) {
+  TempDir d;
+  auto cfg = d.file("c.yaml", tiny_config(d.path() / "out", "  precision: bf16\n"));
+  auto r = run("validate " + cfg);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("train.precision: bf16 needs site.device: cuda, but site 'local' runs on the CPU"),
+            std::string::npos)
+      << r.out;
+}
+
+TEST(Cli, DeviceCudaWithoutAGpuFailsEachRankWithTheRuntimesReason) {
+  if (!built_with_cuda_backend()) GTEST_SKIP() << "built without CUDA (see DeviceCudaWithoutCudaInTheBuild...)";
+  if (geoloco::parallel::gpu_available()) GTEST_SKIP() << "a GPU is usable here: the no-device path cannot be shown";
+  TempDir d;
+  auto one = d.file("one.yaml", tiny_config(d.path() / "out", "", "site: {device: cuda}\n"));
+  auto r = run("validate " + one);
+  EXPECT_EQ(r.code, 0) << r.out;  // the config is fine for a CUDA build
+  r = run("train " + one);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_EQ(count_lines_with(r.out, "geoloco: failed: "), 1) << r.out;
+  EXPECT_NE(r.out.find("geoloco: failed: site local rank 0: site.device: cuda, but CUDA error in "),
+            std::string::npos)
+      << r.out;
+  // The runtime's own reason is in the line (e.g. "no CUDA-capable device is detected").
+  const std::string reason = geoloco::parallel::gpu_unavailable_reason();
+  EXPECT_FALSE(reason.empty());
+
+  auto two = d.file("two.yaml", tiny_config(d.path() / "out2", "",
+                                            "sites: [{name: a, ranks: 2, port: 31040, device: cuda}]\n"));
+  r = run("launch " + two);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("site a rank "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("site.device: cuda, but CUDA error in "), std::string::npos) << r.out;
 }

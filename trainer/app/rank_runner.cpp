@@ -9,7 +9,9 @@
 #include "trainer/app/run_summary.hpp"
 #include "trainer/core/error.hpp"
 #include "trainer/loop/trainer.hpp"
+#include "trainer/loop/device_site.hpp"
 #include "trainer/parallel/gloo_collective.hpp"
+#include "trainer/parallel/nccl_collective.hpp"
 #include "transport/transport.hpp"
 
 namespace geoloco::app {
@@ -52,6 +54,10 @@ nlohmann::json run_totals(const trainer::RunConfig& cfg, const std::vector<nlohm
 nlohmann::json run_rank(const trainer::RunConfig& cfg, const RankOptions& o) {
   const int site = o.site, rank = o.rank;
   const auto& sc = cfg.sites.at(static_cast<size_t>(site));
+  // site.device: cuda: the rank's GPU first (NCCL binds to it), with one clear error naming
+  // the rank when there is none.
+  const bool on_gpu = sc.device == "cuda";
+  const int gpu = on_gpu ? trainer::select_rank_device(cfg, site, rank, o.cuda_device) : -1;
   std::unique_ptr<parallel::Collective> coll;
   if (sc.ranks > 1) {
     parallel::RendezvousOptions ro;
@@ -62,7 +68,8 @@ nlohmann::json run_rank(const trainer::RunConfig& cfg, const RankOptions& o) {
     ro.store_port = sc.port + sc.ranks;
     ro.bind_address = sc.host_of(rank);
     ro.timeout = rendezvous_timeout(cfg);
-    coll = parallel::make_gloo(ro);
+    ro.cuda_device = gpu;
+    coll = on_gpu ? parallel::make_nccl(ro) : parallel::make_gloo(ro);
   }
   std::unique_ptr<transport::Transport> tp;
   if (cfg.sites.size() > 1) {
@@ -82,6 +89,7 @@ nlohmann::json run_rank(const trainer::RunConfig& cfg, const RankOptions& o) {
   opt.stop_at_step = o.stop_at_step;
   opt.progress = o.progress;
   opt.collective = coll.get();
+  opt.cuda_device = gpu;
   trainer::Trainer trainer(cfg, opt);
   std::unique_ptr<outer::Diloco> diloco;
   if (cfg.outer.enabled) {

@@ -17,6 +17,8 @@ struct RankOptions {
   bool resume = false;
   int64_t stop_at_step = 0;
   bool progress = true;
+  // site.device: cuda: pin this rank to a GPU (tests); -1 selects it from the local rank.
+  int cuda_device = -1;
 };
 
 // Returns the run summary at global rank 0 (also written to summary.json), this rank's own

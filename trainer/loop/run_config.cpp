@@ -6,6 +6,7 @@
 #include <set>
 
 #include "trainer/core/hash.hpp"
+#include "trainer/loop/device_site.hpp"
 
 namespace geoloco::trainer {
 
@@ -75,11 +76,16 @@ double RunConfig::peak_lr() const {
 
 namespace {
 
+constexpr const char* kBuiltWithoutCuda =
+    "cuda, but this geoloco binary was built without CUDA (configure with -DGEOLOCO_CUDA=ON on a machine with nvcc "
+    "and NCCL), or use device: cpu";
+
 std::vector<SiteConfig> parse_sites(const config::Node& root) {
   auto defaults = root.child("site");
   SiteConfig d;
   d.strategy = defaults.get_choice("strategy", d.strategy, {"ddp", "zero1", "zero2", "fsdp"});
   d.device = defaults.get_choice("device", d.device, {"cpu", "cuda"});
+  if (d.device == "cuda" && !built_with_cuda()) defaults.fail("device", kBuiltWithoutCuda);
   defaults.finish();
 
   std::vector<SiteConfig> sites;
@@ -119,6 +125,7 @@ std::vector<SiteConfig> parse_sites(const config::Node& root) {
     }
     s.strategy = n.get_choice("strategy", d.strategy, {"ddp", "zero1", "zero2", "fsdp"});
     s.device = n.get_choice("device", d.device, {"cpu", "cuda"});
+    if (s.device == "cuda" && !built_with_cuda()) n.fail("device", kBuiltWithoutCuda);
     n.finish();
     sites.push_back(s);
   }
@@ -151,6 +158,12 @@ RunConfig parse_run_config(const config::Document& doc) {
     root.child("train").fail("seq_len", fmt::format("got {}, expected at most model.block_size ({})",
                                                     c.train.seq_len, c.model.block_size));
   c.sites = parse_sites(root);
+  if (c.train.precision == "bf16")
+    for (const auto& s : c.sites)
+      if (s.device != "cuda")
+        root.child("train").fail("precision", fmt::format("bf16 needs site.device: cuda, but site '{}' runs on the "
+                                                          "CPU (the CPU path is fp32)",
+                                                          s.name));
   if (root.has("outer") || c.sites.size() > 1) c.outer = outer::OuterConfig::from_yaml(root.child("outer"));
   if (c.outer.fragments > c.model.n_layer)
     root.child("outer").fail("fragments", fmt::format("got {}, but the model has {} transformer blocks (a fragment holds "

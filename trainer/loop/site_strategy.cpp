@@ -42,7 +42,22 @@ SiteStrategy::SiteStrategy(StrategyKind kind, const ParamLayout& layout, paralle
   adamw_ = std::make_unique<AdamW>(adamw, layout_, sharded_opt ? shard_.offset : 0, sharded_opt ? shard_.end() : n_);
 }
 
+SiteStrategy::SiteStrategy(StrategyKind kind, const ParamLayout& layout, parallel::Collective* coll,
+                           const AdamWConfig& adamw, NoHostState)
+    : kind_(kind), layout_(layout), coll_(coll), n_(layout.total()), host_(false) {
+  if (coll_ && coll_->size() == 1) coll_ = nullptr;
+  shard_ = parallel::shard_of(n_, rank(), ranks());
+  adamw_ = std::make_unique<AdamW>(adamw, layout_, 0, 0);
+}
+
+SiteStrategy::~SiteStrategy() = default;
+
+void SiteStrategy::require_host(const char* what) const {
+  GEOLOCO_CHECK(host_, "SiteStrategy::{} is the CPU path; this strategy keeps its buffers on a device", what);
+}
+
 std::span<const float> SiteStrategy::begin_step() {
+  require_host("begin_step");
   grads_.assign(static_cast<size_t>(n_), 0.0f);
   if (kind_ == StrategyKind::Fsdp) {
     gathered_.assign(static_cast<size_t>(n_), 0.0f);
@@ -66,6 +81,7 @@ void SiteStrategy::reduce_full_grads() {
 }
 
 StepResult SiteStrategy::finish_step(double lr, double max_norm) {
+  require_host("finish_step");
   StepResult r;
   switch (kind_) {
     case StrategyKind::Ddp:
@@ -121,6 +137,7 @@ StepResult SiteStrategy::finish_step(double lr, double max_norm) {
 }
 
 std::span<float> SiteStrategy::shard_params() {
+  require_host("shard_params");
   if (kind_ == StrategyKind::Fsdp) return params_;
   return std::span<float>(params_).subspan(static_cast<size_t>(shard_.offset), static_cast<size_t>(shard_.count));
 }
@@ -131,6 +148,7 @@ void SiteStrategy::shard_updated() {
 }
 
 std::span<const float> SiteStrategy::full_params() {
+  require_host("full_params");
   if (kind_ != StrategyKind::Fsdp) return params_;
   gathered_.assign(static_cast<size_t>(n_), 0.0f);
   std::copy(params_.begin(), params_.end(), gathered_.begin() + shard_.offset);
@@ -143,6 +161,30 @@ double SiteStrategy::site_mean(double v) {
   double buf[1] = {v};
   coll_->all_reduce_sum(std::span<double>(buf, 1));
   return buf[0] / ranks();
+}
+
+void SiteStrategy::site_sum(std::span<double> v) {
+  if (coll_) coll_->all_reduce_sum(v);
+}
+
+OptimizerHostState SiteStrategy::optimizer_state() {
+  require_host("optimizer_state");
+  OptimizerHostState s;
+  s.begin = adamw_->begin();
+  s.end = adamw_->end();
+  s.steps = adamw_->steps();
+  s.m = adamw_->m();
+  s.v = adamw_->v();
+  return s;
+}
+
+void SiteStrategy::load_optimizer(std::span<const float> m, std::span<const float> v, int64_t steps) {
+  require_host("load_optimizer");
+  GEOLOCO_CHECK(m.size() == adamw_->m().size() && v.size() == adamw_->v().size(), "optimizer state of {} floats, expected {}",
+                m.size(), adamw_->m().size());
+  std::copy(m.begin(), m.end(), adamw_->m().begin());
+  std::copy(v.begin(), v.end(), adamw_->v().begin());
+  adamw_->set_steps(steps);
 }
 
 nlohmann::json SiteStrategy::memory_json() const {

@@ -41,18 +41,36 @@ struct StepResult {
   float clip_scale = 1;  // scale applied (1 = not clipped)
 };
 
+// The optimizer state of this rank's range in host memory (checkpoints). On the CPU the
+// spans view the live moments; a device strategy downloads them into m_copy/v_copy.
+struct OptimizerHostState {
+  int64_t begin = 0, end = 0;  // absolute range of the flat layout
+  int64_t steps = 0;
+  std::span<const float> m, v;
+  std::vector<float> m_copy, v_copy;
+};
+
+// The CPU implementation (host buffers, trainer::AdamW). The outer loop and the trainer see
+// it through the virtual members below; a device variant (trainer/loop/cuda_site_strategy.hpp,
+// CUDA builds) derives from it, keeps parameters, gradients and optimizer state on the GPU and
+// implements the same contract: shard_params() is then a pinned host mirror staged from the
+// device at each call, and shard_updated() uploads it back.
 class SiteStrategy {
  public:
   // `coll` may be null for a one-rank site. Parameters start as `initial` (full buffer, same
   // on every rank).
   SiteStrategy(StrategyKind kind, const ParamLayout& layout, parallel::Collective* coll,
                const AdamWConfig& adamw, std::span<const float> initial);
+  virtual ~SiteStrategy();
+  SiteStrategy(const SiteStrategy&) = delete;
+  SiteStrategy& operator=(const SiteStrategy&) = delete;
 
   StrategyKind kind() const { return kind_; }
   int rank() const { return coll_ ? coll_->rank() : 0; }
   int ranks() const { return coll_ ? coll_->size() : 1; }
   parallel::ShardRange shard() const { return shard_; }
 
+  // Host memory only (the CPU strategy; a device strategy has its own step on device spans).
   // Full parameter buffer for forward/backward (gathers it under fsdp) and zeroed grads.
   std::span<const float> begin_step();
   std::span<float> grads() { return grads_; }
@@ -61,26 +79,46 @@ class SiteStrategy {
   StepResult finish_step(double lr, double max_norm);
 
   // This rank's shard of the parameters (persistent under every strategy): the outer loop
-  // reads and overwrites it, then calls shard_updated().
-  std::span<float> shard_params();
+  // reads and overwrites it, then calls shard_updated(). Host memory in every strategy.
+  virtual std::span<float> shard_params();
   // Makes every rank's full parameters consistent after shards were overwritten
   // (all-gather; nothing under fsdp, which gathers at the next step).
-  void shard_updated();
-  // Full parameters (gathers under fsdp; the returned buffer is valid until the next call).
-  std::span<const float> full_params();
+  virtual void shard_updated();
+  // Full parameters in host memory (gathers under fsdp; the returned buffer is valid until
+  // the next call).
+  virtual std::span<const float> full_params();
 
+  // The CPU optimizer. A device strategy returns a host proxy without moments whose reset()
+  // (the outer loop's inner_state: reset) is applied to the device optimizer before the next
+  // update; use optimizer_state()/load_optimizer() for the moments.
   AdamW& optimizer() { return *adamw_; }
   parallel::Collective* collective() { return coll_; }
 
+  // The optimizer moments of this rank's range in host memory, and their restore.
+  virtual OptimizerHostState optimizer_state();
+  virtual void load_optimizer(std::span<const float> m, std::span<const float> v, int64_t steps);
+
   // Site-wide mean of a per-rank scalar (no-op for one rank).
-  double site_mean(double v);
+  virtual double site_mean(double v);
+  // Site-wide sum of host doubles, in place (no-op for one rank).
+  virtual void site_sum(std::span<double> v);
 
   // Bytes held per rank (persistent, and peak transient during a step) and bytes moved by
   // the site collectives per step, for summary.json.
-  nlohmann::json memory_json() const;
+  virtual nlohmann::json memory_json() const;
+
+ protected:
+  // For a device strategy: kind, layout, collective and shard as above, no host buffers, and
+  // an optimizer proxy with an empty range (steps and reset only).
+  struct NoHostState {};
+  SiteStrategy(StrategyKind kind, const ParamLayout& layout, parallel::Collective* coll, const AdamWConfig& adamw,
+               NoHostState);
+  const ParamLayout& layout() const { return layout_; }
+  int64_t num_params() const { return n_; }
 
  private:
   void reduce_full_grads();  // ddp/zero1: bucketed all-reduce, divided by ranks
+  void require_host(const char* what) const;
 
   StrategyKind kind_;
   const ParamLayout& layout_;
@@ -94,6 +132,7 @@ class SiteStrategy {
   std::unique_ptr<AdamW> adamw_;
   int64_t bucket_elems_ = int64_t{1} << 22;  // 16 MiB of fp32 per all-reduce call
   size_t peak_transient_bytes_ = 0;
+  bool host_ = true;  // false: a device strategy (no host buffers here)
 };
 
 }  // namespace geoloco::trainer

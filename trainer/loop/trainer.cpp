@@ -17,6 +17,7 @@
 #include "trainer/core/log.hpp"
 #include "trainer/data/open_data.hpp"
 #include "trainer/data/sampler.hpp"
+#include "trainer/loop/device_site.hpp"
 #include "trainer/loop/metrics.hpp"
 #include "trainer/model/gpt.hpp"
 #include "trainer/optim/schedule.hpp"
@@ -47,7 +48,9 @@ struct Trainer::Impl {
   Gpt model;
   DataSplits data;
   std::unique_ptr<DistributedSampler> sampler;
-  std::unique_ptr<SiteStrategy> strategy;
+  std::unique_ptr<SiteStrategy> cpu_strategy;   // site.device: cpu
+  std::unique_ptr<DeviceSite> device;           // site.device: cuda (it is the strategy too)
+  SiteStrategy* strategy = nullptr;
   std::vector<int32_t> inputs, targets;
 
   fs::path out_dir, site_dir, ckpt_dir;
@@ -94,8 +97,16 @@ struct Trainer::Impl {
 
     std::vector<float> init(static_cast<size_t>(model.layout().total()));
     Gpt::init_params(model.layout(), init, cfg.run.seed);
-    strategy = std::make_unique<SiteStrategy>(parse_strategy(site.strategy), model.layout(), opt.collective,
-                                              cfg.train.optimizer, init);
+    if (site.device == "cuda") {
+      DeviceSiteOptions dso;
+      dso.device = select_rank_device(cfg, o.site, o.rank, o.cuda_device);
+      device = make_device_site(cfg, o.site, model.layout(), opt.collective, init, dso);
+      strategy = &device->strategy();
+    } else {
+      cpu_strategy = std::make_unique<SiteStrategy>(parse_strategy(site.strategy), model.layout(), opt.collective,
+                                                    cfg.train.optimizer, init);
+      strategy = cpu_strategy.get();
+    }
 
     out_dir = cfg.run.output_dir;
     site_dir = out_dir / "sites" / site.name;
@@ -130,19 +141,21 @@ struct Trainer::Impl {
     if (opt.rank == 0) save_model((dir / "model.safetensors").string(), model.layout(), full, meta);
 
     // This rank's state: optimizer moments of its range, sampler, counters, outer state.
-    auto& adam = strategy->optimizer();
-    std::vector<float> shard(strategy->shard_params().begin(), strategy->shard_params().end());
+    // (On a device: moments and shard are downloaded into host copies first.)
+    const OptimizerHostState adam = strategy->optimizer_state();
+    const auto shard_view = strategy->shard_params();
+    std::vector<float> shard(shard_view.begin(), shard_view.end());
     auto sampler_bytes = sampler->state().to_bytes();
     std::vector<TensorWrite> tensors = {
-        f32_tensor("adamw.m", {static_cast<int64_t>(adam.m().size())}, adam.m()),
-        f32_tensor("adamw.v", {static_cast<int64_t>(adam.v().size())}, adam.v()),
+        f32_tensor("adamw.m", {static_cast<int64_t>(adam.m.size())}, adam.m),
+        f32_tensor("adamw.v", {static_cast<int64_t>(adam.v.size())}, adam.v),
         f32_tensor("params.shard", {static_cast<int64_t>(shard.size())}, shard),
         u8_tensor("sampler", {static_cast<int64_t>(sampler_bytes.size())}, sampler_bytes),
     };
     std::map<std::string, std::string> smeta = meta;
-    smeta["adamw_steps"] = std::to_string(adam.steps());
-    smeta["adamw_begin"] = std::to_string(adam.begin());
-    smeta["adamw_end"] = std::to_string(adam.end());
+    smeta["adamw_steps"] = std::to_string(adam.steps);
+    smeta["adamw_begin"] = std::to_string(adam.begin);
+    smeta["adamw_end"] = std::to_string(adam.end);
     smeta["strategy"] = site.strategy;
     smeta["ranks"] = std::to_string(site.ranks);
     smeta["rank"] = std::to_string(opt.rank);
@@ -193,15 +206,16 @@ struct Trainer::Impl {
     if (need("strategy") != site.strategy || need("ranks") != std::to_string(site.ranks))
       throw FileError(st.path(), fmt::format("was written by a site with strategy {} and {} ranks; this run has {} and {}",
                                              need("strategy"), need("ranks"), site.strategy, site.ranks));
-    auto& adam = strategy->optimizer();
-    if (need("adamw_begin") != std::to_string(adam.begin()) || need("adamw_end") != std::to_string(adam.end()))
+    const OptimizerHostState cur = strategy->optimizer_state();
+    if (need("adamw_begin") != std::to_string(cur.begin) || need("adamw_end") != std::to_string(cur.end))
       throw FileError(st.path(), "optimizer shard range differs from this run's (model or rank count changed?)");
-    const std::vector<int64_t> mshape = {static_cast<int64_t>(adam.m().size())};
-    st.copy_f32("adamw.m", mshape, adam.m());
-    st.copy_f32("adamw.v", mshape, adam.v());
+    const std::vector<int64_t> mshape = {cur.end - cur.begin};
+    std::vector<float> m(static_cast<size_t>(cur.end - cur.begin)), v(m.size());
+    st.copy_f32("adamw.m", mshape, m);
+    st.copy_f32("adamw.v", mshape, v);
     auto shard = strategy->shard_params();
     st.copy_f32("params.shard", std::vector<int64_t>{static_cast<int64_t>(shard.size())}, shard);
-    adam.set_steps(std::stoll(need("adamw_steps")));
+    strategy->load_optimizer(m, v, std::stoll(need("adamw_steps")));
     sampler->restore(SamplerState::from_bytes(st.u8("sampler"), st.path()));
     step = std::stoll(need("geoloco_step"));
     wall_before = std::stod(need("wall_s"));
@@ -220,7 +234,11 @@ struct Trainer::Impl {
   double evaluate() {
     const size_t n = data.val->num_windows(T);
     if (n == 0) return NAN;
-    auto params = strategy->full_params();
+    std::span<const float> params;
+    if (device)
+      device->begin_eval();
+    else
+      params = strategy->full_params();
     const int B = cfg.train.micro_batch;
     const int ranks = strategy->ranks();
     const int64_t total = std::min<int64_t>(static_cast<int64_t>(n), int64_t(cfg.train.eval_batches) * B * ranks);
@@ -236,11 +254,14 @@ struct Trainer::Impl {
         std::copy(win.begin(), win.begin() + T, inputs.begin() + int64_t(r) * T);
         std::copy(win.begin() + 1, win.end(), targets.begin() + int64_t(r) * T);
       }
-      sum += double(model.evaluate(params, inputs.data(), targets.data(), rows, T)) * rows;
+      const float l = device ? static_cast<float>(device->eval_batch(inputs.data(), targets.data(), rows, T))
+                             : model.evaluate(params, inputs.data(), targets.data(), rows, T);
+      sum += double(l) * rows;
       count += rows;
     }
+    if (device) device->end_eval();
     double buf[2] = {sum, double(count)};
-    if (strategy->collective() && strategy->ranks() > 1) strategy->collective()->all_reduce_sum(std::span<double>(buf, 2));
+    strategy->site_sum(std::span<double>(buf, 2));
     return buf[1] > 0 ? buf[0] / buf[1] : NAN;
   }
 
@@ -254,6 +275,7 @@ struct Trainer::Impl {
   }
 
   double train_step() {
+    if (device) return train_step_device();
     auto t0 = Clock::now();
     auto params = strategy->begin_step();
     auto grads = strategy->grads();
@@ -284,6 +306,31 @@ struct Trainer::Impl {
     return loss;
   }
 
+  // site.device: cuda: batches from the host sampler, copied per micro-batch (pinned) into
+  // the device model; reduction, clipping and AdamW on the device.
+  double train_step_device() {
+    auto t0 = Clock::now();
+    const int B = cfg.train.micro_batch, K = cfg.train.grad_accum;
+    double loss = 0;
+    {
+      TraceSpan sp(&trace, "forward_backward", TraceRecorder::kMainThread);
+      loss = device->forward_backward([&](int32_t* x, int32_t* y) { sampler->next_batch(B, T, x, y); }, B, T, K);
+    }
+    const double lr = scheduled_lr(cfg.train.schedule, cfg.peak_lr(), step, cfg.train.steps);
+    StepResult r;
+    {
+      TraceSpan sp(&trace, "optimizer", TraceRecorder::kMainThread);
+      r = device->finish_step(lr, cfg.train.grad_clip);
+    }
+    const double dt = seconds_since(t0);
+    compute_seconds += dt;
+    period_compute += dt;
+    ++step;
+    last_lr = lr;
+    last_grad_norm = r.grad_norm;
+    return loss;
+  }
+
   double last_lr = 0, last_grad_norm = 0;
 
   nlohmann::json run() {
@@ -293,6 +340,7 @@ struct Trainer::Impl {
       log_info(fmt::format("site {}: {} rank(s), strategy {}, model {:.2f}M params, {} steps, {} tokens/step/rank, data {}",
                            site.name, site.ranks, site.strategy, model.layout().total() / 1e6, cfg.train.steps,
                            tokens_per_step_rank, data.train->describe()));
+    if (opt.rank == 0 && device) log_info(fmt::format("site {}: on the GPU: {}", site.name, device->describe().dump()));
     if (opt.outer) opt.outer->set_trace(&trace);
     start = Clock::now();
     period_t0 = start;
@@ -462,6 +510,7 @@ struct Trainer::Impl {
     s["params"] = model.layout().total();
     s["config_hash"] = hex64(cfg.hash);
     s["memory"] = strategy->memory_json();
+    s["device"] = device ? device->describe() : nlohmann::json("cpu");
     if (auto* c = strategy->collective(); c && strategy->ranks() > 1) {
       s["site_collectives"] = c->stats().to_json();
       s["site_bytes_per_step"] = step > 0 ? double(c->stats().total_bytes_sent()) / double(step) : 0.0;

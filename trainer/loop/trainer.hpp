@@ -35,6 +35,9 @@ struct TrainerOptions {
   parallel::Collective* collective = nullptr;  // the site's collective (null: one-rank site)
   OuterHook* outer = nullptr;     // the cross-site loop (null: no outer loop)
   bool progress = true;           // live progress line on a terminal
+  // site.device: cuda: the GPU of this rank, already chosen by the caller (run_rank selects it
+  // before creating NCCL); -1 lets the trainer select it (select_rank_device).
+  int cuda_device = -1;
 };
 
 class Trainer {

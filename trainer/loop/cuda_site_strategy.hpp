@@ -1,0 +1,91 @@
+// CudaSiteStrategy: a site strategy (ddp, zero1, zero2, fsdp) on one GPU per rank, over the
+// site's device collective (NCCL). The same semantics as SiteStrategy (site_strategy.hpp),
+// with device buffers sized by plan_device_buffers() (device_plan.hpp):
+//   * CudaGpt computes forward/backward on the model's stream; CudaAdamW updates on it;
+//   * ddp/zero1 on several ranks all-reduce each block's gradient while the backward pass of
+//     the blocks below still runs (OverlappedAllReduce, hook on the last micro-batch);
+//     zero2/fsdp reduce-scatter after the backward pass (shards do not align with blocks);
+//   * before any collective on buffers the model stream wrote, that stream is synchronised
+//     (NCCL runs on its own stream); collectives return when their result is in place;
+//   * clipping: the squared norm of the (reduced) gradient on the device, summed over the
+//     shards for zero2/fsdp as on the CPU;
+//   * the outer loop's host contract: shard_params() downloads the rank's shard into a pinned
+//     mirror through HostStager (copy stream ordered after the model stream by an event) and
+//     returns it; shard_updated() uploads the mirror and all-gathers (ddp/zero1/zero2);
+//   * optimizer(): a host proxy; its reset() (outer.inner_state: reset) is applied to the
+//     device moments before the next update.
+// Only in CUDA builds (compiled into geoloco_loop when GEOLOCO_HAVE_CUDA).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "trainer/cuda/cuda_adamw.hpp"
+#include "trainer/cuda/cuda_gpt.hpp"
+#include "trainer/cuda/device.hpp"
+#include "trainer/cuda/grad_overlap.hpp"
+#include "trainer/cuda/handles.hpp"
+#include "trainer/cuda/ops.hpp"
+#include "trainer/cuda/staging.hpp"
+#include "trainer/loop/device_plan.hpp"
+#include "trainer/loop/device_site.hpp"
+#include "trainer/loop/run_config.hpp"
+
+namespace geoloco::trainer {
+
+class CudaSiteStrategy final : public SiteStrategy, public DeviceSite {
+ public:
+  CudaSiteStrategy(const RunConfig& cfg, int site, const ParamLayout& layout, parallel::Collective* coll,
+                   std::span<const float> initial, int device);
+  ~CudaSiteStrategy() override;
+
+  // DeviceSite
+  SiteStrategy& strategy() override { return *this; }
+  double forward_backward(const NextBatch& next, int B, int T, int K) override;
+  StepResult finish_step(double lr, double max_norm) override;
+  void begin_eval() override;
+  double eval_batch(const int32_t* inputs, const int32_t* targets, int rows, int T) override;
+  void end_eval() override;
+  nlohmann::json describe() const override;
+
+  // SiteStrategy (host contract)
+  std::span<float> shard_params() override;
+  void shard_updated() override;
+  std::span<const float> full_params() override;
+  OptimizerHostState optimizer_state() override;
+  void load_optimizer(std::span<const float> m, std::span<const float> v, int64_t steps) override;
+  double site_mean(double v) override;
+  void site_sum(std::span<double> v) override;
+  nlohmann::json memory_json() const override;
+
+  const DeviceBufferPlan& plan() const { return plan_; }
+
+ private:
+  cuda::OpContext ops() const;
+  void sync_compute();
+  // Device span of this rank's shard of the parameters (inside the full buffer, or the
+  // buffer itself under fsdp).
+  std::span<float> shard_on_device();
+  // fsdp: the full parameters into d_gathered_ (allocated if needed). Collective.
+  void gather_full();
+  std::span<const float> full_on_device() const;
+  void clip(std::span<float> g, StepResult& r, double max_norm);
+  void apply_pending_reset();
+
+  int device_;
+  cuda::DeviceInfo info_;
+  std::string precision_;
+  std::string backend_;
+  DeviceBufferPlan plan_;
+  cuda::CudaGpt model_;
+  cuda::DeviceBuffer<float> d_params_, d_grads_, d_grad_shard_, d_gathered_;
+  cuda::DeviceBuffer<double> d_scalars_;
+  cuda::DeviceBuffer<unsigned char> d_work_;  // scratch of the norm reduction
+  cuda::CudaAdamW adam_;
+  cuda::HostStager mirror_;
+  std::unique_ptr<cuda::OverlappedAllReduce> overlap_;
+  std::vector<float> host_full_;
+  size_t peak_activation_bytes_ = 0;
+};
+
+}  // namespace geoloco::trainer
