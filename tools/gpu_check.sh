@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One prepared GPU check (for a machine with a GPU, e.g. one H200 with 16 cores, < 8 minutes):
 # configure with CUDA into build-gpu, build only what the check needs, run the GPU tests
-# (ctest -L gpu), the NCCL tests of the parallel area (folded in from
-# tests/parallel/gpu_check.sh), the op-parity program (writes parity.json), and the GPT-2
+# (ctest -L gpu), the training loop on the GPU (test_cuda_loop: 2-rank site vs the CPU curve,
+# ddp == zero1, bit-exact resume, 2-site DiLoCo), the NCCL tests of the parallel area (folded in
+# from tests/parallel/gpu_check.sh), the op-parity program (writes parity.json), and the GPT-2
 # 124M bf16 benchmark (bench.json); then write report.json + gpu_check.log into OUTDIR.
 #
 #   tools/gpu_check.sh OUTDIR        exit 0 only when every step passed
@@ -66,12 +67,14 @@ if run_step configure 120 cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TY
   -DCMAKE_CUDA_ARCHITECTURES="$arch" -DGEOLOCO_BUILD_TESTS=ON -DGEOLOCO_BUILD_BENCH=ON; then
   # Only the check's targets: the whole tree would not fit the budget.
   run_step build 300 ninja -C "$build" -j"$jobs" test_cuda_host test_cuda_gpu bench_gpu_gpt2 geoloco_gpu_report \
-    test_parallel && built=1
+    test_parallel test_cuda_loop && built=1
 fi
 
 if ((built)); then
   run_step host_tests 60 "$build/tests/cuda/test_cuda_host" --gtest_brief=1
   run_step gpu_tests 150 ctest --test-dir "$build" -L gpu --output-on-failure --timeout 120
+  # site.device: cuda end to end (label gpu_loop, not in the ctest step above).
+  run_step loop_tests 120 "$build/tests/cuda/test_cuda_loop" --gtest_brief=1
   # The same device tests once more in one process: the parity environment writes parity.json.
   GEOLOCO_GPU_REPORT_DIR="$out" run_step parity 120 "$build/tests/cuda/test_cuda_gpu" --gtest_brief=1
   run_step nccl_tests 90 "$build/tests/parallel/test_parallel" --gtest_filter='Gpu*:Nccl*' --gtest_brief=1
