@@ -55,11 +55,14 @@ TEST(Budget, TrillionParameterSyncOnOneLinkTakesTwentySeconds) {
   EXPECT_DOUBLE_EQ(c.rate_Bps, 100e9);
   EXPECT_DOUBLE_EQ(c.bandwidth_s, 20.0);
   EXPECT_EQ(c.rounds, 1);
-  EXPECT_DOUBLE_EQ(c.latency_s, 1.5e-3);
-  EXPECT_DOUBLE_EQ(c.total_s, 20.0 + 1.5e-3);
+  // 1.5 RTT for the rendezvous exchange + 0.5 RTT for the weight-hash check.
+  EXPECT_DOUBLE_EQ(c.check_s, 0.5e-3);
+  EXPECT_DOUBLE_EQ(c.latency_s, 2.0e-3);
+  EXPECT_DOUBLE_EQ(c.local_s, 0.0);
+  EXPECT_DOUBLE_EQ(c.total_s, 20.0 + 2.0e-3);
   // No overlap: utilization = H t / (H t + t_sync).
   auto e = evaluate(in, 100, 16, 2.0, 1, 1);
-  EXPECT_DOUBLE_EQ(e.utilization, 100.0 / (100.0 + 20.0015));
+  EXPECT_DOUBLE_EQ(e.utilization, 100.0 / (100.0 + 20.002));
 }
 
 TEST(Budget, FewConnectionsOnALongPathAreBandwidthDelayBound) {
@@ -103,9 +106,58 @@ schedule: {step_time_s: 0.5, ranks: 100, pattern: ring}
   EXPECT_DOUBLE_EQ(c.egress_bytes, 2.0 * 3 / 4 * 2e9);
   EXPECT_EQ(c.connections, 100);
   EXPECT_EQ(c.rounds, 6);
-  EXPECT_DOUBLE_EQ(c.latency_s, 6 * 1.5 * 0.010);
+  EXPECT_DOUBLE_EQ(c.latency_s, 6 * 1.5 * 0.010 + 0.5 * 0.010);  // one hash check, not one per round
   EXPECT_DOUBLE_EQ(c.rate_Bps, 10e9);  // 100 x 314 MB/s > 10 GB/s
   EXPECT_DOUBLE_EQ(c.bandwidth_s, 3e9 / 10e9);
+}
+
+TEST(Budget, HashCheckAndLocalWorkAddToEverySync) {
+  // 1e6 values at 1 B/value over 100 Mbit/s (1.25e7 B/s): 0.08 s on the wire.
+  const std::string model = "model: {params: 1e6}\ncompression: {bytes_per_value: 1}\nmeasured: {per_connection_gbps: 0.1}\n";
+  // Defaults: 1.5 RTT rendezvous + 0.5 RTT hash check, nothing local.
+  auto in = parse(model + "link: {rtt_ms: 100, rate_gbps: 0.1}\nschedule: {step_time_s: 0.1, H: 25}\n");
+  EXPECT_DOUBLE_EQ(in.check_rtts, 0.5);
+  EXPECT_DOUBLE_EQ(in.local_sync_s, 0.0);
+  auto c = sync_cost(in, 1.0, 1, 1);
+  EXPECT_DOUBLE_EQ(c.bandwidth_s, 0.08);
+  EXPECT_DOUBLE_EQ(c.check_s, 0.05);
+  EXPECT_DOUBLE_EQ(c.latency_s, 0.15 + 0.05);
+  EXPECT_DOUBLE_EQ(c.total_s, 0.08 + 0.2);
+
+  // geoloco's link emulator (transport.emulate) delays only the data, one way: 0.5 RTT per
+  // round, with the check one RTT per sync. Local work 0.04 s per full sync, / fragments.
+  in = parse(model + "link: {rtt_ms: 100, rate_gbps: 0.1, rtts_per_round: 0.5}\n"
+                     "schedule: {step_time_s: 0.1, H: 25, fragments: 2, overlap_steps: 1, local_sync_s: 0.04}\n");
+  c = sync_cost(in, 1.0, 2, 1);
+  EXPECT_DOUBLE_EQ(c.bandwidth_s, 0.04);
+  EXPECT_DOUBLE_EQ(c.latency_s, 0.05 + 0.05);
+  EXPECT_DOUBLE_EQ(c.local_s, 0.02);
+  EXPECT_DOUBLE_EQ(c.total_s, 0.04 + 0.1 + 0.02);
+  // Each fragment overruns its 1-step window by 0.06 s: 0.12 s exposed per 2.5 s.
+  auto e = evaluate(in, 25, 8, 1.0, 2, 1);
+  EXPECT_NEAR(e.exposed_s, 2 * (0.16 - 0.1), 1e-15);
+  EXPECT_NEAR(e.utilization, 2.5 / (2.5 + 0.12), 1e-15);
+
+  // The check can be switched off; local work is priced per fragment count.
+  in = parse(model + "link: {rtt_ms: 100, rate_gbps: 0.1, check_rtts: 0}\nschedule: {step_time_s: 0.1, local_sync_s: 1}\n");
+  EXPECT_DOUBLE_EQ(sync_cost(in, 1.0, 1, 1).latency_s, 0.15);
+  EXPECT_DOUBLE_EQ(sync_cost(in, 1.0, 4, 1).local_s, 0.25);
+
+  // Per-step DDP across sites neither checks hashes nor runs the codec.
+  auto r = plan_budget(in);
+  BudgetInput dp = in;
+  dp.pattern = Pattern::Ring;
+  dp.bytes_per_value_override = in.dp_bytes_per_value;
+  dp.local_sync_s = 0;
+  dp.check_rtts = 0;
+  EXPECT_DOUBLE_EQ(r.dp_step_comm_s, sync_cost(dp, in.dp_bytes_per_value, 1, in.lanes).total_s);
+  EXPECT_GT(r.full_sync.local_s, 0.0);
+
+  // Both are validated.
+  auto msg = error_of(std::string(kHeader) + model + "link: {rtt_ms: 1, rate_gbps: 1}\nschedule: {step_time_s: 0.1, local_sync_s: -1}\n");
+  EXPECT_NE(msg.find("schedule.local_sync_s"), std::string::npos) << msg;
+  msg = error_of(std::string(kHeader) + model + "link: {rtt_ms: 1, rate_gbps: 1, check_rtts: -0.5}\nschedule: {step_time_s: 0.1}\n");
+  EXPECT_NE(msg.find("link.check_rtts"), std::string::npos) << msg;
 }
 
 TEST(Budget, OverlapModel) {
@@ -129,7 +181,7 @@ TEST(Budget, SmallestHFromTheClosedForm) {
   const std::string base = R"(
 model: {params: 1e9}
 compression: {bits: 16}
-link: {rtt_ms: 1, rate_gbps: 8, rtts_per_round: 0}
+link: {rtt_ms: 1, rate_gbps: 8, rtts_per_round: 0, check_rtts: 0}
 measured: {per_connection_gbps: 100}
 schedule: {step_time_s: 1.0, H: 100}
 )";
@@ -155,7 +207,7 @@ TEST(Budget, SmallestHPrefersPrecisionOnlyWhenItCostsNoSteps) {
   auto in = parse(R"(
 model: {params: 1e9}
 compression: {bits: 16}
-link: {rtt_ms: 1, rate_gbps: 8, rtts_per_round: 0}
+link: {rtt_ms: 1, rate_gbps: 8, rtts_per_round: 0, check_rtts: 0}
 measured: {per_connection_gbps: 100}
 schedule: {step_time_s: 1.0}
 target: {utilization: 0.95, h_floor: 25, bits: [16, 8, 4], fragments: [1], lanes: [1]}
@@ -190,7 +242,7 @@ TEST(Budget, SmallestHAddsLanesWhenBandwidthDelayBound) {
   auto in = parse(R"(
 model: {params: 1e9}
 compression: {bits: 16}
-link: {rtt_ms: 8, rate_gbps: 8, rtts_per_round: 0}
+link: {rtt_ms: 8, rate_gbps: 8, rtts_per_round: 0, check_rtts: 0}
 measured: {per_connection_gbps: 1}
 schedule: {step_time_s: 1.0}
 target: {utilization: 0.95, bits: [16], fragments: [1], lanes: [1, 2, 4, 8, 16]}
@@ -208,7 +260,7 @@ TEST(Budget, SmallestHUsesFragmentsToHideBehindOverlap) {
   auto in = parse(R"(
 model: {params: 1e10}
 compression: {bits: 16}
-link: {rtt_ms: 1, rate_gbps: 4, rtts_per_round: 0}
+link: {rtt_ms: 1, rate_gbps: 4, rtts_per_round: 0, check_rtts: 0}
 measured: {per_connection_gbps: 100}
 schedule: {step_time_s: 1.0, overlap_steps: 10, H: 100}
 target: {utilization: 0.95, bits: [16], fragments: [1, 2, 4, 8], lanes: [1]}

@@ -116,6 +116,7 @@ BudgetInput BudgetInput::from_yaml(const config::Node& root) {
   }
   in.tcp_window_fraction = link.get_double("tcp_window_fraction", in.tcp_window_fraction, 0.01, 1.0);
   in.rtts_per_round = link.get_double("rtts_per_round", in.rtts_per_round, 0, 100);
+  in.check_rtts = link.get_double("check_rtts", in.check_rtts, 0, 100);
   in.slow_start = link.get<bool>("slow_start", in.slow_start);
   in.initial_window_bytes = link.get_double("initial_window_bytes", in.initial_window_bytes, 1, 1e12);
   link.finish();
@@ -158,6 +159,7 @@ BudgetInput BudgetInput::from_yaml(const config::Node& root) {
   in.pattern = sched.get_choice("pattern", "all_to_all", {"all_to_all", "ring"}) == "ring" ? Pattern::Ring
                                                                                        : Pattern::AllToAll;
   in.dp_bytes_per_value = sched.get_double("dp_bytes_per_value", in.dp_bytes_per_value, 0.125, 8);
+  in.local_sync_s = sched.get_double("local_sync_s", in.local_sync_s, 0, 1e9);
   sched.finish();
 
   auto target = section(root, "target");
@@ -220,7 +222,10 @@ SyncCost sync_cost(const BudgetInput& in, double bpv, int fragments, int lanes) 
   c.rate_Bps = std::min(capacity, c.connections * c.per_connection_cap_Bps);
   c.bdp_bound = c.connections * c.per_connection_cap_Bps < capacity;
   c.bandwidth_s = c.egress_bytes / c.rate_Bps;
-  c.latency_s = static_cast<double>(c.rounds) * in.rtts_per_round * in.rtt_s;
+  // The hash check runs once per sync, after the outer step, whatever the pattern.
+  c.check_s = in.check_rtts * in.rtt_s;
+  c.latency_s = static_cast<double>(c.rounds) * in.rtts_per_round * in.rtt_s + c.check_s;
+  c.local_s = in.local_sync_s / fragments;
   if (in.slow_start) {
     // Connections idle between syncs restart from the initial window (Linux default
     // tcp_slow_start_after_idle=1). A ring's rounds run back to back, so each connection
@@ -230,7 +235,7 @@ SyncCost sync_cost(const BudgetInput& in, double bpv, int fragments, int lanes) 
     const double ramp = slow_start_transfer_s(per_conn_bytes, per_conn_rate, in.rtt_s, in.initial_window_bytes);
     c.slow_start_s = ramp - per_conn_bytes / per_conn_rate;
   }
-  c.total_s = c.bandwidth_s + c.latency_s + c.slow_start_s;
+  c.total_s = c.bandwidth_s + c.latency_s + c.slow_start_s + c.local_s;
   return c;
 }
 
@@ -335,6 +340,8 @@ BudgetReport plan_budget(const BudgetInput& in) {
   // ranks*lanes connections to the next site, 2(S-1) latency rounds, nothing hidden.
   BudgetInput dp = ring;
   dp.bytes_per_value_override = in.dp_bytes_per_value;
+  dp.check_rtts = 0;  // DDP has no cross-site hash check and no codec
+  dp.local_sync_s = 0;
   r.dp_step_comm_s = sync_cost(dp, in.dp_bytes_per_value, 1, in.lanes).total_s;
   r.dp_utilization = utilization(1, in.step_time_s, r.dp_step_comm_s);
 

@@ -10,7 +10,11 @@
 //  * Rate: min(site WAN capacity = rate x parallel links, connections x per-connection cap),
 //    the cap being window/RTT (window = tcp_rmem max x window fraction) or a probe's figure.
 //  * Latency: rtts_per_round round trips per round (UCX rendezvous: RTS, RTR, data ~ 1.5),
-//    optional slow start from an initial window after the idle gap between syncs.
+//    plus check_rtts once per sync (the cross-site weight-hash check, outer.check_hash: one
+//    small message each way at once, 0.5), optional slow start from an initial window after
+//    the idle gap between syncs.
+//  * Local work: local_sync_s per full-model sync (compress, decode, outer step, copies: what
+//    a sync costs over a zero-latency, unlimited link), local_sync_s / F per fragment sync.
 //  * Overlap: a fragment sync may run for overlap_steps (tau) inner steps before it must have
 //    landed; per H steps the exposed wait is max(F*max(0, t_f - tau*t), F*t_f - H*t, 0) and
 //    utilization = H*t / (H*t + exposed). With F=1, tau=0: H*t / (H*t + t_sync).
@@ -73,6 +77,13 @@ struct BudgetInput {
   int lanes = 1;  // connections per rank pair
   Pattern pattern = Pattern::AllToAll;
   double rtts_per_round = 1.5;
+  // The weight-hash check after every fragment sync (outer.check_hash, on by default): one
+  // small (eager) message each way at once, half a round trip. 0 when the check is off.
+  double check_rtts = 0.5;
+  // Site-local time of one full-model sync outside the network: encode, decode of every
+  // site's frame, outer step, copies (measured: a sync over a zero-latency, unlimited link).
+  // A fragment sync pays local_sync_s / F. 0: not modelled.
+  double local_sync_s = 0;
   bool slow_start = false;
   double initial_window_bytes = 10 * 1448;  // Linux initcwnd 10 segments of 1448 bytes
   double dp_bytes_per_value = 2;            // per-step DDP across sites ships bf16 gradients
@@ -107,9 +118,11 @@ struct SyncCost {
   bool bdp_bound = false;    // connections x cap < link capacity
   int64_t rounds = 0;
   double bandwidth_s = 0;
-  double latency_s = 0;
+  double latency_s = 0;      // rounds x rtts_per_round x RTT + check_s
+  double check_s = 0;        // of latency_s: the weight-hash check, check_rtts x RTT
   double slow_start_s = 0;   // extra over steady state
-  double total_s = 0;
+  double local_s = 0;        // local_sync_s / F: codec, outer step, copies
+  double total_s = 0;        // bandwidth + latency + slow start + local
 };
 
 SyncCost sync_cost(const BudgetInput& in, double bytes_per_value, int fragments, int lanes);

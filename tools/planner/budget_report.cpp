@@ -40,7 +40,9 @@ nlohmann::json sync_json(const SyncCost& c) {
           {"rounds", c.rounds},
           {"bandwidth_s", c.bandwidth_s},
           {"latency_s", c.latency_s},
+          {"check_s", c.check_s},
           {"slow_start_s", c.slow_start_s},
+          {"local_s", c.local_s},
           {"total_s", c.total_s}};
 }
 
@@ -85,6 +87,10 @@ std::string format_budget_table(const BudgetReport& r) {
     t.row("site WAN capacity", std::isfinite(cap) ? fmt::format("{} ({})", format_rate_bits(cap), why) : "unbounded");
   }
   t.row("inner step", fmt::format("{} ({})", format_seconds(in.step_time_s), in.step_time_source));
+  t.row("latency per sync", fmt::format("{} RTT per round + {} RTT hash check", in.rtts_per_round, in.check_rtts));
+  if (in.local_sync_s > 0)
+    t.row("local work per sync", fmt::format("{} per full sync, / fragments (schedule.local_sync_s)",
+                                             format_seconds(in.local_sync_s)));
   t.row("schedule", fmt::format("H {}, {} fragment(s), overlap {} step(s), {} ranks x {} lane(s), {}", in.H,
                                 in.fragments, in.overlap_steps, in.ranks, in.lanes, pattern_name(in.pattern)));
 
@@ -108,9 +114,11 @@ std::string format_budget_table(const BudgetReport& r) {
 
   t.section("transfer time");
   auto sync_row = [&](const std::string& name, const SyncCost& c) {
-    t.row(name, fmt::format("{} = bandwidth {} + latency {} ({} round(s)){}", format_seconds(c.total_s),
+    t.row(name, fmt::format("{} = bandwidth {} + latency {} ({} round(s){}){}{}", format_seconds(c.total_s),
                             format_seconds(c.bandwidth_s), format_seconds(c.latency_s), c.rounds,
-                            c.slow_start_s > 0 ? " + slow start " + format_seconds(c.slow_start_s) : ""));
+                            c.check_s > 0 ? ", hash check " + format_seconds(c.check_s) : "",
+                            c.slow_start_s > 0 ? " + slow start " + format_seconds(c.slow_start_s) : "",
+                            c.local_s > 0 ? " + local " + format_seconds(c.local_s) : ""));
   };
   sync_row("full sync, " + std::string(pattern_name(in.pattern)), r.full_sync);
   if (in.pattern == Pattern::AllToAll) sync_row("full sync, ring (comparison)", r.ring_full_sync);
@@ -168,6 +176,9 @@ nlohmann::json budget_json(const BudgetReport& r) {
                  {"ranks", in.ranks},
                  {"lanes", in.lanes},
                  {"pattern", pattern_name(in.pattern)},
+                 {"rtts_per_round", in.rtts_per_round},
+                 {"check_rtts", in.check_rtts},
+                 {"local_sync_s", in.local_sync_s},
                  {"target_utilization", in.target_utilization},
                  {"h_floor", in.h_floor}};
   j["full_sync"] = sync_json(r.full_sync);
