@@ -112,6 +112,8 @@ planner::BudgetInput budget_input(const PlanRequest& req) {
   in.measured_connections = req.path.connections;
   in.step_time_s = req.step_time_s;
   in.step_time_source = "measured";
+  // The weight-hash check after each sync costs a round of its own (none when disabled).
+  in.check_rtts = o.check_hash ? in.check_rtts : 0.0;
   in.overlap_steps = o.delayed_update ? o.plan_h_min : o.overlap_steps;
   in.ranks = req.ranks;
   in.lanes = req.transport_lanes;
@@ -181,7 +183,7 @@ double calibrated_capacity_scale(const PlanRequest& req, const PlanDecision& pla
   planner::BudgetInput in = budget_input(req);
   const double bpv = in.bytes_per_value_for_bits(plan.bits);
   const planner::SyncCost c = planner::sync_cost(in, bpv, plan.fragments, req.transport_lanes);
-  const double fixed = c.latency_s + c.slow_start_s;
+  const double fixed = c.latency_s + c.slow_start_s + c.local_s;
   // Bandwidth term scales as 1 / rate: the rate that gives `measured_s`.
   const double want = std::max(measured_s - fixed, 1e-6);
   const double scale = req.capacity_scale * (c.bandwidth_s / want);
