@@ -124,7 +124,11 @@ planner::BudgetInput budget_input(const PlanRequest& req) {
   in.search_fragments.clear();
   for (int f : {1, 2, 4, 8, 16})
     if (f <= req.n_layer) in.search_fragments.push_back(f);
-  in.search_lanes = {req.transport_lanes};
+  // Lanes: the fewest of the transport's connections (1, 2, 4, ... and all of them) that
+  // reach the target at the smallest H; the transport spreads chunks over that many.
+  in.search_lanes.clear();
+  for (int l = 1; l < req.transport_lanes; l *= 2) in.search_lanes.push_back(l);
+  in.search_lanes.push_back(std::max(1, req.transport_lanes));
   in.H = in.h_floor;
   in.fragments = 1;
   in.bits = o.plan_bits.front();
@@ -147,7 +151,7 @@ PlanDecision choose_plan(const PlanRequest& req) {
   d.fragments = e.fragments;
   d.bits = e.bits;
   d.codec = codec_for_bits(e.bits);
-  d.lanes = req.transport_lanes;
+  d.lanes = e.lanes;
   d.step_time_s = req.step_time_s;
   d.predicted_fragment_sync_s = e.fragment_sync.total_s;
   d.predicted_utilization = e.utilization;

@@ -529,6 +529,7 @@ void Diloco::apply_plan(const PlanDecision& d, int64_t step, trainer::SiteStrate
 
   interval_ = d.interval;
   pcfg_ = plan_compression(ocfg_.compression, d);
+  if (transport_) transport_->set_active_lanes(std::min(d.lanes, transport_->lanes()));
   build_fragments(d.fragments, global, strategy.shard());
   for (auto& f : frags_) {
     if (!opt_a.empty()) gather_local(*f, opt_a, f->opt->state_a());
@@ -929,6 +930,7 @@ void Diloco::restore_state(const trainer::SafetensorsFile& file) {
     PlanDecision d = PlanDecision::from_json(nlohmann::json::parse(file.meta("outer.plan"), nullptr, false), file.path());
     interval_ = d.interval;
     pcfg_ = plan_compression(ocfg_.compression, d);
+    if (transport_) transport_->set_active_lanes(std::min(d.lanes, transport_->lanes()));
     std::vector<float> zeros(n_, 0.0f);
     parallel::ShardRange range{0, static_cast<int64_t>(n_)};
     // Ranges are relative to the shard: only the shard's offset matters for the cut.

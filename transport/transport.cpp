@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -268,6 +269,7 @@ class Transport::Impl {
   Impl(TransportConfig cfg, Identity self, TestHooks hooks)
       : cfg_(std::move(cfg)), self_(std::move(self)), hooks_(std::move(hooks)) {
     cfg_.validate();
+    active_lanes_.store(cfg_.lanes);
     if (self_.site.empty() || self_.site.size() > kMaxSiteBytes)
       throw ConfigError(fmt::format("transport: site name '{}' must have 1..{} bytes", self_.site, kMaxSiteBytes));
     if (self_.run_id.size() > kMaxRunIdBytes)
@@ -409,6 +411,12 @@ class Transport::Impl {
 
   const Identity& self() const { return self_; }
   int lanes() const { return cfg_.lanes; }
+  void set_active_lanes(int n) {
+    if (n < 1 || n > cfg_.lanes)
+      throw TransportError(fmt::format("transport: {} active lanes requested, expected 1..{}", n, cfg_.lanes));
+    active_lanes_.store(n);
+  }
+  int active_lanes() const { return active_lanes_.load(); }
   const std::vector<PeerInfo>& peers() const { return peer_infos_; }
   int peer_index(const std::string& site, int rank) const {
     for (size_t i = 0; i < peer_infos_.size(); ++i)
@@ -1346,7 +1354,8 @@ class Transport::Impl {
       } else {
         h.encode(ctx->header);
       }
-      const size_t lane = op->lane >= 0 ? static_cast<size_t>(op->lane) : p.rr++ % p.lane_ep.size();
+      const size_t active = std::min(p.lane_ep.size(), static_cast<size_t>(std::max(1, active_lanes_.load())));
+      const size_t lane = op->lane >= 0 ? static_cast<size_t>(op->lane) : p.rr++ % active;
       group->lane = static_cast<int>(lane);
       ucp_ep_h ep = p.lane_ep[lane];
       if (ep == nullptr) {
@@ -1594,6 +1603,7 @@ class Transport::Impl {
   }
 
   TransportConfig cfg_;
+  std::atomic<int> active_lanes_{0};  // 0 until the constructor sets cfg_.lanes
   Identity self_;
   TestHooks hooks_;
   uint16_t version_ = kProtocolVersion;
@@ -1658,6 +1668,8 @@ SendHandle Transport::send_on_lane(int peer, int lane, FrameKind kind, uint64_t 
   return impl_->send(peer, kind, round, shard, payload, lane < 0 ? -2 : lane);
 }
 int Transport::lanes() const { return impl_->lanes(); }
+void Transport::set_active_lanes(int n) { impl_->set_active_lanes(n); }
+int Transport::active_lanes() const { return impl_->active_lanes(); }
 TransportStats Transport::stats() const { return impl_->stats(); }
 std::vector<std::string> Transport::ucx_settings() const { return impl_->ucx_settings(); }
 

@@ -124,6 +124,11 @@ class Transport {
 
   // Endpoints (TCP connections) per peer: the configured lanes.
   int lanes() const;
+  // Lanes plain send() spreads its chunks over, the first n of lanes() (default: all).
+  // outer.plan: auto uses the fewest that reach its target; the other connections stay up.
+  // Takes effect for transfers posted afterwards. TransportError outside [1, lanes()].
+  void set_active_lanes(int n);
+  int active_lanes() const;
 
   TransportStats stats() const;
   // UCX settings applied at startup ("NAME=value"), for logs and summaries.

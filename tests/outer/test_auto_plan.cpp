@@ -110,7 +110,8 @@ TEST(AutoPlan, ChoosesTheSmallestIntervalThatMeetsTheTarget) {
   EXPECT_TRUE(d.target_met) << d.reason;
   EXPECT_GE(d.predicted_utilization, 0.95);
   EXPECT_EQ(d.codec, outer::codec_for_bits(d.bits));
-  EXPECT_EQ(d.lanes, 4);
+  EXPECT_GE(d.lanes, 1);
+  EXPECT_LE(d.lanes, 4);
   // One step less would miss the target with the same fragments and bits.
   auto o2 = o;
   o2.plan_bits = {d.bits};
@@ -128,6 +129,23 @@ TEST(AutoPlan, ChoosesTheSmallestIntervalThatMeetsTheTarget) {
   // Overlap hides the sync: a smaller H suffices.
   auto ov = outer_from("outer: {plan: auto, overlap_steps: 20, plan_h_min: 1, plan_h_max: 100000}\n");
   EXPECT_LE(outer::choose_plan(request(ov, 100, 1000, 300)).interval, d.interval);
+}
+
+TEST(AutoPlan, PicksTheFewestLanesThatReachTheTarget) {
+  // A window-bound path: one connection carries 1/8 of the link. At the H floor more lanes
+  // are what reaches the target; on a path one connection fills, one lane suffices.
+  auto o = outer_from("outer: {plan: auto, target_utilization: 0.95, plan_h_min: 50, plan_h_max: 50, plan_bits: [8]}\n");
+  auto req = request(o, 100, 8000, 200);
+  req.ranks = 1;  // one connection per lane between the sites
+  req.transport_lanes = 8;
+  req.path.per_connection_Bps = req.path.path_Bps / 8;
+  req.path.connections = 8;
+  auto bound = outer::choose_plan(req);
+  EXPECT_TRUE(bound.target_met) << bound.reason;
+  EXPECT_GT(bound.lanes, 1) << bound.reason;
+  req.path.per_connection_Bps = req.path.path_Bps;
+  auto free = outer::choose_plan(req);
+  EXPECT_EQ(free.lanes, 1) << free.reason;
 }
 
 TEST(AutoPlan, UnreachableTargetSaysWhy) {

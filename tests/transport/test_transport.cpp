@@ -242,6 +242,24 @@ TEST(Transport, SendOnLaneUsesOnlyThatLane) {
   EXPECT_EQ(lanes[0] + lanes[1] + lanes[2], 2 * x.size());
   EXPECT_EQ(c.t[0]->stats().to_json()["peers"][0]["lane_bytes_sent"].size(), 3u);
 
+  // set_active_lanes(2): plain sends use lanes 0 and 1 only; out of range is an error.
+  EXPECT_EQ(c.t[0]->active_lanes(), 3);
+  c.t[0]->set_active_lanes(2);
+  EXPECT_EQ(c.t[0]->active_lanes(), 2);
+  const auto before = c.t[0]->stats().peers.at(0).lane_bytes_sent;
+  std::fill(d.begin(), d.end(), 0);
+  r = c.t[1]->recv(0, FrameKind::kProbe, 4, 0, d);
+  c.t[0]->send(0, FrameKind::kProbe, 4, 0, x).wait();
+  r.wait();
+  EXPECT_EQ(d, x);
+  lanes = c.t[0]->stats().peers.at(0).lane_bytes_sent;
+  EXPECT_EQ(lanes[2], before[2]);
+  EXPECT_GE(lanes[0] - before[0], 6 * chunk);
+  EXPECT_GE(lanes[1] - before[1], 6 * chunk);
+  EXPECT_THROW(c.t[0]->set_active_lanes(0), TransportError);
+  EXPECT_THROW(c.t[0]->set_active_lanes(4), TransportError);
+  c.t[0]->set_active_lanes(3);
+
   // A lane out of range fails the handle at once and leaves the peer healthy.
   for (int bad : {3, -1}) {
     auto h = c.t[0]->send_on_lane(0, bad, FrameKind::kProbe, 3, 0, x);
