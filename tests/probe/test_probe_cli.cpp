@@ -37,10 +37,14 @@ class Child {
  public:
   Child(const fs::path& dir, const std::string& name, const std::vector<std::string>& args)
       : out_(dir / (name + ".out")), err_(dir / (name + ".err")) {
+    // Truncate here, before the fork: a child truncating its files itself races with the
+    // parent reading them, which then sees the previous process's output (a reused name).
+    std::ofstream(out_, std::ios::trunc).close();
+    std::ofstream(err_, std::ios::trunc).close();
     pid_ = fork();
     if (pid_ == 0) {
-      int o = ::open(out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      int e = ::open(err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      int o = ::open(out_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      int e = ::open(err_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
       ::dup2(o, 1);
       ::dup2(e, 2);
       std::vector<char*> argv;
