@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 
 namespace geoloco::transport {
 
@@ -26,6 +27,10 @@ std::string interface_for_address(const std::string& address) {
 }
 
 std::vector<std::string> apply_ucx_defaults(ucx::Config& config, const std::string& listen_host) {
+  // setenv below may reallocate the environment: several transports starting at once in one
+  // process (ranks as threads) must not read it meanwhile (a TSan report).
+  static std::mutex env_mu;
+  std::lock_guard<std::mutex> lock(env_mu);
   std::vector<std::string> notes;
   auto set = [&](const std::string& name, const std::string& value) {
     if (config.set_default(name, value))
