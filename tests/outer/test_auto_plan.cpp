@@ -222,7 +222,7 @@ TEST(AutoPlan, RecalibrationRecoversTheRate) {
 TEST(AutoPlan, EverySiteAndRankRunsTheSamePlan) {
   TempDir d;
   auto cfg = load(d, run_yaml(d.path() / "out", 40,
-                              "plan: auto, overlap_steps: 2, plan_measure_steps: 4, plan_probe_seconds: 0.1, "
+                              "plan: auto, overlap_steps: 2, plan_measure_steps: 4, plan_probe_seconds: 0.4, "
                               "plan_h_min: 6, plan_h_max: 30, target_utilization: 0.9, compression: {codec: fp32}",
                               sites(2, 2, "zero1"), "delay_ms: 2, rate_mbit: 200"));
   auto ranks = geoloco::testing::run_ranks(cfg);
