@@ -24,19 +24,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 std::span<const uint8_t> as_bytes(const uint64_t& v) { return {reinterpret_cast<const uint8_t*>(&v), sizeof v}; }
-// Fragment-ordered values (each fragment's vector in turn) <-> one shard-sized tensor laid
-// out like the shard, so a checkpoint's outer state reads like the parameters.
-template <class Get>
-std::vector<float> to_shard_layout(size_t n, const std::vector<std::vector<Range>>& ranges, Get get) {
-  std::vector<float> out(n, 0.0f);
-  for (size_t f = 0; f < ranges.size(); ++f) {
-    std::span<const float> v = get(f);
-    size_t k = 0;
-    for (const auto& r : ranges[f])
-      for (int64_t i = r.begin; i < r.end; ++i) out[static_cast<size_t>(i)] = v[k++];
-  }
-  return out;
-}
 
 // Keys of the plan protocol's control messages (FrameKind::kControl; the hash check uses
 // shard = rank, far below these).
@@ -84,8 +71,8 @@ Diloco::Diloco(const trainer::RunConfig& cfg, int site, int rank, transport::Tra
   // Every site starts from the same initial weights (same seed): check it before training.
   const uint64_t h0 = hash64(shard.data(), shard.size() * sizeof(float));
   check_hashes(h0, 0);
-  shard_offset_ = strategy.shard().offset;
-  build_fragments(ocfg_.fragments, shard, strategy.shard());
+  shard_ = strategy.shard();
+  build_fragments(ocfg_.fragments, shard);
   site_hash_ = combine_site_hash(strategy, combined_hash());
   // The config's own schedule is plan epoch 0.
   plan_.interval = interval_;
@@ -100,13 +87,13 @@ Diloco::Diloco(const trainer::RunConfig& cfg, int site, int rank, transport::Tra
     for (const auto& p : plans_) spdlog::info("outer loop: {}", p.describe());
 }
 
-void Diloco::build_fragments(int fragments, std::span<const float> shard, parallel::ShardRange range) {
+void Diloco::build_fragments(int fragments, std::span<const float> shard) {
   plans_ = plan_fragments(layout_, fragments, interval_);
   frags_.clear();
   for (const auto& plan : plans_) {
     auto f = std::make_unique<Fragment>();
     f->index = plan.index;
-    f->local = intersect(plan.ranges, range);
+    f->local = intersect(plan.ranges, shard_);
     for (const auto& r : f->local) f->n += static_cast<size_t>(r.size());
     f->global.resize(f->n);
     gather_local(*f, shard, f->global);
@@ -153,6 +140,43 @@ void Diloco::gather_local(const Fragment& f, std::span<const float> shard, std::
     std::copy(shard.begin() + r.begin, shard.begin() + r.end, out.begin() + static_cast<std::ptrdiff_t>(k));
     k += static_cast<size_t>(r.size());
   }
+}
+
+Diloco::ShardState Diloco::pack_state() const {
+  // Each fragment's vectors scattered back to where their elements sit in the shard.
+  auto pack = [&](auto get) {
+    std::vector<float> out(n_, 0.0f);
+    for (const auto& f : frags_) {
+      std::span<const float> v = get(*f);
+      size_t k = 0;
+      for (const auto& r : f->local)
+        for (int64_t i = r.begin; i < r.end; ++i) out[static_cast<size_t>(i)] = v[k++];
+    }
+    return out;
+  };
+  ShardState st;
+  st.global = pack([](const Fragment& f) { return std::span<const float>(f.global); });
+  if (!frags_[0]->opt->state_a().empty()) st.opt_a = pack([](const Fragment& f) { return std::span<const float>(f.opt->state_a()); });
+  if (!frags_[0]->opt->state_b().empty()) st.opt_b = pack([](const Fragment& f) { return std::span<const float>(f.opt->state_b()); });
+  if (frags_[0]->ef) st.ef = pack([](const Fragment& f) { return std::span<const float>(f.ef->residual()); });
+  return st;
+}
+
+void Diloco::unpack_state(const ShardState& st) {
+  for (auto& f : frags_) {
+    gather_local(*f, st.global, f->global);
+    if (!st.opt_a.empty()) gather_local(*f, st.opt_a, f->opt->state_a());
+    if (!st.opt_b.empty()) gather_local(*f, st.opt_b, f->opt->state_b());
+    if (!st.ef.empty() && f->ef) gather_local(*f, st.ef, f->ef->residual());
+    f->hash = hash64(f->global.data(), f->global.size() * sizeof(float));
+  }
+}
+
+void Diloco::set_schedule(const PlanDecision& d, std::span<const float> global) {
+  interval_ = d.interval;
+  pcfg_ = plan_compression(ocfg_.compression, d);
+  if (transport_) transport_->set_active_lanes(std::min(d.lanes, transport_->lanes()));
+  build_fragments(d.fragments, global);
 }
 
 uint64_t Diloco::combined_hash() const {
@@ -288,6 +312,10 @@ nlohmann::json body_json(const Envelope& e, const std::string& who) {
   }
 }
 std::string bytes_string(const std::vector<uint8_t>& b) { return std::string(b.begin(), b.end()); }
+// A plan's JSON text (malformed JSON is reported by from_json, naming `source`).
+PlanDecision parse_plan(const std::string& text, const std::string& source) {
+  return PlanDecision::from_json(nlohmann::json::parse(text, nullptr, false), source);
+}
 }  // namespace
 
 PathMeasurement Diloco::probe_sites() {
@@ -375,8 +403,7 @@ void Diloco::initial_plan(int64_t step, trainer::SiteStrategy& strategy) {
   }
   // 4. The same plan on every rank of the site.
   plan_bytes = site_broadcast(strategy, std::move(plan_bytes));
-  const PlanDecision d = PlanDecision::from_json(nlohmann::json::parse(bytes_string(plan_bytes), nullptr, false),
-                                                 site_ == 0 ? "this site" : peer_name(0));
+  const PlanDecision d = parse_plan(bytes_string(plan_bytes), site_ == 0 ? "this site" : peer_name(0));
   apply_plan(d, step, strategy, true);
 }
 
@@ -409,8 +436,7 @@ bool Diloco::plan_boundary(int64_t step, trainer::SiteStrategy& strategy) {
   }
   due = site_broadcast(strategy, std::move(due));
   if (!due.empty()) {
-    PlanDecision d = PlanDecision::from_json(nlohmann::json::parse(bytes_string(due), nullptr, false),
-                                             site_ == 0 ? "this site" : peer_name(0));
+    PlanDecision d = parse_plan(bytes_string(due), site_ == 0 ? "this site" : peer_name(0));
     if (!d.same_schedule(plan_)) {
       drain_plan_protocol();
       ++replans_;
@@ -516,25 +542,12 @@ void Diloco::apply_plan(const PlanDecision& d, int64_t step, trainer::SiteStrate
       if (f->blocking_step != step) sync(*f, step, strategy);
   }
   // Carry the global weights, outer-optimizer state and error feedback across the new cut.
-  std::vector<std::vector<Range>> ranges;
-  for (auto& f : frags_) ranges.push_back(f->local);
-  auto layout = [&](auto get) { return to_shard_layout(n_, ranges, get); };
-  const auto global = layout([&](size_t i) { return std::span<const float>(frags_[i]->global); });
-  std::vector<float> opt_a, opt_b, ef;
-  if (!frags_[0]->opt->state_a().empty()) opt_a = layout([&](size_t i) { return std::span<const float>(frags_[i]->opt->state_a()); });
-  if (!frags_[0]->opt->state_b().empty()) opt_b = layout([&](size_t i) { return std::span<const float>(frags_[i]->opt->state_b()); });
-  if (frags_[0]->ef) ef = layout([&](size_t i) { return std::span<const float>(frags_[i]->ef->residual()); });
+  const ShardState st = pack_state();
   int64_t opt_steps = 0;
   for (auto& f : frags_) opt_steps = std::max(opt_steps, f->opt->steps());
-
-  interval_ = d.interval;
-  pcfg_ = plan_compression(ocfg_.compression, d);
-  if (transport_) transport_->set_active_lanes(std::min(d.lanes, transport_->lanes()));
-  build_fragments(d.fragments, global, strategy.shard());
+  set_schedule(d, st.global);
+  unpack_state(st);
   for (auto& f : frags_) {
-    if (!opt_a.empty()) gather_local(*f, opt_a, f->opt->state_a());
-    if (!opt_b.empty()) gather_local(*f, opt_b, f->opt->state_b());
-    if (!ef.empty() && f->ef) gather_local(*f, ef, f->ef->residual());
     f->opt->set_steps(opt_steps);
     f->last_sync_step = initial ? 0 : step;
     f->blocking_step = initial ? -1 : step;
@@ -884,17 +897,12 @@ Diloco::State Diloco::save_state() {
   // feedback state all advance in the worker) and checkpoint the merges still due, so a
   // resumed run merges at the same steps as an uninterrupted one.
   for (auto& f : frags_) join(*f);
-  std::vector<std::vector<Range>> ranges;
-  for (auto& f : frags_) ranges.push_back(f->local);
-  auto layout = [&](auto get) { return to_shard_layout(n_, ranges, get); };
+  ShardState st = pack_state();
   State s;
-  s.tensors["global"] = layout([&](size_t i) { return std::span<const float>(frags_[i]->global); });
-  if (!frags_[0]->opt->state_a().empty())
-    s.tensors["opt_a"] = layout([&](size_t i) { return std::span<const float>(frags_[i]->opt->state_a()); });
-  if (!frags_[0]->opt->state_b().empty())
-    s.tensors["opt_b"] = layout([&](size_t i) { return std::span<const float>(frags_[i]->opt->state_b()); });
-  if (frags_[0]->ef)
-    s.tensors["ef_residual"] = layout([&](size_t i) { return std::span<const float>(frags_[i]->ef->residual()); });
+  s.tensors["global"] = std::move(st.global);
+  if (!st.opt_a.empty()) s.tensors["opt_a"] = std::move(st.opt_a);
+  if (!st.opt_b.empty()) s.tensors["opt_b"] = std::move(st.opt_b);
+  if (!st.ef.empty()) s.tensors["ef_residual"] = std::move(st.ef);
   drain_plan_protocol();
   s.metadata["round"] = std::to_string(round_);
   s.metadata["fragments"] = std::to_string(frags_.size());
@@ -927,15 +935,8 @@ void Diloco::restore_state(const trainer::SafetensorsFile& file) {
   const std::vector<int64_t> shape = {static_cast<int64_t>(n_)};
   if (ocfg_.auto_plan() && file.metadata().count("outer.planned") && file.meta("outer.planned") == "1") {
     // Rebuild the fragments of the saved plan before reading their state.
-    PlanDecision d = PlanDecision::from_json(nlohmann::json::parse(file.meta("outer.plan"), nullptr, false), file.path());
-    interval_ = d.interval;
-    pcfg_ = plan_compression(ocfg_.compression, d);
-    if (transport_) transport_->set_active_lanes(std::min(d.lanes, transport_->lanes()));
-    std::vector<float> zeros(n_, 0.0f);
-    parallel::ShardRange range{0, static_cast<int64_t>(n_)};
-    // Ranges are relative to the shard: only the shard's offset matters for the cut.
-    range.offset = shard_offset_;
-    build_fragments(d.fragments, zeros, range);
+    PlanDecision d = parse_plan(file.meta("outer.plan"), file.path());
+    set_schedule(d, std::vector<float>(n_, 0.0f));
     epoch_start_ = std::stoll(file.meta("outer.epoch_start"));
     replans_ = std::stoi(file.meta("outer.replans"));
     plan_ = d;
@@ -947,22 +948,23 @@ void Diloco::restore_state(const trainer::SafetensorsFile& file) {
     throw FileError(file.path(), fmt::format("holds outer state for {} fragment(s), but this run has outer.fragments: {}",
                                              saved_f, frags_.size()));
   // Shard-laid-out tensors back into each fragment's gathered order.
-  std::vector<float> buf(n_);
-  auto scatter = [&](const char* name, auto dest) {
-    file.copy_f32(name, shape, buf);
-    for (auto& f : frags_) gather_local(*f, buf, dest(*f));
+  auto read = [&](const char* name) {
+    std::vector<float> v(n_);
+    file.copy_f32(name, shape, v);
+    return v;
   };
-  scatter("outer.global", [](Fragment& f) { return std::span<float>(f.global); });
-  if (!frags_[0]->opt->state_a().empty()) scatter("outer.opt_a", [](Fragment& f) { return f.opt->state_a(); });
-  if (!frags_[0]->opt->state_b().empty()) scatter("outer.opt_b", [](Fragment& f) { return f.opt->state_b(); });
-  if (frags_[0]->ef) scatter("outer.ef_residual", [](Fragment& f) { return f.ef->residual(); });
+  ShardState st;
+  st.global = read("outer.global");
+  if (!frags_[0]->opt->state_a().empty()) st.opt_a = read("outer.opt_a");
+  if (!frags_[0]->opt->state_b().empty()) st.opt_b = read("outer.opt_b");
+  if (frags_[0]->ef) st.ef = read("outer.ef_residual");
+  unpack_state(st);
   round_ = std::stoll(file.meta("outer.round"));
   for (auto& f : frags_) {
     const std::string p = fmt::format("outer.f{}.", f->index);
     f->last_sync_step = std::stoll(file.meta(p + "last_sync_step"));
     f->blocking_step = std::stoll(file.meta(p + "blocking_step"));
     f->opt->set_steps(std::stoll(file.meta(p + "opt_steps")));
-    f->hash = hash64(f->global.data(), f->global.size() * sizeof(float));
     f->pending_merge = file.metadata().count(p + "pending_merge_step") > 0;
     if (f->pending_merge) {
       f->merge_step = std::stoll(file.meta(p + "pending_merge_step"));

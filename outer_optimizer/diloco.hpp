@@ -116,7 +116,16 @@ class Diloco : public trainer::OuterHook {
     transport::OpHandle op;
   };
   // outer.plan: auto (auto_plan.hpp).
-  void build_fragments(int fragments, std::span<const float> shard, parallel::ShardRange range);
+  // The outer state in shard layout (whatever the fragments): checkpoints and re-plans.
+  struct ShardState {
+    std::vector<float> global, opt_a, opt_b, ef;  // empty: not kept by this optimizer/codec
+  };
+  ShardState pack_state() const;
+  void unpack_state(const ShardState& st);  // also refreshes each fragment's hash
+  // Fragments cut for `fragments`, global weights from `global` (shard layout), fresh state.
+  void build_fragments(int fragments, std::span<const float> global);
+  // A plan's interval, codec, active lanes and fragments (fresh state).
+  void set_schedule(const PlanDecision& d, std::span<const float> global);
   PathMeasurement probe_sites();  // rank 0, on probe_thread_
   void initial_plan(int64_t step, trainer::SiteStrategy& strategy);
   // The protocol at a period boundary; true when a new schedule was applied here.
@@ -164,7 +173,7 @@ class Diloco : public trainer::OuterHook {
   transport::Transport* transport_;
   std::vector<int> peer_of_site_;  // site index -> transport peer index (-1 for self)
   size_t n_;                       // shard elements
-  int64_t shard_offset_ = 0;       // the shard's offset in the flat parameter buffer
+  parallel::ShardRange shard_;     // this rank's shard of the flat parameter buffer
   trainer::ParamLayout layout_;
   int64_t interval_;                     // H in effect (outer.interval, or the plan's)
   compression::PipelineConfig pcfg_;     // compression in effect

@@ -43,13 +43,13 @@ inline std::vector<nlohmann::json> run_ranks(const trainer::RunConfig& cfg, int6
   return out;
 }
 
-// `count` sites of `ranks` ranks each, site i on port + 10 i.
-inline std::string sites_yaml(int count, int ranks, int port) {
+// `count` sites of `ranks` ranks each, site i on port + 10 i, with a strategy when given.
+inline std::string sites_yaml(int count, int ranks, int port, const std::string& strategy = "") {
   static const char* names[] = {"paris", "lyon", "milan", "oslo"};
   std::string s = "sites:\n";
   for (int i = 0; i < count; ++i)
     s += "  - {name: " + std::string(names[i]) + ", ranks: " + std::to_string(ranks) + ", port: " +
-         std::to_string(port + 10 * i) + "}\n";
+         std::to_string(port + 10 * i) + (strategy.empty() ? "" : ", strategy: " + strategy) + "}\n";
   return s;
 }
 

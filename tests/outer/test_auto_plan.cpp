@@ -1,6 +1,5 @@
 // outer.plan: auto -- the decision (pure), its wire form, recalibration, and multi-site runs
 // in which every rank must apply the same plans at the same steps.
-#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -48,12 +47,7 @@ outer::PlanRequest request(const outer::OuterConfig& o, double rtt_ms, double mb
 }
 
 std::string sites(int count, int ranks, const std::string& strategy) {
-  static const char* names[] = {"paris", "lyon", "milan"};
-  const int port = fresh_port();
-  std::string s = "sites:\n";
-  for (int i = 0; i < count; ++i)
-    s += fmt::format("  - {{name: {}, ranks: {}, port: {}, strategy: {}}}\n", names[i], ranks, port + 10 * i, strategy);
-  return s;
+  return geoloco::testing::sites_yaml(count, ranks, fresh_port(), strategy);
 }
 
 trainer::RunConfig load(TempDir& d, const std::string& yaml) {
@@ -190,20 +184,14 @@ TEST(AutoPlan, RecalibrationRecoversTheRate) {
   auto o = outer_from("outer: {plan: auto, plan_h_min: 1, plan_bits: [8]}\n");
   auto req = request(o, 40, 1000, 200);
   auto d = outer::choose_plan(req);
-  // What the model predicts when the link is really 4x slower...
-  auto slow = req;
-  slow.capacity_scale = 0.25;
-  auto ds = d;
-  ds.bits = d.bits;
+  // What the model predicts, with d's schedule, when the link is really 4x slower...
   const double measured = [&] {
-    auto tmp = outer::choose_plan(slow);
-    // Same schedule as d, to compare like with like.
-    (void)tmp;
-    outer::PlanRequest r = slow;
+    auto slow = req;
+    slow.capacity_scale = 0.25;
     auto o1 = o;
     o1.plan_h_min = o1.plan_h_max = d.interval;
-    r.outer = &o1;
-    return outer::choose_plan(r).predicted_fragment_sync_s;
+    slow.outer = &o1;
+    return outer::choose_plan(slow).predicted_fragment_sync_s;
   }();
   // ... is recovered from that measured time.
   EXPECT_NEAR(outer::calibrated_capacity_scale(req, d, measured), 0.25, 0.01);

@@ -1,6 +1,5 @@
 // Streaming fragments (outer.fragments): the partition of the parameters, the schedule, and
 // multi-site runs with F > 1 (ranks as threads: UCX over loopback, Gloo inside a site).
-#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -67,12 +66,7 @@ trainer::RunConfig load(TempDir& d, const std::string& yaml) {
 }
 
 std::string sites(int count, int ranks, const std::string& strategy = "ddp") {
-  static const char* names[] = {"paris", "lyon", "milan", "oslo"};
-  const int port = fresh_port();
-  std::string s = "sites:\n";
-  for (int i = 0; i < count; ++i)
-    s += fmt::format("  - {{name: {}, ranks: {}, port: {}, strategy: {}}}\n", names[i], ranks, port + 10 * i, strategy);
-  return s;
+  return geoloco::testing::sites_yaml(count, ranks, fresh_port(), strategy);
 }
 
 const std::string kTransport = "transport: {psk_file: k.psk, timeout_s: 30}\n";

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <thread>
 
 #include "trainer/checkpoint/atomic_file.hpp"
@@ -290,20 +291,8 @@ struct Trainer::Impl {
       TraceSpan sp(&trace, "backward", TraceRecorder::kMainThread);
       model.backward(params, grads, 1.0f / static_cast<float>(K));
     }
-    loss /= K;
-    const double lr = scheduled_lr(cfg.train.schedule, cfg.peak_lr(), step, cfg.train.steps);
-    StepResult r;
-    {
-      TraceSpan sp(&trace, "optimizer", TraceRecorder::kMainThread);
-      r = strategy->finish_step(lr, cfg.train.grad_clip);
-    }
-    const double dt = seconds_since(t0);
-    compute_seconds += dt;
-    period_compute += dt;
-    ++step;
-    last_lr = lr;
-    last_grad_norm = r.grad_norm;
-    return loss;
+    finish_inner_step(*strategy, t0);
+    return loss / K;
   }
 
   // site.device: cuda: batches from the host sampler, copied per micro-batch (pinned) into
@@ -316,11 +305,19 @@ struct Trainer::Impl {
       TraceSpan sp(&trace, "forward_backward", TraceRecorder::kMainThread);
       loss = device->forward_backward([&](int32_t* x, int32_t* y) { sampler->next_batch(B, T, x, y); }, B, T, K);
     }
+    finish_inner_step(*device, t0);
+    return loss;
+  }
+
+  // The end of every inner step, host or device: scheduled lr, the strategy's reduction and
+  // AdamW (an "optimizer" span), and the step's compute time.
+  template <class Strategy>
+  void finish_inner_step(Strategy& s, Clock::time_point t0) {
     const double lr = scheduled_lr(cfg.train.schedule, cfg.peak_lr(), step, cfg.train.steps);
     StepResult r;
     {
       TraceSpan sp(&trace, "optimizer", TraceRecorder::kMainThread);
-      r = device->finish_step(lr, cfg.train.grad_clip);
+      r = s.finish_step(lr, cfg.train.grad_clip);
     }
     const double dt = seconds_since(t0);
     compute_seconds += dt;
@@ -328,7 +325,6 @@ struct Trainer::Impl {
     ++step;
     last_lr = lr;
     last_grad_norm = r.grad_norm;
-    return loss;
   }
 
   double last_lr = 0, last_grad_norm = 0;
@@ -461,12 +457,16 @@ struct Trainer::Impl {
         const char* tnames[] = {"inner loop", "outer loop", "transport"};
         for (int t = 0; t < 3; ++t)
           merged.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", g}, {"tid", t}, {"args", {{"name", tnames[t]}}}});
-        for (int f = 1; f < cfg.outer.fragments; ++f)
+        // Fragment workers (outer.fragments, or whatever count outer.plan: auto chose).
+        std::set<int> fragment_tids;
+        for (const auto& e : doc["events"])
+          if (e["tid"].get<int>() > TraceRecorder::kFragmentThreadBase) fragment_tids.insert(e["tid"].get<int>());
+        for (int t : fragment_tids)
           merged.push_back({{"name", "thread_name"},
                             {"ph", "M"},
                             {"pid", g},
-                            {"tid", TraceRecorder::kFragmentThreadBase + f},
-                            {"args", {{"name", fmt::format("outer loop, fragment {}", f)}}}});
+                            {"tid", t},
+                            {"args", {{"name", fmt::format("outer loop, fragment {}", t - TraceRecorder::kFragmentThreadBase)}}}});
         for (auto& e : doc["events"]) merged.push_back(std::move(e));
       }
     if (!missing.empty())
