@@ -22,7 +22,9 @@
 #include "trainer/cuda/device_select.hpp"
 #include "trainer/cuda/ordered_worker.hpp"
 #include "trainer/cuda/precision.hpp"
+#include "trainer/cuda/token_buckets.hpp"
 #include "trainer/cuda/tolerance.hpp"
+#include "trainer/core/rng.hpp"
 
 namespace geoloco::cuda {
 namespace {
@@ -334,6 +336,112 @@ TEST(OrderedWorker, DestructorFinishesQueuedTasks) {
       });
   }
   EXPECT_EQ(ran.load(), 10);
+}
+
+// ---- token buckets (the wte gradient's grouping) ---------------------------------------
+
+// The grouping as the device kernel reads it: every row once, groups ascending by token,
+// rows ascending inside a group.
+void expect_valid_buckets(const TokenBuckets& b, const std::vector<int32_t>& ids) {
+  const auto p = b.packed();
+  const int64_t N = b.rows(), G = b.groups();
+  ASSERT_EQ(N, static_cast<int64_t>(ids.size()));
+  ASSERT_LE(static_cast<int64_t>(p.size()), TokenBuckets::max_packed(N));
+  ASSERT_EQ(static_cast<int64_t>(p.size()), 2 * N + 1 + G);
+  const int32_t* rows = p.data();
+  const int32_t* starts = rows + b.starts_offset();
+  const int32_t* tokens = rows + b.tokens_offset();
+  EXPECT_EQ(starts[0], 0);
+  EXPECT_EQ(starts[G], N);
+  std::vector<int> seen(size_t(N), 0);
+  for (int64_t g = 0; g < G; ++g) {
+    ASSERT_LT(starts[g], starts[g + 1]) << "empty group " << g;
+    if (g > 0) {
+      EXPECT_LT(tokens[g - 1], tokens[g]);
+    }
+    for (int32_t k = starts[g]; k < starts[g + 1]; ++k) {
+      ASSERT_GE(rows[k], 0);
+      ASSERT_LT(rows[k], N);
+      EXPECT_EQ(ids[size_t(rows[k])], tokens[g]) << "row " << rows[k] << " in group " << g;
+      if (k > starts[g]) {
+        EXPECT_LT(rows[k - 1], rows[k]) << "rows out of order in group " << g;
+      }
+      ++seen[size_t(rows[k])];
+    }
+  }
+  for (int64_t n = 0; n < N; ++n) EXPECT_EQ(seen[size_t(n)], 1) << "row " << n;
+}
+
+TEST(TokenBuckets, GroupsEveryRowOnceInRowOrder) {
+  TokenBuckets b;
+  const std::vector<int32_t> ids = {5, 2, 5, 0, 2, 5, 9};
+  b.build(ids, 10);
+  EXPECT_EQ(b.groups(), 4);
+  const auto p = b.packed();
+  EXPECT_EQ(std::vector<int32_t>(p.begin(), p.begin() + 7), (std::vector<int32_t>{3, 1, 4, 0, 2, 5, 6}));
+  EXPECT_EQ(std::vector<int32_t>(p.begin() + b.starts_offset(), p.begin() + b.starts_offset() + 5),
+            (std::vector<int32_t>{0, 1, 3, 6, 7}));
+  EXPECT_EQ(std::vector<int32_t>(p.begin() + b.tokens_offset(), p.end()), (std::vector<int32_t>{0, 2, 5, 9}));
+  expect_valid_buckets(b, ids);
+  // Reused with another batch and vocabulary: nothing of the previous build leaks through.
+  Rng r(11);
+  for (const int vocab : {1, 3, 50257}) {
+    std::vector<int32_t> many(4096);
+    for (auto& x : many) x = static_cast<int32_t>(r.below(uint64_t(vocab)));
+    b.build(many, vocab);
+    expect_valid_buckets(b, many);
+    if (vocab == 1) {
+      EXPECT_EQ(b.groups(), 1);
+    }
+  }
+}
+
+TEST(TokenBuckets, SummingGroupsInOrderEqualsTheSequentialWalkBitForBit) {
+  // The kernel's order (per group, rows ascending) against the CPU reference's order (rows
+  // ascending, each into its token's row): the same float additions, so the same bits.
+  const int N = 3000, V = 40, C = 3;
+  Rng r(5);
+  std::vector<int32_t> ids(N);
+  for (auto& x : ids) x = static_cast<int32_t>(r.below(V));
+  std::vector<float> dout(size_t(N) * C), base(size_t(V) * C);
+  for (auto& x : dout) x = static_cast<float>(r.normal() * std::pow(10.0, double(r.below(7)) - 3));
+  for (auto& x : base) x = static_cast<float>(r.normal());
+  std::vector<float> seq = base, grouped = base;
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c) seq[size_t(ids[n]) * C + c] += dout[size_t(n) * C + c];
+  TokenBuckets b;
+  b.build(ids, V);
+  const int32_t* rows = b.packed().data();
+  const int32_t* starts = rows + b.starts_offset();
+  const int32_t* tokens = rows + b.tokens_offset();
+  for (int64_t g = 0; g < b.groups(); ++g)
+    for (int c = 0; c < C; ++c) {
+      float acc = grouped[size_t(tokens[g]) * C + c];
+      for (int32_t k = starts[g]; k < starts[g + 1]; ++k) acc += dout[size_t(rows[k]) * C + c];
+      grouped[size_t(tokens[g]) * C + c] = acc;
+    }
+  EXPECT_EQ(grouped, seq);
+  // A different (sorted by something else) order would not be: the test can tell.
+  float rev = base[0];
+  float fwd = base[0];
+  for (int n = N - 1; n >= 0; --n)
+    if (ids[n] == 0) rev += dout[size_t(n) * C];
+  for (int n = 0; n < N; ++n)
+    if (ids[n] == 0) fwd += dout[size_t(n) * C];
+  EXPECT_NE(rev, fwd) << "inputs too benign to detect an order change";
+}
+
+TEST(TokenBuckets, RejectsIdsOutsideTheVocabularyNamingThePosition) {
+  TokenBuckets b;
+  const std::vector<int32_t> bad = {1, 2, 7, 0};
+  try {
+    b.build(bad, 7);
+    FAIL() << "no exception";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("id 7 at position 2"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(b.build(std::vector<int32_t>{-1}, 7), InputError);
+  EXPECT_THROW(b.build(std::vector<int32_t>{0}, 0), ConfigError);
 }
 
 }  // namespace

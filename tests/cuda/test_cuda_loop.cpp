@@ -5,7 +5,8 @@
 // when no GPU is usable.
 //
 // One GPU is enough: 2-rank sites share device 0 through ThreadDeviceCollective (NCCL refuses
-// two ranks of one communicator on one device); the real NCCL site runs only with >= 2 GPUs.
+// two ranks of one communicator on one device); NCCL inside the loop runs on one GPU through
+// 1-rank sites given a real 1-rank communicator; the 2-rank NCCL site runs only with >= 2 GPUs.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -21,6 +22,7 @@
 #include "trainer/loop/run_config.hpp"
 #include "trainer/loop/trainer.hpp"
 #include "trainer/parallel/gloo_collective.hpp"
+#include "trainer/parallel/nccl_collective.hpp"
 
 namespace geoloco::cuda::testing {
 namespace {
@@ -223,6 +225,35 @@ TEST(CudaLoopDiloco, TwoSitesEndBitIdentical) {
   EXPECT_EQ(hash_of(a), hash_of(b));
   EXPECT_EQ(a["steps"], 12);
   EXPECT_EQ(a["device"]["precision"], "bf16");
+}
+
+// NCCL inside the loop on one GPU: a 1-rank site given a real 1-rank NCCL communicator runs
+// every collective of its strategy (all-reduce, reduce-scatter, all-gather, the norm's site
+// sum) on device buffers and NCCL's stream; a sum over one rank is the identity, so it must
+// end with the same bits as the same site without a collective.
+TEST(CudaLoopNccl, OneRankNcclSiteEqualsTheSiteWithoutCollective) {
+  REQUIRE_GPU_OR_SKIP();
+  for (const char* strategy : {"ddp", "zero1", "zero2", "fsdp"}) {
+    TempDir d;
+    auto plain = load(d, "p.yaml", config(d.path() / "p", "cuda", "bf16", strategy, 1, 8));
+    auto nccl = load(d, "n.yaml", config(d.path() / "n", "cuda", "bf16", strategy, 1, 8));
+    const auto want = run_site(plain);
+    check_cuda(cudaSetDevice(0), "cudaSetDevice(0)");
+    parallel::RendezvousOptions ro;
+    ro.site = "s";
+    ro.store_port = nccl.sites[0].port + 1;
+    ro.cuda_device = 0;
+    auto coll = parallel::make_nccl(ro);
+    ASSERT_EQ(coll->memory(), parallel::MemorySpace::kCuda);
+    trainer::TrainerOptions o;
+    o.collective = coll.get();
+    o.progress = false;
+    o.cuda_device = 0;
+    const auto got = trainer::Trainer(nccl, o).run();
+    EXPECT_EQ(hash_of(got), hash_of(want[0])) << strategy;
+    EXPECT_EQ(loss_curve(nccl), loss_curve(plain)) << strategy;
+    EXPECT_EQ(got["device"]["collective"], coll->backend()) << strategy;
+  }
 }
 
 // A real NCCL site (one GPU per rank): only where there are two GPUs.

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpu_test_util.hpp"
+#include "trainer/cuda/token_buckets.hpp"
 #include "trainer/model/kernels_ref.hpp"
 
 namespace geoloco::cuda::testing {
@@ -138,11 +139,28 @@ TEST_P(OpParity, Encoder) {
     auto dwte0 = random_vec(wte.size(), 5, 0.01), dwpe0 = random_vec(wpe.size(), 6, 0.01);
     auto d_dwte = to_device<float>(dwte0), d_dwpe = to_device<float>(dwpe0);
     auto d_dout = to_device<A>(dout);
-    encoder_backward<A>(ctx_, d_dwte.data(), d_dwpe.data(), d_dout.data(), d_tok.data(), B, T, C);
+    TokenBuckets groups;
+    groups.build(tok, V);
+    auto d_groups = ids_to_device(vector<int32_t>(groups.packed().begin(), groups.packed().end()));
+    const DeviceTokenBuckets dg{d_groups.data(), groups.rows(), groups.groups()};
+    encoder_backward<A>(ctx_, d_dwte.data(), d_dwpe.data(), d_dout.data(), dg, B, T, C);
     auto w_dwte = dv(dwte0), w_dwpe = dv(dwpe0);
     trainer::ref::encoder_backward<double>(w_dwte.data(), w_dwpe.data(), dv(dout).data(), tok.data(), B, T, C);
     EXPECT_PARITY("encoder_backward", p(), "dwte", to_host(d_dwte), fv(w_dwte));
     EXPECT_PARITY("encoder_backward", p(), "dwpe", to_host(d_dwpe), fv(w_dwpe));
+    // The rows of a token are added in row order, as the float reference does: bit-exact
+    // (dout already holds values of the activation type), also when ids collide heavily.
+    for (const int distinct : {V, 3}) {
+      const auto few = ids(N, 7, distinct);
+      groups.build(few, V);
+      auto d_few = ids_to_device(vector<int32_t>(groups.packed().begin(), groups.packed().end()));
+      auto e_dwte = to_device<float>(dwte0), e_dwpe = to_device<float>(dwpe0);
+      encoder_backward<A>(ctx_, e_dwte.data(), e_dwpe.data(), d_dout.data(),
+                          DeviceTokenBuckets{d_few.data(), groups.rows(), groups.groups()}, B, T, C);
+      auto f_dwte = dwte0, f_dwpe = dwpe0;
+      trainer::ref::encoder_backward<float>(f_dwte.data(), f_dwpe.data(), dout.data(), few.data(), B, T, C);
+      EXPECT_EQ(to_host(e_dwte), f_dwte) << distinct << " distinct ids";
+    }
   });
 }
 

@@ -5,6 +5,7 @@
 #include "trainer/cuda/bf16.hpp"
 #include "trainer/cuda/handles.hpp"
 #include "trainer/cuda/ops.hpp"
+#include "trainer/cuda/token_buckets.hpp"
 
 namespace geoloco::cuda {
 
@@ -47,12 +48,20 @@ struct CudaGpt::Impl {
     check_ids(targets, N, T, cfg.vocab_size, "target");
     ensure(B, T);
     // The pinned token buffers are free again: the previous forward ended with a stream
-    // synchronisation after their upload.
+    // synchronisation after their upload. A forward for training also uploads the rows
+    // grouped by token (the wte gradient's order), right after the targets.
     std::memcpy(tokens_host.data(), inputs, size_t(N) * sizeof(int32_t));
     std::memcpy(tokens_host.data() + N, targets, size_t(N) * sizeof(int32_t));
-    check_cuda(cudaMemcpyAsync(tokens_dev.data(), tokens_host.data(), size_t(2 * N) * sizeof(int32_t),
+    int64_t upload = 2 * N;
+    if (for_backward) {
+      buckets.build(std::span<const int32_t>(inputs, size_t(N)), cfg.vocab_size);
+      const auto packed = buckets.packed();
+      std::memcpy(tokens_host.data() + 2 * N, packed.data(), packed.size_bytes());
+      upload += static_cast<int64_t>(packed.size());
+    }
+    check_cuda(cudaMemcpyAsync(tokens_dev.data(), tokens_host.data(), size_t(upload) * sizeof(int32_t),
                                cudaMemcpyHostToDevice, stream.get()),
-               fmt::format("upload {} tokens", 2 * N));
+               fmt::format("upload {} token ids", upload));
     Bc = B;
     Tc = T;
     const float loss = run_forward(params.data(), B, T);
@@ -62,13 +71,18 @@ struct CudaGpt::Impl {
     return loss;
   }
 
+  // Inputs [N], targets [N], then the token groups of the inputs (TokenBuckets).
   void grow_tokens(int64_t N) {
-    if (static_cast<int64_t>(tokens_dev.size()) >= 2 * N) return;
-    tokens_dev = DeviceBuffer<int32_t>(size_t(2 * N), "token ids");
-    tokens_host = PinnedBuffer<int32_t>(size_t(2 * N), "token ids");
+    const int64_t need = 2 * N + TokenBuckets::max_packed(N);
+    if (static_cast<int64_t>(tokens_dev.size()) >= need) return;
+    tokens_dev = DeviceBuffer<int32_t>(size_t(need), "token ids");
+    tokens_host = PinnedBuffer<int32_t>(size_t(need), "token ids");
   }
   const int32_t* inputs_dev() const { return tokens_dev.data(); }
   const int32_t* targets_dev() const { return tokens_dev.data() + int64_t(Bc) * Tc; }
+  DeviceTokenBuckets buckets_dev() const {
+    return {tokens_dev.data() + 2 * int64_t(Bc) * Tc, buckets.rows(), buckets.groups()};
+  }
 
   trainer::ModelConfig cfg;
   trainer::ParamLayout layout;
@@ -78,6 +92,7 @@ struct CudaGpt::Impl {
   DeviceBuffer<char> work;
   DeviceBuffer<int32_t> tokens_dev;
   PinnedBuffer<int32_t> tokens_host;
+  TokenBuckets buckets;
   int Bc = 0, Tc = 0;
   const float* forward_params = nullptr;
   bool backward_ready = false, have_probs = false;
@@ -87,6 +102,10 @@ struct CudaGpt::Impl {
 };
 
 namespace {
+
+// The scratch gradients (dln, dfch, ...) are written, not accumulated, by their first op:
+// no memset per layer. Only dres, which LayerNorm backward adds into, is zeroed once.
+constexpr bool kOverwrite = true;
 
 template <class A>
 struct ModelT final : CudaGpt::Impl {
@@ -198,8 +217,7 @@ struct ModelT final : CudaGpt::Impl {
     const int64_t NC = int64_t(N) * C;
     A* dlogits = probs;  // the logits' gradient replaces the probabilities in place
     crossentropy_backward<A>(c, dlogits, probs, targets_dev(), loss_scale / float(N), N, V, Vp());
-    zero(dln, NC);
-    lm_head_backward<A>(c, dln, G + layout.wte(), dlogits, lnf, W(P, layout.wte()), N, C, V, Vp());
+    lm_head_backward<A>(c, dln, G + layout.wte(), dlogits, lnf, W(P, layout.wte()), N, C, V, Vp(), kOverwrite);
     const A* x_last = cfg.n_layer > 0 ? layers.back().res3 : encoded;
     zero(dres, NC);
     layernorm_backward<A>(c, dres, G + layout.lnf_w(), G + layout.lnf_b(), dln, x_last, P + layout.lnf_w(), lnf_mean,
@@ -208,25 +226,19 @@ struct ModelT final : CudaGpt::Impl {
       const BlockOffsets& o = layout.block(l);
       Layer& a = layers[size_t(l)];
       const A* x_in = l > 0 ? layers[size_t(l - 1)].res3 : encoded;
-      zero(dfch_gelu, 4 * NC);
       matmul_backward<A>(c, dfch_gelu, G + o.fcproj_w, G + o.fcproj_b, dres, a.fch_gelu, W(P, o.fcproj_w), N, 4 * C,
-                         C);
-      zero(dfch, 4 * NC);
-      gelu_backward<A>(c, dfch, a.fch, dfch_gelu, 4 * NC);
-      zero(dln, NC);
-      matmul_backward<A>(c, dln, G + o.fc_w, G + o.fc_b, dfch, a.ln2, W(P, o.fc_w), N, C, 4 * C);
+                         C, kOverwrite);
+      gelu_backward<A>(c, dfch, a.fch, dfch_gelu, 4 * NC, kOverwrite);
+      matmul_backward<A>(c, dln, G + o.fc_w, G + o.fc_b, dfch, a.ln2, W(P, o.fc_w), N, C, 4 * C, kOverwrite);
       layernorm_backward<A>(c, dres, G + o.ln2_w, G + o.ln2_b, dln, a.res2, P + o.ln2_w, a.ln2_mean, a.ln2_rstd, N,
                             C);
-      zero(datty, NC);
-      matmul_backward<A>(c, datty, G + o.proj_w, G + o.proj_b, dres, a.atty, W(P, o.proj_w), N, C, C);
-      zero(dqkv, 3 * NC);
-      attention_backward<A>(c, dqkv, datty, a.qkv, a.att, B, T, C, NH);
-      zero(dln, NC);
-      matmul_backward<A>(c, dln, G + o.attn_w, G + o.attn_b, dqkv, a.ln1, W(P, o.attn_w), N, C, 3 * C);
+      matmul_backward<A>(c, datty, G + o.proj_w, G + o.proj_b, dres, a.atty, W(P, o.proj_w), N, C, C, kOverwrite);
+      attention_backward<A>(c, dqkv, datty, a.qkv, a.att, B, T, C, NH, kOverwrite);
+      matmul_backward<A>(c, dln, G + o.attn_w, G + o.attn_b, dqkv, a.ln1, W(P, o.attn_w), N, C, 3 * C, kOverwrite);
       layernorm_backward<A>(c, dres, G + o.ln1_w, G + o.ln1_b, dln, x_in, P + o.ln1_w, a.ln1_mean, a.ln1_rstd, N, C);
       if (hook) hook(l, stream.get());
     }
-    encoder_backward<A>(c, G + layout.wte(), G + layout.wpe(), dres, inputs_dev(), B, T, C);
+    encoder_backward<A>(c, G + layout.wte(), G + layout.wpe(), dres, buckets_dev(), B, T, C);
     if (hook) hook(-1, stream.get());
   }
 

@@ -1,5 +1,5 @@
-// RAII owners for every CUDA handle the backend uses: device buffers, pinned host buffers,
-// streams, events and the cuBLAS handle. Move-only; destructors never throw (a failing
+// RAII owners for every CUDA handle the backend uses: device buffers (plain and
+// stream-ordered), pinned host buffers, streams, events and the cuBLAS handle. Move-only; destructors never throw (a failing
 // free during unwinding would hide the original error), constructors throw typed errors.
 #pragma once
 
@@ -56,6 +56,67 @@ class DeviceBuffer {
   T* p_ = nullptr;
   size_t n_ = 0;
 };
+
+// Stream-ordered device array (cudaMallocAsync / cudaFreeAsync on `stream`) for buffers that
+// live for part of a step (zero2's full gradient, fsdp's gathered parameters). Freed blocks go
+// back to the device's memory pool, which keeps them (see keep_pool_memory) so the next step's
+// allocation of the same size is a pool hit: no driver call and no device-wide
+// synchronisation, unlike cudaMalloc/cudaFree every step. Work on other streams that uses the
+// buffer must be finished (or ordered before `stream`) before it is reset.
+template <class T>
+class StreamBuffer {
+ public:
+  StreamBuffer() = default;
+  StreamBuffer(size_t n, cudaStream_t stream, std::string_view what = "stream-ordered buffer")
+      : n_(n), stream_(stream) {
+    if (n == 0) return;
+    void* p = nullptr;
+    check_cuda(cudaMallocAsync(&p, n * sizeof(T), stream),
+               fmt::format("cudaMallocAsync {} ({} elements, {} bytes)", what, n, n * sizeof(T)));
+    p_ = static_cast<T*>(p);
+  }
+  ~StreamBuffer() { reset(); }
+  StreamBuffer(StreamBuffer&& o) noexcept
+      : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)), stream_(o.stream_) {}
+  StreamBuffer& operator=(StreamBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      p_ = std::exchange(o.p_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+      stream_ = o.stream_;
+    }
+    return *this;
+  }
+  StreamBuffer(const StreamBuffer&) = delete;
+  StreamBuffer& operator=(const StreamBuffer&) = delete;
+
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  size_t size() const { return n_; }
+  std::span<T> span() { return {p_, n_}; }
+  std::span<const T> span() const { return {p_, n_}; }
+  void reset() noexcept {
+    if (p_) (void)cudaFreeAsync(p_, stream_);
+    p_ = nullptr;
+    n_ = 0;
+  }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_ = 0;
+  cudaStream_t stream_ = nullptr;
+};
+
+// Makes the device's default memory pool keep freed blocks instead of returning them to the
+// driver at the next synchronisation (its default release threshold is 0), so StreamBuffers
+// re-allocated every step are served from the pool.
+inline void keep_pool_memory(int device) {
+  cudaMemPool_t pool = nullptr;
+  check_cuda(cudaDeviceGetDefaultMemPool(&pool, device), fmt::format("cudaDeviceGetDefaultMemPool({})", device));
+  uint64_t keep = UINT64_MAX;
+  check_cuda(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
+             "cudaMemPoolSetAttribute(release threshold)");
+}
 
 // Page-locked host memory: the only kind a copy engine moves asynchronously.
 template <class T>

@@ -20,6 +20,16 @@ unsigned grid_for(int64_t n, int threads = kThreads) {
 unsigned grid_rows(int64_t rows, int rows_per_block) {
   return static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block);
 }
+// Row-wise kernels (GEOLOCO_FOR_ROWS / GEOLOCO_FOR_BT in ops_kernels.cu): x covers `cols`, y
+// the rows (or t), z the batch; the kernels stride over whatever the grid does not cover.
+constexpr int64_t kMaxGridYZ = 65535;
+dim3 grid_cols_rows(int64_t cols, int64_t rows) {
+  return dim3(grid_rows(cols, kThreads), static_cast<unsigned>(std::clamp<int64_t>(rows, 1, kMaxGridYZ)));
+}
+dim3 grid_cols_bt(int64_t cols, int B, int T) {
+  return dim3(grid_rows(cols, kThreads), static_cast<unsigned>(std::clamp<int64_t>(T, 1, kMaxGridYZ)),
+              static_cast<unsigned>(std::clamp<int64_t>(B, 1, kMaxGridYZ)));
+}
 
 // Carves the op workspace into aligned pieces and checks the total.
 class Carver {
@@ -86,18 +96,22 @@ void gemm(const OpContext& ctx, bool trans_a, bool trans_b, int M, int N, int K,
 template <class A>
 void encoder_forward(const OpContext& ctx, A* out, const int32_t* inp, const float* wte, const float* wpe, int B, int T,
                      int C) {
-  const int64_t total = int64_t(B) * T * C;
-  kern::encoder_forward<A>(grid_for(total), kThreads, ctx.stream, out, inp, wte, wpe, T, C, total);
+  kern::encoder_forward<A>(grid_cols_bt(C, B, T), kThreads, ctx.stream, out, inp, wte, wpe, B, T, C);
   check_launch("encoder_forward");
 }
 
 template <class A>
-void encoder_backward(const OpContext& ctx, float* dwte, float* dwpe, const A* dout, const int32_t* inp, int B, int T,
-                      int C) {
-  const int64_t TC = int64_t(T) * C;
+void encoder_backward(const OpContext& ctx, float* dwte, float* dwpe, const A* dout, const DeviceTokenBuckets& buckets,
+                      int B, int T, int C) {
+  const int64_t TC = int64_t(T) * C, N = int64_t(B) * T;
+  GEOLOCO_CHECK(buckets.rows == N && buckets.packed != nullptr && buckets.groups >= 1 && buckets.groups <= N,
+                "encoder_backward: token buckets for {} rows ({} groups), the batch has {}", buckets.rows,
+                buckets.groups, N);
   kern::encoder_backward_wpe<A>(grid_rows(TC, kThreads), kThreads, ctx.stream, dwpe, dout, B, T, C);
   check_launch("encoder_backward (wpe)");
-  kern::encoder_backward_wte<A>(grid_rows(C, 64), 64, ctx.stream, dwte, dout, inp, int64_t(B) * T, C);
+  const int32_t* rows = buckets.packed;
+  kern::encoder_backward_wte<A>(static_cast<unsigned>(buckets.groups), kThreads, ctx.stream, dwte, dout, rows,
+                                rows + N, rows + 2 * N + 1, C);
   check_launch("encoder_backward (wte)");
 }
 
@@ -121,17 +135,17 @@ void matmul_forward(const OpContext& ctx, A* out, const A* inp, const A* w, cons
   constexpr DType t = dtype_of<A>();
   gemm(ctx, false, false, N, OC, IC, 1.0f, inp, IC, 0, w, OC, 0, t, 0.0f, out, OC, 0, t, 1, "matmul_forward");
   if (bias) {
-    const int64_t total = int64_t(N) * OC;
-    kern::add_bias<A>(grid_for(total), kThreads, ctx.stream, out, bias, OC, total);
+    kern::add_bias<A>(grid_cols_rows(OC, N), kThreads, ctx.stream, out, bias, OC, N);
     check_launch("matmul_forward (bias)");
   }
 }
 
 template <class A>
 void matmul_backward(const OpContext& ctx, A* dinp, float* dw, float* dbias, const A* dout, const A* inp, const A* w,
-                     int N, int IC, int OC) {
+                     int N, int IC, int OC, bool overwrite) {
   constexpr DType t = dtype_of<A>();
-  gemm(ctx, false, true, N, IC, OC, 1.0f, dout, OC, 0, w, OC, 0, t, 1.0f, dinp, IC, 0, t, 1, "matmul_backward (dinp)");
+  gemm(ctx, false, true, N, IC, OC, 1.0f, dout, OC, 0, w, OC, 0, t, overwrite ? 0.0f : 1.0f, dinp, IC, 0, t, 1,
+       "matmul_backward (dinp)");
   gemm(ctx, true, false, IC, OC, N, 1.0f, inp, IC, 0, dout, OC, 0, t, 1.0f, dw, OC, 0, DType::F32, 1,
        "matmul_backward (dw)");
   if (dbias) column_sums<A>(ctx, nullptr, dbias, dout, static_cast<const A*>(nullptr), nullptr, nullptr, N, OC,
@@ -149,7 +163,7 @@ void attention_forward(const OpContext& ctx, A* out, A* att, const A* qkv, int B
   A* v = w.take<A>(NC);
   A* y = w.take<A>(NC);
   float* pre = w.take<float>(BH * TT);
-  kern::split_heads<A>(grid_for(NC), kThreads, ctx.stream, q, k, v, qkv, B, T, NH, hs);
+  kern::split_heads<A>(grid_cols_bt(C, B, T), kThreads, ctx.stream, q, k, v, qkv, B, T, NH, hs);
   check_launch("attention_forward (split heads)");
   const float scale = 1.0f / sqrtf(float(hs));
   gemm(ctx, false, true, T, T, hs, scale, q, hs, Th, k, hs, Th, t, 0.0f, pre, T, TT, DType::F32, int(BH),
@@ -158,13 +172,13 @@ void attention_forward(const OpContext& ctx, A* out, A* att, const A* qkv, int B
   check_launch("attention_forward (softmax)");
   gemm(ctx, false, false, T, hs, T, 1.0f, att, T, TT, v, hs, Th, t, 0.0f, y, hs, Th, t, int(BH),
        "attention_forward (att v)");
-  kern::merge_heads<A>(grid_for(NC), kThreads, ctx.stream, out, y, B, T, NH, hs, C, 0, false);
+  kern::merge_heads<A>(grid_cols_bt(C, B, T), kThreads, ctx.stream, out, y, B, T, NH, hs, C, 0, false);
   check_launch("attention_forward (merge heads)");
 }
 
 template <class A>
 void attention_backward(const OpContext& ctx, A* dqkv, const A* dout, const A* qkv, const A* att, int B, int T, int C,
-                        int NH) {
+                        int NH, bool overwrite) {
   constexpr DType t = dtype_of<A>();
   const int hs = C / NH;
   const int64_t NC = int64_t(B) * T * C, BH = int64_t(B) * NH, TT = int64_t(T) * T, Th = int64_t(T) * hs;
@@ -178,9 +192,9 @@ void attention_backward(const OpContext& ctx, A* dqkv, const A* dout, const A* q
   A* dv = w.take<A>(NC);
   float* datt = w.take<float>(BH * TT);
   A* dpre = w.take<A>(BH * TT);
-  kern::split_heads<A>(grid_for(NC), kThreads, ctx.stream, q, k, v, qkv, B, T, NH, hs);
+  kern::split_heads<A>(grid_cols_bt(C, B, T), kThreads, ctx.stream, q, k, v, qkv, B, T, NH, hs);
   check_launch("attention_backward (split heads)");
-  kern::split_one<A>(grid_for(NC), kThreads, ctx.stream, dy, dout, B, T, NH, hs);
+  kern::split_one<A>(grid_cols_bt(C, B, T), kThreads, ctx.stream, dy, dout, B, T, NH, hs);
   check_launch("attention_backward (split dout)");
   gemm(ctx, false, true, T, T, hs, 1.0f, dy, hs, Th, v, hs, Th, t, 0.0f, datt, T, TT, DType::F32, int(BH),
        "attention_backward (dy v^T)");
@@ -193,9 +207,9 @@ void attention_backward(const OpContext& ctx, A* dqkv, const A* dout, const A* q
        "attention_backward (dpre k)");
   gemm(ctx, true, false, T, hs, T, 1.0f, dpre, T, TT, q, hs, Th, t, 0.0f, dk, hs, Th, t, int(BH),
        "attention_backward (dpre^T q)");
-  kern::merge_heads<A>(grid_for(NC), kThreads, ctx.stream, dqkv, dq, B, T, NH, hs, 3 * C, 0, true);
-  kern::merge_heads<A>(grid_for(NC), kThreads, ctx.stream, dqkv, dk, B, T, NH, hs, 3 * C, C, true);
-  kern::merge_heads<A>(grid_for(NC), kThreads, ctx.stream, dqkv, dv, B, T, NH, hs, 3 * C, 2 * C, true);
+  kern::merge_heads<A>(grid_cols_bt(C, B, T), kThreads, ctx.stream, dqkv, dq, B, T, NH, hs, 3 * C, 0, !overwrite);
+  kern::merge_heads<A>(grid_cols_bt(C, B, T), kThreads, ctx.stream, dqkv, dk, B, T, NH, hs, 3 * C, C, !overwrite);
+  kern::merge_heads<A>(grid_cols_bt(C, B, T), kThreads, ctx.stream, dqkv, dv, B, T, NH, hs, 3 * C, 2 * C, !overwrite);
   check_launch("attention_backward (merge heads)");
 }
 
@@ -205,8 +219,8 @@ void gelu_forward(const OpContext& ctx, A* out, const A* inp, int64_t n) {
   check_launch("gelu_forward");
 }
 template <class A>
-void gelu_backward(const OpContext& ctx, A* dinp, const A* inp, const A* dout, int64_t n) {
-  kern::gelu_backward<A>(grid_for(n), kThreads, ctx.stream, dinp, inp, dout, n);
+void gelu_backward(const OpContext& ctx, A* dinp, const A* inp, const A* dout, int64_t n, bool overwrite) {
+  kern::gelu_backward<A>(grid_for(n), kThreads, ctx.stream, dinp, inp, dout, n, overwrite);
   check_launch("gelu_backward");
 }
 template <class A>
@@ -228,10 +242,10 @@ void lm_head_forward(const OpContext& ctx, A* logits, const A* inp, const A* wte
 }
 template <class A>
 void lm_head_backward(const OpContext& ctx, A* dinp, float* dwte, const A* dlogits, const A* inp, const A* wte, int N,
-                      int C, int V, int ldv) {
+                      int C, int V, int ldv, bool overwrite) {
   constexpr DType t = dtype_of<A>();
   if (ldv < 0) ldv = V;
-  gemm(ctx, false, false, N, C, V, 1.0f, dlogits, ldv, 0, wte, C, 0, t, 1.0f, dinp, C, 0, t, 1,
+  gemm(ctx, false, false, N, C, V, 1.0f, dlogits, ldv, 0, wte, C, 0, t, overwrite ? 0.0f : 1.0f, dinp, C, 0, t, 1,
        "lm_head_backward (dinp)");
   gemm(ctx, true, false, V, C, N, 1.0f, dlogits, ldv, 0, inp, C, 0, t, 1.0f, dwte, C, 0, DType::F32, 1,
        "lm_head_backward (dwte)");
@@ -248,8 +262,7 @@ template <class A>
 void crossentropy_backward(const OpContext& ctx, A* dlogits, const A* probs, const int32_t* targets, float dloss, int N,
                            int V, int ldv) {
   if (ldv < 0) ldv = V;
-  const int64_t total = int64_t(N) * V;
-  kern::crossentropy_backward<A>(grid_for(total), kThreads, ctx.stream, dlogits, probs, targets, dloss, V, ldv, total);
+  kern::crossentropy_backward<A>(grid_cols_rows(V, N), kThreads, ctx.stream, dlogits, probs, targets, dloss, V, ldv, N);
   check_launch("crossentropy_backward");
 }
 
@@ -296,21 +309,24 @@ void cast_to_float(const OpContext& ctx, float* out, const bf16* in, int64_t n) 
 
 #define GEOLOCO_CUDA_OPS(A)                                                                                         \
   template void encoder_forward<A>(const OpContext&, A*, const int32_t*, const float*, const float*, int, int, int); \
-  template void encoder_backward<A>(const OpContext&, float*, float*, const A*, const int32_t*, int, int, int);       \
+  template void encoder_backward<A>(const OpContext&, float*, float*, const A*, const DeviceTokenBuckets&, int, int, \
+                                     int);                                                                           \
   template void layernorm_forward<A>(const OpContext&, A*, float*, float*, const A*, const float*, const float*, int, \
                                      int);                                                                           \
   template void layernorm_backward<A>(const OpContext&, A*, float*, float*, const A*, const A*, const float*,        \
                                       const float*, const float*, int, int);                                         \
   template void matmul_forward<A>(const OpContext&, A*, const A*, const A*, const float*, int, int, int);            \
-  template void matmul_backward<A>(const OpContext&, A*, float*, float*, const A*, const A*, const A*, int, int, int); \
+  template void matmul_backward<A>(const OpContext&, A*, float*, float*, const A*, const A*, const A*, int, int, int,  \
+                                   bool);                                                                           \
   template void attention_forward<A>(const OpContext&, A*, A*, const A*, int, int, int, int);                        \
-  template void attention_backward<A>(const OpContext&, A*, const A*, const A*, const A*, int, int, int, int);       \
+  template void attention_backward<A>(const OpContext&, A*, const A*, const A*, const A*, int, int, int, int, bool); \
   template void gelu_forward<A>(const OpContext&, A*, const A*, int64_t);                                            \
-  template void gelu_backward<A>(const OpContext&, A*, const A*, const A*, int64_t);                                 \
+  template void gelu_backward<A>(const OpContext&, A*, const A*, const A*, int64_t, bool);                           \
   template void residual_forward<A>(const OpContext&, A*, const A*, const A*, int64_t);                              \
   template void residual_backward<A>(const OpContext&, A*, A*, const A*, int64_t);                                   \
   template void lm_head_forward<A>(const OpContext&, A*, const A*, const A*, int, int, int, int);                    \
-  template void lm_head_backward<A>(const OpContext&, A*, float*, const A*, const A*, const A*, int, int, int, int);  \
+  template void lm_head_backward<A>(const OpContext&, A*, float*, const A*, const A*, const A*, int, int, int, int,   \
+                                    bool);                                                                          \
   template void crossentropy_forward<A>(const OpContext&, A*, float*, const A*, const int32_t*, int, int, int);      \
   template void crossentropy_backward<A>(const OpContext&, A*, const A*, const int32_t*, float, int, int, int);
 

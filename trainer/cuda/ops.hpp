@@ -40,9 +40,16 @@ size_t workspace_bytes(int B, int T, int C, int NH, int V, int act_bytes);
 template <class A>
 void encoder_forward(const OpContext& ctx, A* out, const int32_t* inp, const float* wte, const float* wpe, int B, int T,
                      int C);
+// The batch's rows grouped by token id on the device: TokenBuckets::packed() uploaded
+// (token_buckets.hpp), with its row and group counts.
+struct DeviceTokenBuckets {
+  const int32_t* packed = nullptr;  // [rows N | starts N + 1 | tokens groups]
+  int64_t rows = 0, groups = 0;
+};
+// dwte += the rows of dout summed per token (in row order), dwpe += dout summed over the batch.
 template <class A>
-void encoder_backward(const OpContext& ctx, float* dwte, float* dwpe, const A* dout, const int32_t* inp, int B, int T,
-                      int C);
+void encoder_backward(const OpContext& ctx, float* dwte, float* dwpe, const A* dout, const DeviceTokenBuckets& buckets,
+                      int B, int T, int C);
 
 template <class A>
 void layernorm_forward(const OpContext& ctx, A* out, float* mean, float* rstd, const A* inp, const float* w,
@@ -54,21 +61,23 @@ void layernorm_backward(const OpContext& ctx, A* dinp, float* dw, float* db, con
 // out[N,OC] = inp[N,IC] @ w[IC,OC] + bias; bias (and dbias) may be null.
 template <class A>
 void matmul_forward(const OpContext& ctx, A* out, const A* inp, const A* w, const float* bias, int N, int IC, int OC);
+// Backward ops add into their input gradient (dinp += ...) unless `overwrite` is set, which
+// writes it instead and saves the caller zeroing it first. Weight/bias gradients always add.
 template <class A>
 void matmul_backward(const OpContext& ctx, A* dinp, float* dw, float* dbias, const A* dout, const A* inp, const A* w,
-                     int N, int IC, int OC);
+                     int N, int IC, int OC, bool overwrite = false);
 
 // att [B, NH, T, T] (zeros above the diagonal), out [N, C]. Scores and the softmax are fp32.
 template <class A>
 void attention_forward(const OpContext& ctx, A* out, A* att, const A* qkv, int B, int T, int C, int NH);
 template <class A>
 void attention_backward(const OpContext& ctx, A* dqkv, const A* dout, const A* qkv, const A* att, int B, int T, int C,
-                        int NH);
+                        int NH, bool overwrite = false);
 
 template <class A>
 void gelu_forward(const OpContext& ctx, A* out, const A* inp, int64_t n);
 template <class A>
-void gelu_backward(const OpContext& ctx, A* dinp, const A* inp, const A* dout, int64_t n);
+void gelu_backward(const OpContext& ctx, A* dinp, const A* inp, const A* dout, int64_t n, bool overwrite = false);
 
 template <class A>
 void residual_forward(const OpContext& ctx, A* out, const A* a, const A* b, int64_t n);
@@ -82,7 +91,7 @@ template <class A>
 void lm_head_forward(const OpContext& ctx, A* logits, const A* inp, const A* wte, int N, int C, int V, int ldv = -1);
 template <class A>
 void lm_head_backward(const OpContext& ctx, A* dinp, float* dwte, const A* dlogits, const A* inp, const A* wte, int N,
-                      int C, int V, int ldv = -1);
+                      int C, int V, int ldv = -1, bool overwrite = false);
 
 // probs = softmax(logits) (may alias logits), losses[n] fp32 from the logits (log-sum-exp).
 template <class A>

@@ -63,13 +63,22 @@ __device__ float block_max(float v, float* sh) {
 
 // ---- kernels -------------------------------------------------------------------------
 
+// Row-wise elementwise kernels: x covers the columns (one per thread, fixed for the thread's
+// life); rows stride over y (and for [B, T] rows, t over y and b over z), so no thread divides
+// an element index (a 64-bit division per element costs more than the element's memory traffic).
+#define GEOLOCO_FOR_ROWS(n, N) for (int64_t n = blockIdx.y; n < (N); n += gridDim.y)
+#define GEOLOCO_FOR_BT(b, t, B, T)                          \
+  for (int64_t b = blockIdx.z; b < (B); b += gridDim.z) \
+    for (int64_t t = blockIdx.y; t < (T); t += gridDim.y)
+
 template <class A>
-__global__ void encoder_forward_k(A* out, const int32_t* inp, const float* wte, const float* wpe, int T, int C,
-                                  int64_t total) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t n = i / C;
-    const int c = int(i % C), t = int(n % T);
-    out[i] = st<A>(wte[int64_t(inp[n]) * C + c] + wpe[int64_t(t) * C + c]);
+__global__ void encoder_forward_k(A* out, const int32_t* inp, const float* wte, const float* wpe, int B, int T,
+                                  int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  GEOLOCO_FOR_BT(b, t, B, T) {
+    const int64_t n = b * T + t;
+    out[n * C + c] = st<A>(wte[int64_t(inp[n]) * C + c] + wpe[t * C + c]);
   }
 }
 
@@ -83,13 +92,20 @@ __global__ void encoder_backward_wpe_k(float* dwpe, const A* dout, int B, int T,
   dwpe[i] = acc;
 }
 
-// One thread per channel walks the rows in order: the rows of one token id collide, and
-// a sequential walk is the simple deterministic way to add them (no atomics).
+// One block per token group (TokenBuckets): threads stride the channels and add the group's
+// rows in ascending row order, the CPU reference's sequential order, so fp32 is bit-exact and
+// no atomics are needed. Groups run in parallel; only a very frequent token is long.
 template <class A>
-__global__ void encoder_backward_wte_k(float* dwte, const A* dout, const int32_t* inp, int64_t N, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  for (int64_t n = 0; n < N; ++n) dwte[int64_t(inp[n]) * C + c] += ld(dout[n * C + c]);
+__global__ void encoder_backward_wte_k(float* dwte, const A* dout, const int32_t* rows, const int32_t* starts,
+                                       const int32_t* tokens, int C) {
+  const int64_t g = blockIdx.x;
+  const int lo = starts[g], hi = starts[g + 1];
+  float* dst = dwte + int64_t(tokens[g]) * C;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    float acc = dst[c];
+    for (int k = lo; k < hi; ++k) acc += ld(dout[int64_t(rows[k]) * C + c]);
+    dst[c] = acc;
+  }
 }
 
 // One warp per row.
@@ -171,55 +187,57 @@ __global__ void column_finish_k(float* out_a, float* out_b, const float* partial
 }
 
 template <class A>
-__global__ void add_bias_k(A* out, const float* bias, int OC, int64_t total) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = st<A>(ld(out[i]) + bias[i % OC]);
+__global__ void add_bias_k(A* out, const float* bias, int OC, int64_t N) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= OC) return;
+  const float b = bias[c];
+  GEOLOCO_FOR_ROWS(n, N) out[n * OC + c] = st<A>(ld(out[n * OC + c]) + b);
+}
+
+// Head layout changes between [B, T, (.., NH, hs)] rows and [B, NH, T, hs]. Each thread owns
+// one channel c = h * hs + d of a row (h and d derived once).
+__device__ __forceinline__ int64_t head_index(int64_t b, int64_t t, int T, int NH, int hs, int h, int d) {
+  return ((b * NH + h) * T + t) * hs + d;
 }
 
 // qkv [B, T, 3, NH, hs] -> q, k, v [B, NH, T, hs]
 template <class A>
 __global__ void split_heads_k(A* q, A* k, A* v, const A* qkv, int B, int T, int NH, int hs) {
-  const int64_t total = int64_t(B) * NH * T * hs;
   const int C = NH * hs;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    const int d = int(i % hs);
-    const int t = int((i / hs) % T);
-    const int h = int((i / (int64_t(hs) * T)) % NH);
-    const int64_t b = i / (int64_t(hs) * T * NH);
-    const int64_t src = (b * T + t) * 3 * C + h * hs + d;
-    q[i] = qkv[src];
-    k[i] = qkv[src + C];
-    v[i] = qkv[src + 2 * C];
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const int h = c / hs, d = c - h * hs;
+  GEOLOCO_FOR_BT(b, t, B, T) {
+    const int64_t src = (b * T + t) * 3 * C + c, dst = head_index(b, t, T, NH, hs, h, d);
+    q[dst] = qkv[src];
+    k[dst] = qkv[src + C];
+    v[dst] = qkv[src + 2 * C];
   }
 }
 
-// [B, NH, T, hs] -> [B, T, NH*hs]; with accumulate, adds into out (gradients).
+// [B, NH, T, hs] -> [B, T, NH*hs] rows of out (row stride out_row, starting at out_off); with
+// accumulate, adds into out (gradients).
 template <class A>
 __global__ void merge_heads_k(A* out, const A* y, int B, int T, int NH, int hs, int64_t out_row, int64_t out_off,
                               bool accumulate) {
-  const int64_t total = int64_t(B) * NH * T * hs;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    const int d = int(i % hs);
-    const int t = int((i / hs) % T);
-    const int h = int((i / (int64_t(hs) * T)) % NH);
-    const int64_t b = i / (int64_t(hs) * T * NH);
-    A* dst = out + (b * T + t) * out_row + out_off + h * hs + d;
-    *dst = accumulate ? st<A>(ld(*dst) + ld(y[i])) : y[i];
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= NH * hs) return;
+  const int h = c / hs, d = c - h * hs;
+  GEOLOCO_FOR_BT(b, t, B, T) {
+    A* dst = out + (b * T + t) * out_row + out_off + c;
+    const A src = y[head_index(b, t, T, NH, hs, h, d)];
+    *dst = accumulate ? st<A>(ld(*dst) + ld(src)) : src;
   }
 }
 
 // The inverse of merge_heads for a [B, T, C] gradient: dy [B, NH, T, hs].
 template <class A>
 __global__ void split_one_k(A* y, const A* in, int B, int T, int NH, int hs) {
-  const int64_t total = int64_t(B) * NH * T * hs;
   const int C = NH * hs;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    const int d = int(i % hs);
-    const int t = int((i / hs) % T);
-    const int h = int((i / (int64_t(hs) * T)) % NH);
-    const int64_t b = i / (int64_t(hs) * T * NH);
-    y[i] = in[(b * T + t) * C + h * hs + d];
-  }
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const int h = c / hs, d = c - h * hs;
+  GEOLOCO_FOR_BT(b, t, B, T) y[head_index(b, t, T, NH, hs, h, d)] = in[(b * T + t) * C + c];
 }
 
 // One warp per score row (b, h, t): causal softmax of the already scaled fp32 scores.
@@ -265,13 +283,13 @@ __global__ void gelu_forward_k(A* out, const A* inp, int64_t n) {
 }
 
 template <class A>
-__global__ void gelu_backward_k(A* dinp, const A* inp, const A* dout, int64_t n) {
+__global__ void gelu_backward_k(A* dinp, const A* inp, const A* dout, int64_t n, bool overwrite) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const float x = ld(inp[i]);
     const float th = tanhf(kGeluC * (x + 0.044715f * x * x * x));
     const float du = kGeluC * (1.0f + 3.0f * 0.044715f * x * x);
     const float d = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
-    dinp[i] = st<A>(ld(dinp[i]) + d * ld(dout[i]));
+    dinp[i] = st<A>((overwrite ? 0.0f : ld(dinp[i])) + d * ld(dout[i]));
   }
 }
 
@@ -313,10 +331,10 @@ __global__ void crossentropy_forward_k(A* probs, float* losses, const A* logits,
 
 template <class A>
 __global__ void crossentropy_backward_k(A* dlogits, const A* probs, const int32_t* targets, float dloss, int V,
-                                        int ldv, int64_t total) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t n = i / V;
-    const int v = int(i % V);
+                                        int ldv, int64_t N) {
+  const int v = blockIdx.x * blockDim.x + threadIdx.x;
+  if (v >= V) return;
+  GEOLOCO_FOR_ROWS(n, N) {
     const int64_t at = n * ldv + v;
     dlogits[at] = st<A>((ld(probs[at]) - (v == targets[n] ? 1.0f : 0.0f)) * dloss);
   }
@@ -364,11 +382,11 @@ __global__ void cast_float_k(float* out, const bf16* in, int64_t n) {
 namespace kern {
 
 template <class A>
-void encoder_forward(dim3 grid, dim3 block, cudaStream_t stream, A* out, const int32_t* inp, const float* wte, const float* wpe, int T, int C, int64_t total) {
-  encoder_forward_k<A><<<grid, block, 0, stream>>>(out, inp, wte, wpe, T, C, total);
+void encoder_forward(dim3 grid, dim3 block, cudaStream_t stream, A* out, const int32_t* inp, const float* wte, const float* wpe, int B, int T, int C) {
+  encoder_forward_k<A><<<grid, block, 0, stream>>>(out, inp, wte, wpe, B, T, C);
 }
-template void encoder_forward<float>(dim3, dim3, cudaStream_t, float*, const int32_t*, const float*, const float*, int, int, int64_t);
-template void encoder_forward<bf16>(dim3, dim3, cudaStream_t, bf16*, const int32_t*, const float*, const float*, int, int, int64_t);
+template void encoder_forward<float>(dim3, dim3, cudaStream_t, float*, const int32_t*, const float*, const float*, int, int, int);
+template void encoder_forward<bf16>(dim3, dim3, cudaStream_t, bf16*, const int32_t*, const float*, const float*, int, int, int);
 
 template <class A>
 void encoder_backward_wpe(dim3 grid, dim3 block, cudaStream_t stream, float* dwpe, const A* dout, int B, int T, int C) {
@@ -378,11 +396,11 @@ template void encoder_backward_wpe<float>(dim3, dim3, cudaStream_t, float*, cons
 template void encoder_backward_wpe<bf16>(dim3, dim3, cudaStream_t, float*, const bf16*, int, int, int);
 
 template <class A>
-void encoder_backward_wte(dim3 grid, dim3 block, cudaStream_t stream, float* dwte, const A* dout, const int32_t* inp, int64_t N, int C) {
-  encoder_backward_wte_k<A><<<grid, block, 0, stream>>>(dwte, dout, inp, N, C);
+void encoder_backward_wte(dim3 grid, dim3 block, cudaStream_t stream, float* dwte, const A* dout, const int32_t* rows, const int32_t* starts, const int32_t* tokens, int C) {
+  encoder_backward_wte_k<A><<<grid, block, 0, stream>>>(dwte, dout, rows, starts, tokens, C);
 }
-template void encoder_backward_wte<float>(dim3, dim3, cudaStream_t, float*, const float*, const int32_t*, int64_t, int);
-template void encoder_backward_wte<bf16>(dim3, dim3, cudaStream_t, float*, const bf16*, const int32_t*, int64_t, int);
+template void encoder_backward_wte<float>(dim3, dim3, cudaStream_t, float*, const float*, const int32_t*, const int32_t*, const int32_t*, int);
+template void encoder_backward_wte<bf16>(dim3, dim3, cudaStream_t, float*, const bf16*, const int32_t*, const int32_t*, const int32_t*, int);
 
 template <class A>
 void layernorm_forward(dim3 grid, dim3 block, cudaStream_t stream, A* out, float* mean, float* rstd, const A* inp, const float* w, const float* b, int N, int C) {
@@ -410,8 +428,8 @@ void column_finish(dim3 grid, dim3 block, cudaStream_t stream, float* out_a, flo
 }
 
 template <class A>
-void add_bias(dim3 grid, dim3 block, cudaStream_t stream, A* out, const float* bias, int OC, int64_t total) {
-  add_bias_k<A><<<grid, block, 0, stream>>>(out, bias, OC, total);
+void add_bias(dim3 grid, dim3 block, cudaStream_t stream, A* out, const float* bias, int OC, int64_t N) {
+  add_bias_k<A><<<grid, block, 0, stream>>>(out, bias, OC, N);
 }
 template void add_bias<float>(dim3, dim3, cudaStream_t, float*, const float*, int, int64_t);
 template void add_bias<bf16>(dim3, dim3, cudaStream_t, bf16*, const float*, int, int64_t);
@@ -459,11 +477,11 @@ template void gelu_forward<float>(dim3, dim3, cudaStream_t, float*, const float*
 template void gelu_forward<bf16>(dim3, dim3, cudaStream_t, bf16*, const bf16*, int64_t);
 
 template <class A>
-void gelu_backward(dim3 grid, dim3 block, cudaStream_t stream, A* dinp, const A* inp, const A* dout, int64_t n) {
-  gelu_backward_k<A><<<grid, block, 0, stream>>>(dinp, inp, dout, n);
+void gelu_backward(dim3 grid, dim3 block, cudaStream_t stream, A* dinp, const A* inp, const A* dout, int64_t n, bool overwrite) {
+  gelu_backward_k<A><<<grid, block, 0, stream>>>(dinp, inp, dout, n, overwrite);
 }
-template void gelu_backward<float>(dim3, dim3, cudaStream_t, float*, const float*, const float*, int64_t);
-template void gelu_backward<bf16>(dim3, dim3, cudaStream_t, bf16*, const bf16*, const bf16*, int64_t);
+template void gelu_backward<float>(dim3, dim3, cudaStream_t, float*, const float*, const float*, int64_t, bool);
+template void gelu_backward<bf16>(dim3, dim3, cudaStream_t, bf16*, const bf16*, const bf16*, int64_t, bool);
 
 template <class A>
 void residual_forward(dim3 grid, dim3 block, cudaStream_t stream, A* out, const A* a, const A* b, int64_t n) {
@@ -487,8 +505,8 @@ template void crossentropy_forward<float>(dim3, dim3, cudaStream_t, float*, floa
 template void crossentropy_forward<bf16>(dim3, dim3, cudaStream_t, bf16*, float*, const bf16*, const int32_t*, int, int);
 
 template <class A>
-void crossentropy_backward(dim3 grid, dim3 block, cudaStream_t stream, A* dlogits, const A* probs, const int32_t* targets, float dloss, int V, int ldv, int64_t total) {
-  crossentropy_backward_k<A><<<grid, block, 0, stream>>>(dlogits, probs, targets, dloss, V, ldv, total);
+void crossentropy_backward(dim3 grid, dim3 block, cudaStream_t stream, A* dlogits, const A* probs, const int32_t* targets, float dloss, int V, int ldv, int64_t N) {
+  crossentropy_backward_k<A><<<grid, block, 0, stream>>>(dlogits, probs, targets, dloss, V, ldv, N);
 }
 template void crossentropy_backward<float>(dim3, dim3, cudaStream_t, float*, const float*, const int32_t*, float, int, int, int64_t);
 template void crossentropy_backward<bf16>(dim3, dim3, cudaStream_t, bf16*, const bf16*, const int32_t*, float, int, int, int64_t);

@@ -36,8 +36,8 @@ CudaSiteStrategy::CudaSiteStrategy(const RunConfig& cfg, int site, const ParamLa
       plan_(plan_device_buffers(kind(), layout.total(), rank(), ranks())),
       model_(cfg.model, cuda::parse_precision(cfg.train.precision)),
       d_params_(static_cast<size_t>(plan_.param_elems), "parameters"),
-      d_grads_(plan_.grads_persistent ? static_cast<size_t>(plan_.grad_elems) : 0, "gradients"),
       d_grad_shard_(static_cast<size_t>(plan_.grad_shard_elems), "gradient shard"),
+      d_grads_(plan_.grads_persistent ? static_cast<size_t>(plan_.grad_elems) : 0, model_.stream(), "gradients"),
       d_scalars_(8, "site scalars"),
       d_work_(kWorkBytes, "norm scratch"),
       adam_(cfg.train.optimizer, layout, plan_.opt_begin, plan_.opt_end),
@@ -48,6 +48,7 @@ CudaSiteStrategy::CudaSiteStrategy(const RunConfig& cfg, int site, const ParamLa
     throw ConfigError(fmt::format("site.device: cuda needs a device collective (NCCL) for {} ranks; got {}", ranks(),
                                   collective()->backend()));
   backend_ = collective() ? collective()->backend() : "none";
+  cuda::keep_pool_memory(device_);
   const size_t off = kind() == StrategyKind::Fsdp ? static_cast<size_t>(shard().offset) : 0;
   copy_to_device(d_params_.data(), initial.data() + off, d_params_.size(), "upload initial parameters");
   if (plan_.overlap && d_grads_.size() > 0)
@@ -78,7 +79,7 @@ std::span<float> CudaSiteStrategy::shard_on_device() {
 
 void CudaSiteStrategy::gather_full() {
   const size_t n = static_cast<size_t>(num_params());
-  if (d_gathered_.size() != n) d_gathered_ = cuda::DeviceBuffer<float>(n, "gathered parameters (fsdp)");
+  if (d_gathered_.size() != n) d_gathered_ = cuda::StreamBuffer<float>(n, model_.stream(), "gathered parameters (fsdp)");
   auto mine = d_gathered_.span().subspan(static_cast<size_t>(shard().offset), static_cast<size_t>(shard().count));
   if (!mine.empty())
     cuda::check_cuda(cudaMemcpyAsync(mine.data(), d_params_.data(), mine.size_bytes(), cudaMemcpyDeviceToDevice,
@@ -94,7 +95,7 @@ std::span<const float> CudaSiteStrategy::full_on_device() const {
 
 double CudaSiteStrategy::forward_backward(const NextBatch& next, int B, int T, int K) {
   const size_t n = static_cast<size_t>(num_params());
-  if (d_grads_.size() != n) d_grads_ = cuda::DeviceBuffer<float>(n, "gradients");
+  if (d_grads_.size() != n) d_grads_ = cuda::StreamBuffer<float>(n, model_.stream(), "gradients");
   cuda::check_cuda(cudaMemsetAsync(d_grads_.data(), 0, n * sizeof(float), model_.stream()), "zero the gradients");
   if (kind() == StrategyKind::Fsdp) gather_full();
   const auto params = full_on_device();

@@ -78,7 +78,10 @@ class CudaSiteStrategy final : public SiteStrategy, public DeviceSite {
   std::string backend_;
   DeviceBufferPlan plan_;
   cuda::CudaGpt model_;
-  cuda::DeviceBuffer<float> d_params_, d_grads_, d_grad_shard_, d_gathered_;
+  cuda::DeviceBuffer<float> d_params_, d_grad_shard_;
+  // Transient for zero2/fsdp (released after the reduce-scatter / the step): stream-ordered,
+  // so the next step's allocation comes from the device pool without a synchronisation.
+  cuda::StreamBuffer<float> d_grads_, d_gathered_;
   cuda::DeviceBuffer<double> d_scalars_;
   cuda::DeviceBuffer<unsigned char> d_work_;  // scratch of the norm reduction
   cuda::CudaAdamW adam_;

@@ -8,6 +8,10 @@
 //   zero2    full          during the step     shard        -                 shard         no
 //   fsdp     shard         during the step     shard        during the step   shard         no
 //
+// "During the step" buffers are stream-ordered allocations returned to the device's memory
+// pool after use (CudaSiteStrategy, cuda::StreamBuffer): reserved by the process, reused by
+// the next step without a synchronisation.
+//
 // Every strategy also holds a pinned host mirror of the rank's shard (the outer loop's view,
 // SiteStrategy::shard_params()) and, for ddp/zero1 on several ranks, one event per block.
 #pragma once
