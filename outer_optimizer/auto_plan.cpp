@@ -114,6 +114,8 @@ planner::BudgetInput budget_input(const PlanRequest& req) {
   in.step_time_source = "measured";
   // The weight-hash check after each sync costs a round of its own (none when disabled).
   in.check_rtts = o.check_hash ? in.check_rtts : 0.0;
+  in.eager_bytes = req.eager_bytes;
+  in.rtts_per_round = req.rtts_per_round;
   in.overlap_steps = o.delayed_update ? o.plan_h_min : o.overlap_steps;
   in.ranks = req.ranks;
   in.lanes = req.transport_lanes;

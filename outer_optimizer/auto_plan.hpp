@@ -47,6 +47,8 @@ struct PlanRequest {
   int sites = 2;
   int ranks = 1;                // ranks per site: concurrent connections per site pair
   int transport_lanes = 1;
+  double eager_bytes = 8.0 * (1 << 20);  // transport.eager_bytes (budget: latency per round)
+  double rtts_per_round = -1;   // < 0: from eager_bytes; transport.emulate: 0.5 (no TCP handshakes)
   int n_layer = 1;              // fragments <= n_layer
   PathMeasurement path;
   double step_time_s = 0;       // slowest site's inner step

@@ -259,6 +259,11 @@ PlanRequest Diloco::plan_request(const PathMeasurement& path, double step_time_s
   r.sites = static_cast<int>(cfg_.sites.size());
   r.ranks = cfg_.sites[0].ranks;
   r.transport_lanes = transport_ ? transport_->lanes() : 1;
+  if (cfg_.transport) {
+    r.eager_bytes = static_cast<double>(cfg_.transport->eager_bytes);
+    // The emulator delays whole chunks over loopback, where handshakes cost nothing.
+    if (cfg_.transport->emulate.enabled()) r.rtts_per_round = 0.5;
+  }
   r.n_layer = layout_.config().n_layer;
   r.path = path;
   r.step_time_s = step_time_s;

@@ -38,6 +38,7 @@ struct PeerStats {
   uint64_t frames_sent = 0;
   uint64_t frames_received = 0;
   uint64_t frames_rejected = 0;
+  uint64_t frames_received_rndv = 0;   // of frames_received: payload pulled by rendezvous
   std::vector<uint64_t> lane_bytes_sent;  // bytes_sent split by lane (index = lane)
   std::string failure;  // empty while the peer is healthy
 };

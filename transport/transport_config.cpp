@@ -51,6 +51,7 @@ TransportConfig TransportConfig::from_yaml(const config::Node& node, const std::
   c.lanes = static_cast<int>(node.get_int("lanes", 1, 1, 64));
   c.chunk_bytes = static_cast<uint64_t>(node.get_int("chunk_bytes", 4 << 20, 4096, 1ll << 30));
   c.inflight_chunks = static_cast<int>(node.get_int("inflight_chunks", 8, 1, 1024));
+  c.eager_bytes = static_cast<uint64_t>(node.get_int("eager_bytes", 8 << 20, 0, static_cast<int64_t>(kMaxEagerBytes)));
   c.max_message_bytes = static_cast<uint64_t>(node.get_int("max_message_bytes", 16ll << 30, 0, 1ll << 40));
   // Reading an absent child throws YAML::InvalidNode in core today (reported), so the
   // emulate mapping is only read when present; its defaults are the struct's.
@@ -72,6 +73,7 @@ void TransportConfig::validate() const {
   if (lanes < 1 || lanes > 64) bad(fmt::format("lanes {} not in [1, 64]", lanes));
   if (chunk_bytes < 1 || chunk_bytes > (1ull << 30)) bad(fmt::format("chunk_bytes {} not in [1, 1 GiB]", chunk_bytes));
   if (inflight_chunks < 1) bad("inflight_chunks must be >= 1");
+  if (eager_bytes > kMaxEagerBytes) bad(fmt::format("eager_bytes {} not in [0, {}]", eager_bytes, kMaxEagerBytes));
   if (emulate.delay_ms < 0 || emulate.rate_mbit < 0) bad("emulate values must be >= 0");
 }
 

@@ -9,6 +9,7 @@
 //     lanes: 1                   # endpoints (TCP connections) per peer pair
 //     chunk_bytes: 4194304       # frame payload size; peers must agree
 //     inflight_chunks: 8         # chunks in flight per peer (pipelining window)
+//     eager_bytes: 8388608       # messages up to this size are sent without rendezvous
 //     max_message_bytes: 17179869184   # largest transfer a peer may announce
 //     emulate: {delay_ms: 0, rate_mbit: 0}  # test hook: sender-side delay and pacing
 #pragma once
@@ -23,6 +24,7 @@ namespace geoloco::transport {
 
 inline constexpr size_t kMinPskBytes = 16;
 inline constexpr size_t kMaxPskBytes = 4096;
+inline constexpr uint64_t kMaxEagerBytes = 64ull << 20;
 
 struct EmulateConfig {
   double delay_ms = 0;   // one-way delay added to every cross-site chunk
@@ -39,6 +41,13 @@ struct TransportConfig {
   int lanes = 1;
   uint64_t chunk_bytes = 4ull << 20;
   int inflight_chunks = 8;
+  // Messages of at most eager_bytes are sent eagerly (UCP_AM_SEND_FLAG_EAGER on every chunk):
+  // the receiver has them half a round trip after they leave instead of after the rendezvous
+  // handshake (~2 round trips over TCP). A receiver may have to park up to this much per
+  // message of a peer that runs ahead (bounded by kMaxEagerBytes and the transport's
+  // unexpected-data cap). Longer messages, or all with 0: UCX decides every chunk
+  // (rendezvous above its threshold).
+  uint64_t eager_bytes = 8ull << 20;
   uint64_t max_message_bytes = 16ull << 30;
   EmulateConfig emulate;
 

@@ -1,8 +1,11 @@
-// Outer-sync goodput between two sites on loopback: site "a" (parent process) sends a
-// pseudo-gradient of S bytes to site "b" (forked child) through geoloco::transport, timed
-// from the moment b's recv is posted and a sends, to the moment a learns b verified every
-// byte (a 1-byte "done" message). Prints JSON; bench/transport/run.sh puts it next to
-// ucx_perftest tag_bw measured in the same run.
+// Outer-sync goodput between two sites: site "a" sends a pseudo-gradient of S bytes to site
+// "b" through geoloco::transport, timed from the moment b's recv is posted and a sends, to the
+// moment a learns b verified every byte (a 1-byte "done" message). Prints JSON (on "a").
+//
+// Loopback (default): a is this process, b a forked child; bench/transport/run.sh puts it next
+// to ucx_perftest tag_bw measured in the same run. Across a real path (e.g. tools/wan's
+// namespaces): run `--role a --listen ADDR:PORT --peer ADDR:PORT` and `--role b ...` in the two
+// places; bench/transport/wan.sh does that to compare eager prefixes on emulated WAN links.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <sys/wait.h>
@@ -12,6 +15,8 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <thread>
+#include <tuple>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 
@@ -25,6 +30,11 @@ namespace {
 
 struct Options {
   std::vector<int> sizes_mib = {16, 64, 256};
+  std::vector<int> sizes_kib;  // overrides sizes_mib when given
+  int eager_kib = 8 * 1024;    // transport.eager_bytes / 1024
+  int gap_ms = 0;              // idle time before each transfer (as between outer syncs)
+  std::string role;            // "a" | "b": network mode (no fork)
+  std::string listen = "127.0.0.1:0", peer;
   int reps = 5;
   int lanes = 1;
   int chunk_mib = 4;
@@ -40,33 +50,58 @@ TransportConfig make_config(const Options& o) {
   c.lanes = o.lanes;
   c.chunk_bytes = static_cast<uint64_t>(o.chunk_mib) << 20;
   c.inflight_chunks = o.inflight;
+  c.eager_bytes = static_cast<uint64_t>(o.eager_kib) << 10;
+  c.validate();
   return c;
 }
 
 Identity ident(const std::string& site) { return Identity{site, 0, "bench", 1}; }
 
-// Runs one side. Returns per-size seconds (only meaningful on "a").
+std::vector<size_t> sizes_bytes(const Options& o) {
+  std::vector<size_t> v;
+  if (!o.sizes_kib.empty())
+    for (int k : o.sizes_kib) v.push_back(static_cast<size_t>(k) << 10);
+  else
+    for (int m : o.sizes_mib) v.push_back(static_cast<size_t>(m) << 20);
+  return v;
+}
+
+std::pair<std::string, int> host_port(const std::string& s) {
+  const auto colon = s.rfind(':');
+  if (colon == std::string::npos) throw std::invalid_argument("expected ADDR:PORT, got '" + s + "'");
+  return {s.substr(0, colon), std::stoi(s.substr(colon + 1))};
+}
+
+// Runs one side. Returns per-size seconds (only meaningful on "a"). Loopback mode exchanges
+// the kernel-picked ports over the pipes; network mode takes --listen/--peer.
 std::vector<std::vector<double>> run_side(bool is_a, const Options& o, int read_fd, int write_fd) {
   Transport t(make_config(o), ident(is_a ? "a" : "b"));
-  int port = t.listen("127.0.0.1", 0);
-  if (::write(write_fd, &port, sizeof(port)) != sizeof(port)) throw std::runtime_error("pipe write");
-  int peer_port = 0;
-  if (::read(read_fd, &peer_port, sizeof(peer_port)) != sizeof(peer_port)) throw std::runtime_error("pipe read");
-  t.connect({PeerInfo{is_a ? "b" : "a", 0, "127.0.0.1", peer_port}});
-  size_t max_bytes = static_cast<size_t>(*std::max_element(o.sizes_mib.begin(), o.sizes_mib.end())) << 20;
+  PeerInfo peer{is_a ? "b" : "a", 0, "127.0.0.1", 0};
+  if (o.role.empty()) {
+    int port = t.listen("127.0.0.1", 0);
+    if (::write(write_fd, &port, sizeof(port)) != sizeof(port)) throw std::runtime_error("pipe write");
+    if (::read(read_fd, &peer.port, sizeof(peer.port)) != sizeof(peer.port)) throw std::runtime_error("pipe read");
+  } else {
+    const auto [host, port] = host_port(o.listen);
+    t.listen(host, port);
+    std::tie(peer.host, peer.port) = host_port(o.peer);
+  }
+  t.connect({peer});
+  const auto sizes = sizes_bytes(o);
+  const size_t max_bytes = *std::max_element(sizes.begin(), sizes.end());
   std::vector<uint8_t> payload(max_bytes), dest(max_bytes);
   for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<uint8_t>(i * 2654435761u >> 24);
   std::vector<std::vector<double>> secs;
   uint64_t round = 0;
   uint8_t one = 1, got = 0;
-  for (int mib : o.sizes_mib) {
-    size_t n = static_cast<size_t>(mib) << 20;
+  for (const size_t n : sizes) {
     secs.emplace_back();
     for (int r = -1; r < o.reps; ++r, ++round) {  // r == -1: warm-up
       auto data = std::span<const uint8_t>(payload.data(), n);
       auto into = std::span<uint8_t>(dest.data(), n);
       if (is_a) {
         t.recv(0, FrameKind::kControl, round, 0, std::span<uint8_t>(&got, 1)).wait();  // b is ready
+        if (o.gap_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.gap_ms));
         auto t0 = Clock::now();
         RecvHandle back;
         if (o.exchange) back = t.recv(0, FrameKind::kPseudoGradient, round, 0, into);
@@ -92,21 +127,67 @@ std::vector<std::vector<double>> run_side(bool is_a, const Options& o, int read_
   return secs;
 }
 
+nlohmann::json report(const Options& o, const std::vector<std::vector<double>>& secs) {
+  nlohmann::json out;
+  out["lanes"] = o.lanes;
+  out["chunk_mib"] = o.chunk_mib;
+  out["inflight"] = o.inflight;
+  out["eager_bytes"] = static_cast<uint64_t>(o.eager_kib) << 10;
+  out["gap_ms"] = o.gap_ms;
+  out["mode"] = o.exchange ? "exchange" : "one-way";
+  out["path"] = o.role.empty() ? "loopback" : o.listen + " -> " + o.peer;
+  const auto sizes = sizes_bytes(o);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    auto v = secs[i];
+    std::sort(v.begin(), v.end());
+    const double median = v[v.size() / 2];
+    const double mib = static_cast<double>(sizes[i]) / (1 << 20);
+    out["results"].push_back({{"size_bytes", sizes[i]},
+                              {"size_mib", mib},
+                              {"seconds", secs[i]},
+                              {"seconds_median", median},
+                              {"goodput_mib_s_median", mib / median},
+                              {"goodput_mib_s_best", mib / v.front()}});
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Options o;
-  CLI::App app{"geoloco transport goodput benchmark (two sites on loopback)"};
+  CLI::App app{"geoloco transport goodput benchmark (two sites: loopback, or --role across a path)"};
   app.add_option("--sizes-mib", o.sizes_mib, "payload sizes in MiB");
-  app.add_option("--reps", o.reps, "timed repetitions per size (after one warm-up)");
+  app.add_option("--sizes-kib", o.sizes_kib, "payload sizes in KiB (instead of --sizes-mib)");
+  app.add_option("--reps", o.reps, "timed repetitions per size (after one warm-up)")->check(CLI::Range(1, 100000));
   app.add_option("--lanes", o.lanes, "endpoints per peer pair");
   app.add_option("--chunk-mib", o.chunk_mib, "frame chunk size in MiB");
   app.add_option("--inflight", o.inflight, "chunks in flight per peer");
+  app.add_option("--eager-kib", o.eager_kib, "transport.eager_bytes in KiB (0: UCX decides every chunk)")
+      ->check(CLI::Range(0, 64 * 1024));
+  app.add_option("--gap-ms", o.gap_ms, "idle milliseconds before each transfer")->check(CLI::Range(0, 600000));
   app.add_flag("--exchange", o.exchange, "both sites send at once (per-direction goodput)");
+  app.add_option("--role", o.role, "a | b: network mode, one side per process")->check(CLI::IsMember({"a", "b"}));
+  app.add_option("--listen", o.listen, "network mode: this side's ADDR:PORT");
+  app.add_option("--peer", o.peer, "network mode: the other side's ADDR:PORT");
   CLI11_PARSE(app, argc, argv);
   // stdout carries the JSON only.
   spdlog::set_default_logger(spdlog::stderr_color_mt("bench"));
   spdlog::set_level(spdlog::level::warn);
+  if (!o.role.empty()) {
+    if (o.peer.empty()) {
+      std::fprintf(stderr, "bench_transport: --role needs --listen and --peer\n");
+      return 2;
+    }
+    try {
+      const auto secs = run_side(o.role == "a", o, -1, -1);
+      if (o.role == "a") std::cout << report(o, secs).dump() << std::endl;
+      return 0;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "site %s: %s\n", o.role.c_str(), e.what());
+      return 1;
+    }
+  }
   int a_to_b[2], b_to_a[2];
   if (::pipe(a_to_b) != 0 || ::pipe(b_to_a) != 0) return 1;
   pid_t pid = ::fork();
@@ -133,21 +214,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "site b failed\n");
     return 1;
   }
-  nlohmann::json out;
-  out["lanes"] = o.lanes;
-  out["chunk_mib"] = o.chunk_mib;
-  out["inflight"] = o.inflight;
-  out["mode"] = o.exchange ? "exchange" : "one-way";
-  for (size_t i = 0; i < o.sizes_mib.size(); ++i) {
-    auto v = secs[i];
-    std::sort(v.begin(), v.end());
-    double median = v[v.size() / 2];
-    double mib = o.sizes_mib[i];
-    out["results"].push_back({{"size_mib", o.sizes_mib[i]},
-                              {"seconds", secs[i]},
-                              {"goodput_mib_s_median", mib / median},
-                              {"goodput_mib_s_best", mib / v.front()}});
-  }
-  std::cout << out.dump() << std::endl;
+  std::cout << report(o, secs).dump() << std::endl;
   return 0;
 }

@@ -106,23 +106,59 @@ schedule: {step_time_s: 0.5, ranks: 100, pattern: ring}
   EXPECT_DOUBLE_EQ(c.egress_bytes, 2.0 * 3 / 4 * 2e9);
   EXPECT_EQ(c.connections, 100);
   EXPECT_EQ(c.rounds, 6);
-  EXPECT_DOUBLE_EQ(c.latency_s, 6 * 1.5 * 0.010 + 0.5 * 0.010);  // one hash check, not one per round
+  // 3e9 bytes in 6 rounds over 100 ranks: 5 MB messages, inside the 8 MiB eager prefix.
+  EXPECT_DOUBLE_EQ(c.message_bytes, 3e9 / 6 / 100);
+  EXPECT_DOUBLE_EQ(c.latency_s, 6 * 0.5 * 0.010 + 0.5 * 0.010);  // one hash check, not one per round
   EXPECT_DOUBLE_EQ(c.rate_Bps, 10e9);  // 100 x 314 MB/s > 10 GB/s
   EXPECT_DOUBLE_EQ(c.bandwidth_s, 3e9 / 10e9);
+}
+
+// transport.eager_bytes: a message (one rank's slice for one peer) that fits the prefix costs
+// half a round trip, a longer one the rendezvous' 1.5; link.rtts_per_round overrides both.
+TEST(Budget, EagerPrefixSetsTheRoundTripsPerRound) {
+  const std::string head = "model: {params: 4e7}\ncompression: {bytes_per_value: 1}\nsites: 3\n"
+                           "schedule: {step_time_s: 0.1, ranks: 2}\n";
+  // 4e7 bytes per site, 2 ranks: each rank sends its 2e7-byte slice to each of 2 peers.
+  auto in = parse(head + "link: {rtt_ms: 20, rate_gbps: 10, eager_bytes: 32MiB}\n");
+  EXPECT_DOUBLE_EQ(in.eager_bytes, 32.0 * (1 << 20));
+  auto c = sync_cost(in, 1.0, 1, 1);
+  EXPECT_DOUBLE_EQ(c.message_bytes, 2e7);
+  EXPECT_DOUBLE_EQ(c.rtts_per_round, 0.5);
+  // The default 8 MiB prefix (8388608 bytes) covers neither 2e7 nor two fragments' 1e7-byte
+  // messages; four fragments' 5e6 fit.
+  in = parse(head + "link: {rtt_ms: 20, rate_gbps: 10}\n");
+  EXPECT_DOUBLE_EQ(sync_cost(in, 1.0, 1, 1).rtts_per_round, 1.5);
+  EXPECT_DOUBLE_EQ(sync_cost(in, 1.0, 2, 1).rtts_per_round, 1.5);
+  EXPECT_DOUBLE_EQ(sync_cost(in, 1.0, 4, 1).rtts_per_round, 0.5);
+  EXPECT_DOUBLE_EQ(sync_cost(in, 1.0, 4, 1).latency_s, 0.5 * 0.020 + 0.5 * 0.020);
+  // Lanes split a message's chunks, not the message: the prefix applies per message.
+  EXPECT_DOUBLE_EQ(sync_cost(in, 1.0, 4, 8).rtts_per_round, 0.5);
+  in = parse(head + "link: {rtt_ms: 20, rate_gbps: 10, rtts_per_round: 3}\n");
+  EXPECT_DOUBLE_EQ(sync_cost(in, 1.0, 4, 1).rtts_per_round, 3.0);
+  // Bad input names the key.
+  try {
+    parse(head + "link: {rtt_ms: 20, rate_gbps: 10, eager_bytes: lots}\n");
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("link.eager_bytes"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Budget, HashCheckAndLocalWorkAddToEverySync) {
   // 1e6 values at 1 B/value over 100 Mbit/s (1.25e7 B/s): 0.08 s on the wire.
   const std::string model = "model: {params: 1e6}\ncompression: {bytes_per_value: 1}\nmeasured: {per_connection_gbps: 0.1}\n";
-  // Defaults: 1.5 RTT rendezvous + 0.5 RTT hash check, nothing local.
+  // Defaults: a 1 MB message fits the eager prefix (0.5 RTT) + 0.5 RTT hash check, nothing local.
   auto in = parse(model + "link: {rtt_ms: 100, rate_gbps: 0.1}\nschedule: {step_time_s: 0.1, H: 25}\n");
   EXPECT_DOUBLE_EQ(in.check_rtts, 0.5);
   EXPECT_DOUBLE_EQ(in.local_sync_s, 0.0);
   auto c = sync_cost(in, 1.0, 1, 1);
   EXPECT_DOUBLE_EQ(c.bandwidth_s, 0.08);
   EXPECT_DOUBLE_EQ(c.check_s, 0.05);
-  EXPECT_DOUBLE_EQ(c.latency_s, 0.15 + 0.05);
-  EXPECT_DOUBLE_EQ(c.total_s, 0.08 + 0.2);
+  EXPECT_DOUBLE_EQ(c.latency_s, 0.05 + 0.05);
+  EXPECT_DOUBLE_EQ(c.total_s, 0.08 + 0.1);
+  // Without the prefix the rendezvous costs 1.5 RTT.
+  in = parse(model + "link: {rtt_ms: 100, rate_gbps: 0.1, eager_bytes: 0}\nschedule: {step_time_s: 0.1, H: 25}\n");
+  EXPECT_DOUBLE_EQ(sync_cost(in, 1.0, 1, 1).latency_s, 0.15 + 0.05);
 
   // geoloco's link emulator (transport.emulate) delays only the data, one way: 0.5 RTT per
   // round, with the check one RTT per sync. Local work 0.04 s per full sync, / fragments.
@@ -140,7 +176,7 @@ TEST(Budget, HashCheckAndLocalWorkAddToEverySync) {
 
   // The check can be switched off; local work is priced per fragment count.
   in = parse(model + "link: {rtt_ms: 100, rate_gbps: 0.1, check_rtts: 0}\nschedule: {step_time_s: 0.1, local_sync_s: 1}\n");
-  EXPECT_DOUBLE_EQ(sync_cost(in, 1.0, 1, 1).latency_s, 0.15);
+  EXPECT_DOUBLE_EQ(sync_cost(in, 1.0, 1, 1).latency_s, 0.05);
   EXPECT_DOUBLE_EQ(sync_cost(in, 1.0, 4, 1).local_s, 0.25);
 
   // Per-step DDP across sites neither checks hashes nor runs the codec.

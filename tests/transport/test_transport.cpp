@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <map>
 #include <thread>
 
 #include "tests/transport/test_util.hpp"
@@ -70,12 +71,17 @@ void exchange_all_sizes(int lanes) {
 TEST(Transport, ThreeSitesExchangeOddSizesOneLane) { exchange_all_sizes(1); }
 TEST(Transport, ThreeSitesExchangeOddSizesThreeLanes) { exchange_all_sizes(3); }
 
-TEST(Transport, SendBeforeRecvIsPostedIsHeldAndDelivered) {
+class SendBeforeRecv : public ::testing::TestWithParam<uint64_t> {};
+
+// eager_bytes 0: the large chunks go by rendezvous and wait as descriptors; 8 MiB: they all
+// arrive eagerly and are parked as data until the recv is posted.
+TEST_P(SendBeforeRecv, IsHeldAndDelivered) {
   const uint64_t chunk = 256 * 1024;
   std::vector<TransportConfig> cfgs(2, small_config(2, chunk));
+  for (auto& cfg : cfgs) cfg.eager_bytes = GetParam();
   Cluster c(cfgs, {ident("a"), ident("b")});
   for (auto& e : c.connect_all()) ASSERT_EQ(e, "");
-  // Small (eager) and large (rendezvous) chunks, all sent before the recv exists.
+  // Small (eager) and large chunks, all sent before the recv exists.
   auto small = pattern(100, 1), big = pattern(3 * chunk + 7, 2);
   // (A rendezvous send completes only once the receiver pulls the data, so do not wait yet.)
   auto s1 = c.t[0]->send(0, FrameKind::kControl, 1, 0, small);
@@ -90,6 +96,41 @@ TEST(Transport, SendBeforeRecvIsPostedIsHeldAndDelivered) {
   s2.wait();
   EXPECT_EQ(d1, small);
   EXPECT_EQ(d2, big);
+  const auto st = c.t[1]->stats().peers.at(0);
+  if (GetParam() >= big.size()) {
+    EXPECT_EQ(st.frames_received_rndv, 0u);
+  }
+  EXPECT_EQ(st.frames_received, 1u + 4u);
+}
+INSTANTIATE_TEST_SUITE_P(EagerBytes, SendBeforeRecv, ::testing::Values(uint64_t{0}, uint64_t{8} << 20));
+
+// A message of at most eager_bytes skips the rendezvous (UCP_AM_SEND_FLAG_EAGER on every
+// chunk); a longer one is UCX's choice (rendezvous for 1 MiB chunks over TCP), none of it
+// eager. Counted at the receiver.
+TEST(Transport, MessagesWithinEagerBytesSkipTheRendezvous) {
+  const uint64_t chunk = 1 << 20;
+  const auto data = pattern(4 * chunk + 5, 9);  // chunks at 0, 1, 2, 3 MiB and a 5-byte tail
+  std::map<uint64_t, uint64_t> rndv;            // eager_bytes -> frames received by rendezvous
+  for (const uint64_t eager : {uint64_t{0}, 2 * chunk, 8 * chunk}) {
+    std::vector<TransportConfig> cfgs(2, small_config(1, chunk));
+    for (auto& cfg : cfgs) cfg.eager_bytes = eager;
+    Cluster c(cfgs, {ident("a"), ident("b")});
+    for (auto& e : c.connect_all()) ASSERT_EQ(e, "");
+    std::vector<uint8_t> dest(data.size());
+    auto r = c.t[1]->recv(0, FrameKind::kPseudoGradient, 1, 0, dest);
+    auto s = c.t[0]->send(0, FrameKind::kPseudoGradient, 1, 0, data);
+    ASSERT_TRUE(r.wait_for(std::chrono::seconds(20)));
+    ASSERT_TRUE(s.wait_for(std::chrono::seconds(20)));
+    EXPECT_EQ(dest, data) << "eager_bytes " << eager;
+    const auto st = c.t[1]->stats().peers.at(0);
+    EXPECT_EQ(st.frames_received, 5u);
+    rndv[eager] = st.frames_received_rndv;
+  }
+  // With eager_bytes 0 UCX sends the four 1 MiB chunks by rendezvous (the baseline this test
+  // relies on); 2 MiB is less than the message: the same; 8 MiB covers it: no rendezvous.
+  ASSERT_EQ(rndv[0], 4u) << "UCX no longer uses rendezvous for 1 MiB over TCP: the test's baseline changed";
+  EXPECT_EQ(rndv[2 * chunk], 4u);
+  EXPECT_EQ(rndv[8 * chunk], 0u);
 }
 
 TEST(Transport, ApiThreadSafetyManyThreadsManyRounds) {

@@ -42,6 +42,7 @@ TEST(TransportConfig, ParsesWithDefaultsAndOverrides) {
   EXPECT_DOUBLE_EQ(c.transfer_timeout_s, 90);
   EXPECT_EQ(c.lanes, 3);
   EXPECT_EQ(c.chunk_bytes, 4u << 20);
+  EXPECT_EQ(c.eager_bytes, 8u << 20);
   EXPECT_DOUBLE_EQ(c.emulate.delay_ms, 20);
   EXPECT_TRUE(c.emulate.enabled());
   EXPECT_EQ(c.psk_file, (d.dir / "k.psk").string());
@@ -75,4 +76,12 @@ TEST(TransportConfig, RangesAndUnknownKeys) {
   EXPECT_NE(bad("  connect_timeout_s: -1\n").find("connect_timeout_s"), std::string::npos);
   EXPECT_NE(bad("  lane: 2\n").find("transport.lane: unknown key"), std::string::npos) << bad("  lane: 2\n");
   EXPECT_NE(bad("  emulate: {delay: 3}\n").find("delay"), std::string::npos);
+  EXPECT_NE(bad("  eager_bytes: -1\n").find("transport.eager_bytes"), std::string::npos) << bad("  eager_bytes: -1\n");
+  EXPECT_NE(bad("  eager_bytes: 67108865\n").find("transport.eager_bytes"), std::string::npos);
+  auto doc = config::load_string("transport:\n  psk_file: k.psk\n  eager_bytes: 0\n", "run.yaml");
+  EXPECT_EQ(TransportConfig::from_yaml(doc.node().child("transport"), d.dir.string()).eager_bytes, 0u);
+  TransportConfig c;
+  c.psk = std::vector<uint8_t>(16, 1);
+  c.eager_bytes = kMaxEagerBytes + 1;
+  EXPECT_NE(err([&] { c.validate(); }).find("eager_bytes"), std::string::npos);
 }

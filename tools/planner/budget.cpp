@@ -115,7 +115,15 @@ BudgetInput BudgetInput::from_yaml(const config::Node& root) {
     if (in.tcp_rmem_max_bytes < 4096) link.fail_value("tcp_rmem_max", "at least 4096 bytes");
   }
   in.tcp_window_fraction = link.get_double("tcp_window_fraction", in.tcp_window_fraction, 0.01, 1.0);
-  in.rtts_per_round = link.get_double("rtts_per_round", in.rtts_per_round, 0, 100);
+  if (link.has("rtts_per_round")) in.rtts_per_round = link.get_double("rtts_per_round", 0, 0, 100);
+  if (link.has("eager_bytes")) {
+    std::string t = link.get<std::string>("eager_bytes", "");
+    try {
+      in.eager_bytes = parse_count(t, link.key_path("eager_bytes"));
+    } catch (const InputError&) {
+      link.fail("eager_bytes", fmt::format("got '{}', expected bytes such as 8388608 or 8MiB", t));
+    }
+  }
   in.check_rtts = link.get_double("check_rtts", in.check_rtts, 0, 100);
   in.slow_start = link.get<bool>("slow_start", in.slow_start);
   in.initial_window_bytes = link.get_double("initial_window_bytes", in.initial_window_bytes, 1, 1e12);
@@ -224,7 +232,11 @@ SyncCost sync_cost(const BudgetInput& in, double bpv, int fragments, int lanes) 
   c.bandwidth_s = c.egress_bytes / c.rate_Bps;
   // The hash check runs once per sync, after the outer step, whatever the pattern.
   c.check_s = in.check_rtts * in.rtt_s;
-  c.latency_s = static_cast<double>(c.rounds) * in.rtts_per_round * in.rtt_s + c.check_s;
+  // Each rank sends its slice of the round's bytes to each peer as one message.
+  c.message_bytes = c.egress_bytes / static_cast<double>(c.rounds) /
+                    static_cast<double>(in.pattern == Pattern::AllToAll ? (in.sites - 1) * in.ranks : in.ranks);
+  c.rtts_per_round = in.rtts_per_round >= 0 ? in.rtts_per_round : (c.message_bytes <= in.eager_bytes ? 0.5 : 1.5);
+  c.latency_s = static_cast<double>(c.rounds) * c.rtts_per_round * in.rtt_s + c.check_s;
   c.local_s = in.local_sync_s / fragments;
   if (in.slow_start) {
     // Connections idle between syncs restart from the initial window (Linux default

@@ -9,7 +9,9 @@
 //    2(S-1) rounds of N*bpv/(F*S) bytes over the ranks*lanes connections to one neighbour.
 //  * Rate: min(site WAN capacity = rate x parallel links, connections x per-connection cap),
 //    the cap being window/RTT (window = tcp_rmem max x window fraction) or a probe's figure.
-//  * Latency: rtts_per_round round trips per round (UCX rendezvous: RTS, RTR, data ~ 1.5),
+//  * Latency: rtts_per_round round trips per round: 0.5 when each message of the round fits
+//    the transport's eager prefix (transport.eager_bytes: sent without a handshake), 1.5 when
+//    its tail goes by UCX's rendezvous (request, ready-to-receive, data); or a given value,
 //    plus check_rtts once per sync (the cross-site weight-hash check, outer.check_hash: one
 //    small message each way at once, 0.5), optional slow start from an initial window after
 //    the idle gap between syncs.
@@ -76,7 +78,11 @@ struct BudgetInput {
   int ranks = 1;  // ranks per site = connections per site pair before lanes
   int lanes = 1;  // connections per rank pair
   Pattern pattern = Pattern::AllToAll;
-  double rtts_per_round = 1.5;
+  // Round trips per exchange round; < 0: derived per sync from eager_bytes (see above).
+  double rtts_per_round = -1;
+  // The transport's eager prefix (transport.eager_bytes): a message at most this long per
+  // (rank, peer) pair arrives half a round trip after it leaves.
+  double eager_bytes = 8.0 * (1 << 20);
   // The weight-hash check after every fragment sync (outer.check_hash, on by default): one
   // small (eager) message each way at once, half a round trip. 0 when the check is off.
   double check_rtts = 0.5;
@@ -117,6 +123,8 @@ struct SyncCost {
   double rate_Bps = 0;       // effective
   bool bdp_bound = false;    // connections x cap < link capacity
   int64_t rounds = 0;
+  double message_bytes = 0;  // one rank's message to one peer in a round
+  double rtts_per_round = 0; // effective (given, or from the eager prefix)
   double bandwidth_s = 0;
   double latency_s = 0;      // rounds x rtts_per_round x RTT + check_s
   double check_s = 0;        // of latency_s: the weight-hash check, check_rtts x RTT

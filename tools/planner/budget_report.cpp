@@ -38,6 +38,8 @@ nlohmann::json sync_json(const SyncCost& c) {
           {"rate_bytes_per_s", c.rate_Bps},
           {"bdp_bound", c.bdp_bound},
           {"rounds", c.rounds},
+          {"message_bytes", c.message_bytes},
+          {"rtts_per_round", c.rtts_per_round},
           {"bandwidth_s", c.bandwidth_s},
           {"latency_s", c.latency_s},
           {"check_s", c.check_s},
@@ -87,7 +89,12 @@ std::string format_budget_table(const BudgetReport& r) {
     t.row("site WAN capacity", std::isfinite(cap) ? fmt::format("{} ({})", format_rate_bits(cap), why) : "unbounded");
   }
   t.row("inner step", fmt::format("{} ({})", format_seconds(in.step_time_s), in.step_time_source));
-  t.row("latency per sync", fmt::format("{} RTT per round + {} RTT hash check", in.rtts_per_round, in.check_rtts));
+  t.row("latency per sync",
+        in.rtts_per_round >= 0
+            ? fmt::format("{} RTT per round (link.rtts_per_round) + {} RTT hash check", in.rtts_per_round, in.check_rtts)
+            : fmt::format("0.5 RTT per round for messages up to the eager prefix ({}), 1.5 above (rendezvous); + {} "
+                          "RTT hash check",
+                          format_bytes(in.eager_bytes), in.check_rtts));
   if (in.local_sync_s > 0)
     t.row("local work per sync", fmt::format("{} per full sync, / fragments (schedule.local_sync_s)",
                                              format_seconds(in.local_sync_s)));
@@ -176,7 +183,8 @@ nlohmann::json budget_json(const BudgetReport& r) {
                  {"ranks", in.ranks},
                  {"lanes", in.lanes},
                  {"pattern", pattern_name(in.pattern)},
-                 {"rtts_per_round", in.rtts_per_round},
+                 {"rtts_per_round", in.rtts_per_round >= 0 ? nlohmann::json(in.rtts_per_round) : nlohmann::json("auto")},
+                 {"eager_bytes", in.eager_bytes},
                  {"check_rtts", in.check_rtts},
                  {"local_sync_s", in.local_sync_s},
                  {"target_utilization", in.target_utilization},
