@@ -125,6 +125,32 @@ TEST(AutoPlan, ChoosesTheSmallestIntervalThatMeetsTheTarget) {
   EXPECT_LE(outer::choose_plan(request(ov, 100, 1000, 300)).interval, d.interval);
 }
 
+// The transport's eager size sets the latency per round: a small model's messages fit the
+// default 8 MiB (0.5 RTT); with eager_bytes 0 they pay the rendezvous (1.5 RTT), so the same
+// plan predicts a sync one RTT longer and never needs a smaller H; emulation pins 0.5.
+TEST(AutoPlan, LatencyFollowsTheTransportsEagerSize) {
+  auto o = outer_from("outer: {plan: auto, target_utilization: 0.95, plan_h_min: 1, plan_h_max: 100000, "
+                      "plan_bits: [8]}\n");
+  auto small = request(o, 100, 1000, 300);
+  small.params = 1e6;  // 1 MB per site at 8 bits, 125 KB per rank: fits
+  const auto eager = outer::choose_plan(small);
+  small.eager_bytes = 0;
+  const auto rndv = outer::choose_plan(small);
+  EXPECT_GE(rndv.interval, eager.interval);
+  auto same = small;
+  auto fixed = o;
+  fixed.plan_h_min = fixed.plan_h_max = eager.interval;
+  same.outer = &fixed;
+  const auto at_h_rndv = outer::choose_plan(same);
+  same.eager_bytes = 8.0 * (1 << 20);
+  const auto at_h_eager = outer::choose_plan(same);
+  ASSERT_EQ(at_h_rndv.fragments, at_h_eager.fragments);
+  EXPECT_NEAR(at_h_rndv.predicted_fragment_sync_s - at_h_eager.predicted_fragment_sync_s, 0.100, 1e-9);
+  same.eager_bytes = 0;
+  same.rtts_per_round = 0.5;  // transport.emulate
+  EXPECT_NEAR(outer::choose_plan(same).predicted_fragment_sync_s, at_h_eager.predicted_fragment_sync_s, 1e-12);
+}
+
 TEST(AutoPlan, PicksTheFewestLanesThatReachTheTarget) {
   // A window-bound path: one connection carries 1/8 of the link. At the H floor more lanes
   // are what reaches the target; on a path one connection fills, one lane suffices.
