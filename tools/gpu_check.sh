@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One prepared GPU check (for a machine with a GPU, e.g. one H200 with 16 cores, < 8 minutes):
-# configure with CUDA into build-gpu, build only what the check needs, run the GPU tests
-# (ctest -L gpu), the training loop on the GPU (test_cuda_loop: 2-rank site vs the CPU curve,
-# ddp == zero1, bit-exact resume, 2-site DiLoCo), the NCCL tests of the parallel area (folded in
-# from tests/parallel/gpu_check.sh), the op-parity program (writes parity.json), and the GPT-2
-# 124M bf16 benchmark (bench.json); then write report.json + gpu_check.log into OUTDIR.
+# configure with CUDA into build-gpu, build only what the check needs, run the device tests
+# once in one process (test_cuda_gpu: op and model parity, writes parity.json), the GPT-2 124M
+# bf16 benchmark (bench.json), the training loop on the GPU (test_cuda_loop: 2-rank site vs the
+# CPU curve, ddp == zero1, bit-exact resume, 2-site DiLoCo, NCCL in the loop), and the NCCL
+# tests of the parallel area; then write report.json + gpu_check.log into OUTDIR.
 #
 #   tools/gpu_check.sh OUTDIR        exit 0 only when every step passed
 #
@@ -71,15 +71,16 @@ if run_step configure 120 cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TY
 fi
 
 if ((built)); then
+  # Most valuable first, so a slow step costs the later ones, not these: host logic, the
+  # device tests once in one process (op/model parity, writes parity.json), the benchmark,
+  # then the training loop on the GPU and the NCCL tests.
   run_step host_tests 60 "$build/tests/cuda/test_cuda_host" --gtest_brief=1
-  run_step gpu_tests 150 ctest --test-dir "$build" -L gpu --output-on-failure --timeout 120
-  # site.device: cuda end to end (label gpu_loop, not in the ctest step above).
-  run_step loop_tests 120 "$build/tests/cuda/test_cuda_loop" --gtest_brief=1
-  # The same device tests once more in one process: the parity environment writes parity.json.
-  GEOLOCO_GPU_REPORT_DIR="$out" run_step parity 120 "$build/tests/cuda/test_cuda_gpu" --gtest_brief=1
-  run_step nccl_tests 90 "$build/tests/parallel/test_parallel" --gtest_filter='Gpu*:Nccl*' --gtest_brief=1
+  GEOLOCO_GPU_REPORT_DIR="$out" run_step gpu_tests 150 "$build/tests/cuda/test_cuda_gpu" --gtest_brief=1
   run_step bench 150 "$build/bench/gpu/bench_gpu_gpt2" --batch "$batch" --steps 20 --warmup 3 --max-seconds 60 \
     --out "$out/bench.json"
+  # site.device: cuda end to end (label gpu_loop).
+  run_step loop_tests 120 "$build/tests/cuda/test_cuda_loop" --gtest_brief=1
+  run_step nccl_tests 90 "$build/tests/parallel/test_parallel" --gtest_filter='Gpu*:Nccl*' --gtest_brief=1
 fi
 
 args=()

@@ -16,11 +16,12 @@ std::string_view to_string(FrameKind kind) {
     case FrameKind::kGlobalState: return "global_state";
     case FrameKind::kProbe: return "probe";
     case FrameKind::kControl: return "control";
+    case FrameKind::kCredit: return "credit";
   }
   return "unknown";
 }
 
-bool is_valid_kind(uint16_t kind) { return kind >= 1 && kind <= 4; }
+bool is_valid_kind(uint16_t kind) { return kind >= 1 && kind <= 5; }
 
 void FrameHeader::encode(uint8_t out[kFrameHeaderBytes]) const {
   wire::Writer w;
@@ -30,7 +31,7 @@ void FrameHeader::encode(uint8_t out[kFrameHeaderBytes]) const {
   w.u16(kind);
   w.u64(round);
   w.u32(shard);
-  w.u32(reserved);
+  w.u32(flags);
   w.u64(offset);
   w.u64(length);
   w.u64(total_length);
@@ -43,7 +44,7 @@ std::optional<FrameHeader> FrameHeader::decode(std::span<const uint8_t> in) {
   wire::Reader r(in);
   FrameHeader h;
   bool ok = r.u32(h.magic) && r.u16(h.version) && r.u16(h.kind) && r.u64(h.round) &&
-            r.u32(h.shard) && r.u32(h.reserved) && r.u64(h.offset) && r.u64(h.length) &&
+            r.u32(h.shard) && r.u32(h.flags) && r.u64(h.offset) && r.u64(h.length) &&
             r.u64(h.total_length) && r.u64(h.checksum);
   if (!ok) return std::nullopt;
   return h;
@@ -59,7 +60,10 @@ std::string validate_header(const FrameHeader& h, uint64_t data_length, uint64_t
   if (h.magic != kFrameMagic) return fmt::format("magic: got {:#010x}, expected {:#010x}", h.magic, kFrameMagic);
   if (h.version != kFrameVersion) return fmt::format("version: got {}, expected {}", h.version, kFrameVersion);
   if (!is_valid_kind(h.kind)) return fmt::format("kind: got {}, not a known frame kind", h.kind);
-  if (h.reserved != 0) return fmt::format("reserved: got {}, expected 0", h.reserved);
+  if ((h.flags & ~kKnownFrameFlags) != 0) return fmt::format("flags: got {:#x}, unknown bits set", h.flags);
+  if (h.kind == static_cast<uint16_t>(FrameKind::kCredit) &&
+      (h.offset != 0 || h.length != 0 || h.total_length != 0 || h.shard != 0 || h.flags != 0 || data_length != 0))
+    return "credit frame: offset, length, total_length, shard and flags must be 0 and it carries no data";
   if (h.total_length > max_total)
     return fmt::format("total_length: got {}, exceeds the limit {}", h.total_length, max_total);
   if (h.offset % chunk_bytes != 0 || h.offset >= std::max<uint64_t>(h.total_length, 1))

@@ -7,7 +7,7 @@
 //     6    2 kind          FrameKind
 //     8    8 round         outer round the transfer belongs to
 //    16    4 shard         shard (fragment) index within the round
-//    20    4 reserved      must be 0
+//    20    4 flags         kFrameFlag* bits; others must be 0
 //    24    8 offset        byte offset of this chunk in the whole transfer
 //    32    8 length        bytes in this chunk (== the active message's data length)
 //    40    8 total_length  bytes in the whole transfer
@@ -27,7 +27,12 @@
 namespace geoloco::transport {
 
 inline constexpr uint32_t kFrameMagic = 0x46544C47;  // "GLTF" little-endian
-inline constexpr uint16_t kFrameVersion = 1;
+inline constexpr uint16_t kFrameVersion = 2;  // 2: flags (was reserved) and credit frames
+
+// The sender counted this message against the receiver's eager window (transport.eager_bytes):
+// the receiver returns its bytes in a credit frame once it holds them no longer.
+inline constexpr uint32_t kFrameFlagEagerCredit = 1;
+inline constexpr uint32_t kKnownFrameFlags = kFrameFlagEagerCredit;
 inline constexpr size_t kFrameHeaderBytes = 56;
 
 enum class FrameKind : uint16_t {
@@ -35,6 +40,8 @@ enum class FrameKind : uint16_t {
   kGlobalState = 2,     // global weights / outer optimizer state (join, resync)
   kProbe = 3,           // planner bandwidth/latency probes
   kControl = 4,         // small control messages of the outer loop
+  kCredit = 5,          // transport-internal: `round` returns that many eager-window bytes;
+                        // header only (offset, length, total 0), never matched to a recv
 };
 std::string_view to_string(FrameKind kind);
 bool is_valid_kind(uint16_t kind);
@@ -45,7 +52,7 @@ struct FrameHeader {
   uint16_t kind = 0;
   uint64_t round = 0;
   uint32_t shard = 0;
-  uint32_t reserved = 0;
+  uint32_t flags = 0;
   uint64_t offset = 0;
   uint64_t length = 0;
   uint64_t total_length = 0;
@@ -59,7 +66,7 @@ struct FrameHeader {
 // Number of chunks a transfer of `total` bytes is cut into (>= 1).
 uint64_t chunk_count(uint64_t total, uint64_t chunk_bytes);
 
-// Checks what a header must satisfy on its own: magic, version, kind, reserved, the
+// Checks what a header must satisfy on its own: magic, version, kind, flags, the
 // chunking rule, total <= max_total, and that the message carried exactly `length` bytes.
 // Returns an empty string when valid, otherwise "field: problem".
 std::string validate_header(const FrameHeader& h, uint64_t data_length, uint64_t chunk_bytes,

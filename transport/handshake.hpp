@@ -24,7 +24,7 @@
 namespace geoloco::transport {
 
 inline constexpr uint32_t kHandshakeMagic = 0x53484C47;  // "GLHS"
-inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr uint16_t kProtocolVersion = 2;  // 2: eager window credits (frame version 2)
 inline constexpr size_t kMaxHandshakeBytes = 1024;
 inline constexpr size_t kMaxSiteBytes = 64;
 inline constexpr size_t kMaxRunIdBytes = 128;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -130,6 +131,8 @@ nlohmann::json TransportStats::to_json() const {
                           {"frames_received", p.frames_received},
                           {"frames_rejected", p.frames_rejected},
                           {"frames_received_rndv", p.frames_received_rndv},
+                          {"messages_sent_eager", p.messages_sent_eager},
+                          {"eager_bytes_outstanding", p.eager_bytes_outstanding},
                           {"lane_bytes_sent", p.lane_bytes_sent},
                           {"failure", p.failure}});
   }
@@ -154,6 +157,10 @@ constexpr size_t kMaxUnexpectedFrames = 4096;
 // Eager bytes held for not-yet-posted recvs per peer (rendezvous frames hold no payload);
 // bounds what a peer forcing eager sends can make us keep.
 constexpr uint64_t kMaxUnexpectedEagerBytes = 256ull << 20;
+// A sender's eager window per peer: this many times transport.eager_bytes sent eagerly and not
+// yet credited back. The cap above catches a peer that ignores it.
+constexpr uint64_t kEagerWindowFactor = 4;
+static_assert(kEagerWindowFactor * kMaxEagerBytes <= kMaxUnexpectedEagerBytes);
 // After a failure, how long a recv may wait for UCX to cancel its in-flight receives.
 constexpr double kCancelGraceS = 10;
 
@@ -201,6 +208,7 @@ struct SendOp {
   uint64_t done_chunks = 0;
   int inflight = 0;
   int lane = -1;  // -1: round-robin over the peer's lanes; else this lane only
+  bool eager = false;  // decided when its first chunk goes out: counted in the eager window
   Clock::time_point enqueued{};
   std::optional<Clock::time_point> next_release;  // emulation: when the next chunk may go
   bool failed = false;
@@ -217,6 +225,7 @@ struct RecvOp {
   uint64_t got = 0;  // chunks accepted (copied or receive started)
   uint64_t verified = 0;
   std::vector<bool> seen;
+  uint64_t credit_bytes = 0;  // bytes of eager-window frames: returned to the sender at the end
   int inflight = 0;
   Clock::time_point last_progress{};
   bool failed = false;
@@ -256,6 +265,7 @@ struct Peer {
   std::map<Key, std::deque<Unexpected>> unexpected;
   size_t unexpected_count = 0;
   uint64_t unexpected_eager_bytes = 0;
+  uint64_t eager_outstanding = 0;  // bytes sent eagerly that the peer has not credited back
   PeerStats stats;
 
   size_t ready_lanes() const {
@@ -1035,6 +1045,10 @@ class Transport::Impl {
       reject_frame(pi, fmt::format("{} ({}, offset {})", e, key_str(key), h.offset));
       return UCS_OK;
     }
+    if (h.kind == static_cast<uint16_t>(FrameKind::kCredit)) {
+      on_credit(pi, h.round);
+      return UCS_OK;
+    }
     if (p.completed.count(key)) {
       reject_frame(pi, fmt::format("replayed frame: {} already completed (offset {})", key_str(key), h.offset));
       return UCS_OK;
@@ -1104,6 +1118,7 @@ class Transport::Impl {
                                                key_str(op.key)));
     op.seen[idx] = true;
     ++op.got;
+    if (h.flags & kFrameFlagEagerCredit) op.credit_bytes += h.length;
     op.last_progress = Clock::now();
     uint8_t* dst = op.dest.data() + h.offset;
     if (rndv) {
@@ -1192,6 +1207,8 @@ class Transport::Impl {
       op.state->finish(op.error, 0);
     } else if (op.have_total && op.verified == op.nchunks) {
       p.completed.insert(op.key);
+      send_credit(op.peer, op.credit_bytes);  // the eager bytes are ours now, not parked
+      op.credit_bytes = 0;
       publish_stats();
       op.state->finish(nullptr, op.total);
     } else {
@@ -1271,6 +1288,67 @@ class Transport::Impl {
     std::shared_ptr<ChunkGroup> group;
   };
 
+  // A message of at most eager_bytes goes eagerly when the peer's eager window has room: no
+  // rendezvous handshake (request to send, ready to receive, data, acknowledgement: about two
+  // round trips over TCP where eager takes half of one), so it arrives half a round trip
+  // after it leaves. The window (kEagerWindowFactor x eager_bytes per peer) bounds what a
+  // receiver may have to park for us before it posts the recv: it returns the bytes in a
+  // credit frame once the message is received. A full window, or a longer message, is left
+  // to UCX (rendezvous above its threshold), which moves data only once the receiver is
+  // ready, so a sender that runs far ahead slows to the rendezvous instead of flooding the
+  // peer. (An eager prefix of a long message measured worse than none: the tail's rendezvous
+  // requests queue behind it on the connection.)
+  void decide_eager(Peer& p, SendOp& op) {
+    const uint64_t n = op.payload.size();
+    const uint64_t window = kEagerWindowFactor * cfg_.eager_bytes;
+    op.eager = n > 0 && n <= cfg_.eager_bytes && p.eager_outstanding + n <= window;
+    if (!op.eager) return;
+    p.eager_outstanding += n;
+    p.stats.eager_bytes_outstanding = p.eager_outstanding;
+    ++p.stats.messages_sent_eager;
+  }
+
+  // Returns `bytes` of the peer's eager window (a header-only frame on its first ready lane).
+  void send_credit(int pi, uint64_t bytes) {
+    Peer& p = peers_[pi];
+    if (p.failed || bytes == 0) return;
+    ucp_ep_h ep = nullptr;
+    for (ucp_ep_h e : p.lane_ep)
+      if (e != nullptr) {
+        ep = e;
+        break;
+      }
+    if (ep == nullptr) return;  // the connection is going away; so is the window
+    FrameHeader h;
+    h.kind = static_cast<uint16_t>(FrameKind::kCredit);
+    h.round = bytes;
+    h.checksum = chunk_checksum({});
+    auto hdr = std::make_unique<std::array<uint8_t, kFrameHeaderBytes>>();
+    h.encode(hdr->data());
+    ucp_request_param_t prm{};
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    prm.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+    prm.cb.send = [](void* request, ucs_status_t, void* user) {
+      delete static_cast<std::array<uint8_t, kFrameHeaderBytes>*>(user);
+      ucp_request_free(request);
+    };
+    prm.user_data = hdr.get();
+    void* r = ucp_am_send_nbx(ep, kAmFrame, hdr->data(), kFrameHeaderBytes, nullptr, 0, &prm);
+    if (UCS_PTR_IS_PTR(r)) hdr.release();  // freed by the callback
+    // An immediate error means the endpoint is failing: its error callback fails the peer.
+  }
+
+  void on_credit(int pi, uint64_t bytes) {
+    Peer& p = peers_[pi];
+    if (bytes > p.eager_outstanding) {
+      reject_frame(pi, fmt::format("credit frame returns {} eager bytes, only {} are outstanding", bytes,
+                                   p.eager_outstanding));
+      return;
+    }
+    p.eager_outstanding -= bytes;
+    p.stats.eager_bytes_outstanding = p.eager_outstanding;
+  }
+
   bool pump_all_sends() {
     bool any = false;
     for (size_t i = 0; i < peers_.size(); ++i) any |= pump_sends(static_cast<int>(i));
@@ -1305,6 +1383,7 @@ class Transport::Impl {
         }
         op->next_release.reset();
       }
+      if (op->next_chunk == 0) decide_eager(p, *op);
       issue_chunk(pi, op, off, len);
       ++op->next_chunk;
       any = true;
@@ -1323,6 +1402,7 @@ class Transport::Impl {
     h.total_length = op->payload.size();
     auto chunk = std::span<const uint8_t>(op->payload.data() + off, len);
     h.checksum = chunk_checksum(chunk);
+    if (op->eager) h.flags |= kFrameFlagEagerCredit;
     std::vector<TamperedFrame> frames;
     if (hooks_.tamper) {
       frames = hooks_.tamper(h, chunk);
@@ -1367,14 +1447,8 @@ class Transport::Impl {
       ucp_request_param_t prm{};
       prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
       prm.flags = UCP_AM_SEND_FLAG_REPLY;
-      // A message of at most eager_bytes goes eagerly: no rendezvous handshake (request to
-      // send, ready to receive, data, acknowledgement: about two round trips over TCP where
-      // eager takes half of one), so it arrives half a round trip after it leaves. Longer
-      // messages are left to UCX (rendezvous above its threshold), which moves data only
-      // once the receiver has posted the receive, so what a peer that runs ahead can park
-      // here stays bounded. (An eager prefix of a long message measured worse than none:
-      // the rendezvous requests queue behind it on the connection.)
-      if (op->payload.size() <= cfg_.eager_bytes) prm.flags |= UCP_AM_SEND_FLAG_EAGER;
+      // decide_eager() says why and when a message goes eagerly.
+      if (op->eager) prm.flags |= UCP_AM_SEND_FLAG_EAGER;
       prm.cb.send = &Impl::on_chunk_sent;
       prm.user_data = ctx.get();
       void* r = ucp_am_send_nbx(ep, kAmFrame, hdr, hdr_len, buf, buf_len, &prm);

@@ -39,6 +39,8 @@ struct PeerStats {
   uint64_t frames_received = 0;
   uint64_t frames_rejected = 0;
   uint64_t frames_received_rndv = 0;   // of frames_received: payload pulled by rendezvous
+  uint64_t messages_sent_eager = 0;    // messages counted in the eager window (all chunks eager)
+  uint64_t eager_bytes_outstanding = 0;  // of those, bytes the peer has not credited back yet
   std::vector<uint64_t> lane_bytes_sent;  // bytes_sent split by lane (index = lane)
   std::string failure;  // empty while the peer is healthy
 };

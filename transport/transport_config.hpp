@@ -41,12 +41,12 @@ struct TransportConfig {
   int lanes = 1;
   uint64_t chunk_bytes = 4ull << 20;
   int inflight_chunks = 8;
-  // Messages of at most eager_bytes are sent eagerly (UCP_AM_SEND_FLAG_EAGER on every chunk):
-  // the receiver has them half a round trip after they leave instead of after the rendezvous
-  // handshake (~2 round trips over TCP). A receiver may have to park up to this much per
-  // message of a peer that runs ahead (bounded by kMaxEagerBytes and the transport's
-  // unexpected-data cap). Longer messages, or all with 0: UCX decides every chunk
-  // (rendezvous above its threshold).
+  // Messages of at most eager_bytes are sent eagerly (UCP_AM_SEND_FLAG_EAGER on every chunk)
+  // while the peer's eager window (4 x eager_bytes not yet credited back by the receiver) has
+  // room: the receiver has them half a round trip after they leave instead of after the
+  // rendezvous handshake (~2 round trips over TCP), and never parks more than the window for
+  // a peer that runs ahead. Longer messages, a full window, or everything with 0: UCX decides
+  // each chunk (rendezvous above its threshold).
   uint64_t eager_bytes = 8ull << 20;
   uint64_t max_message_bytes = 16ull << 30;
   EmulateConfig emulate;

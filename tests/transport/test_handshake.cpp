@@ -68,7 +68,7 @@ TEST(Handshake, VersionMismatchIsNamedAndRejectIsAlwaysReadable) {
   m.version = 9;
   auto d = decode_handshake(m.encode(), kProtocolVersion);
   EXPECT_FALSE(d.msg);
-  EXPECT_EQ(d.error, "protocol version mismatch: peer speaks 9, we speak 1");
+  EXPECT_EQ(d.error, "protocol version mismatch: peer speaks 9, we speak 2");
   HsMessage rej;
   rej.version = 9;
   rej.type = HsType::kReject;

@@ -133,6 +133,43 @@ TEST(Transport, MessagesWithinEagerBytesSkipTheRendezvous) {
   EXPECT_EQ(rndv[8 * chunk], 0u);
 }
 
+// A sender running ahead of the receiver's recvs sends eagerly only while its eager window
+// (4 x eager_bytes, credited back as the receiver takes the messages) has room, then falls
+// back to the rendezvous: the receiver parks at most the window, nothing fails, and once
+// everything is received the window is whole again.
+TEST(Transport, EagerWindowBoundsWhatARunawaySenderParks) {
+  const uint64_t chunk = 1 << 20;
+  std::vector<TransportConfig> cfgs(2, small_config(1, chunk));
+  for (auto& cfg : cfgs) cfg.eager_bytes = 2 * chunk;  // window 8 MiB
+  Cluster c(cfgs, {ident("a"), ident("b")});
+  for (auto& e : c.connect_all()) ASSERT_EQ(e, "");
+  const int n = 12;
+  const auto data = pattern(chunk, 5);
+  std::vector<SendHandle> sends;
+  for (int i = 0; i < n; ++i) sends.push_back(c.t[0]->send(0, FrameKind::kPseudoGradient, uint64_t(i), 0, data));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // all sent (or announced) before any recv
+  auto st = c.t[0]->stats().peers.at(0);
+  EXPECT_EQ(st.messages_sent_eager, 8u);
+  EXPECT_EQ(st.eager_bytes_outstanding, 8 * chunk);
+  std::vector<std::vector<uint8_t>> dest(n, std::vector<uint8_t>(chunk));
+  for (int i = 0; i < n; ++i) c.t[1]->recv(0, FrameKind::kPseudoGradient, uint64_t(i), 0, dest[size_t(i)]).wait();
+  for (auto& s : sends) ASSERT_TRUE(s.wait_for(std::chrono::seconds(20)));
+  for (const auto& d : dest) EXPECT_EQ(d, data);
+  EXPECT_EQ(c.t[1]->stats().peers.at(0).frames_received_rndv, 4u);  // the 4 beyond the window
+  // Credits come back as the receiver takes each message.
+  for (int i = 0; i < 100 && c.t[0]->stats().peers.at(0).eager_bytes_outstanding > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(c.t[0]->stats().peers.at(0).eager_bytes_outstanding, 0u);
+  // With recvs posted first, a whole window's worth goes eagerly again.
+  std::vector<RecvHandle> recvs;
+  for (int i = 0; i < 4; ++i)
+    recvs.push_back(c.t[1]->recv(0, FrameKind::kPseudoGradient, uint64_t(100 + i), 0, dest[size_t(i)]));
+  for (int i = 0; i < 4; ++i) c.t[0]->send(0, FrameKind::kPseudoGradient, uint64_t(100 + i), 0, data).wait();
+  for (auto& r : recvs) r.wait();
+  EXPECT_EQ(c.t[0]->stats().peers.at(0).messages_sent_eager, 12u);
+  EXPECT_EQ(c.t[1]->stats().peers.at(0).frames_received_rndv, 4u);
+}
+
 TEST(Transport, ApiThreadSafetyManyThreadsManyRounds) {
   std::vector<TransportConfig> cfgs(2, small_config(2, 4096));
   Cluster c(cfgs, {ident("a"), ident("b")});

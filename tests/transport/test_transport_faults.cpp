@@ -89,7 +89,7 @@ TEST(TransportHandshake, WrongProtocolVersionIsRefused) {
   v9.protocol_version = 9;
   auto [ea, eb] = connect_pair(small_config(), ident("a"), v9, listener_cfg(), ident("b"), {});
   EXPECT_TRUE(contains(ea, "refused by b/0")) << ea;
-  EXPECT_TRUE(contains(ea, "protocol version mismatch: peer speaks 9, we speak 1")) << ea;
+  EXPECT_TRUE(contains(ea, "protocol version mismatch: peer speaks 9, we speak 2")) << ea;
   EXPECT_TRUE(contains(eb, "connect timed out")) << eb;
 }
 
@@ -309,6 +309,34 @@ TEST(TransportFrames, ShortHeaderIsRejected) {
 TEST(TransportFrames, TransferLargerThanTheDestinationIsRejectedBeforeAnyCopy) {
   auto e = tampered_transfer(nullptr, 200000, 100000);
   EXPECT_TRUE(contains(e, "total_length: 200000 exceeds the receive buffer of 100000 bytes")) << e;
+}
+
+// Eager-window credits (transport_config.hpp, eager_bytes): a peer may only return bytes it
+// was sent eagerly; a credit frame carries nothing and no other fields; unknown flags are
+// protocol errors. Each fails the connection naming the cause.
+TEST(TransportFrames, ForgedOrMalformedCreditsAndUnknownFlagsAreRejected) {
+  auto credit = [](uint64_t bytes, uint64_t total) {
+    FrameHeader c;
+    c.kind = static_cast<uint16_t>(FrameKind::kCredit);
+    c.round = bytes;
+    c.total_length = total;
+    return c;
+  };
+  // The credit travels a -> b, and b never sent a anything: nothing is outstanding.
+  auto e = tampered_transfer([&](const FrameHeader& h, std::span<const uint8_t> p) {
+    return std::vector<TamperedFrame>{{encoded(credit(1 << 20, 0)), {}}, {encoded(h), {p.begin(), p.end()}}};
+  }, 1000, 1000);
+  EXPECT_TRUE(contains(e, "credit frame returns 1048576 eager bytes, only 0 are outstanding")) << e;
+  e = tampered_transfer([&](const FrameHeader& h, std::span<const uint8_t> p) {
+    return std::vector<TamperedFrame>{{encoded(credit(0, 5)), {}}, {encoded(h), {p.begin(), p.end()}}};
+  }, 1000, 1000);
+  EXPECT_TRUE(contains(e, "credit frame: offset, length, total_length, shard and flags must be 0")) << e;
+  e = tampered_transfer([](const FrameHeader& h, std::span<const uint8_t> p) {
+    FrameHeader m = h;
+    m.flags = 0x10;
+    return std::vector<TamperedFrame>{{encoded(m), {p.begin(), p.end()}}};
+  }, 1000, 1000);
+  EXPECT_TRUE(contains(e, "flags: got 0x10, unknown bits set")) << e;
 }
 
 TEST(TransportFrames, AbsurdTotalLengthIsRejected) {

@@ -4,6 +4,8 @@
 // `timeout` so nothing can hang, and every test tears down what it created.
 #include <gtest/gtest.h>
 
+#include "shell.hpp"
+
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -27,24 +29,8 @@ const std::string kRoot = GEOLOCO_SOURCE_DIR;
 const std::string kWan = kRoot + "/tools/wan/";
 const std::string kPrefix = "glt";  // tests' own namespaces: glt-a, glt-b, glt-router
 
-struct Result {
-  int rc = -1;
-  std::string out;
-};
-
-// Runs a bash command with a hard time limit; stdout and stderr together.
-Result sh(const std::string& cmd, int timeout_s = 90) {
-  const std::string full = "timeout -k 5 " + std::to_string(timeout_s) + " bash -c '" + cmd + "' 2>&1";
-  Result r;
-  FILE* p = popen(full.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int st = pclose(p);
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+using geoloco::wan_test::Result;
+using geoloco::wan_test::sh;
 
 std::string state_dir() { return "/run/geoloco-wan/" + kPrefix; }
 

@@ -5,6 +5,8 @@
 // emulator down itself (tools/wan/run traps), and the fixture checks nothing is left.
 #include <gtest/gtest.h>
 
+#include "shell.hpp"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,23 +26,8 @@ const std::string kRoot = GEOLOCO_SOURCE_DIR;
 const std::string kBin = GEOLOCO_BIN_PATH;
 const std::string kPrefix = "glr";  // this test's namespaces: glr-west, glr-east, glr-router
 
-struct Result {
-  int rc = -1;
-  std::string out;
-};
-
-Result sh(const std::string& cmd, int timeout_s) {
-  const std::string full = "timeout -k 5 " + std::to_string(timeout_s) + " bash -c '" + cmd + "' 2>&1";
-  Result r;
-  FILE* p = popen(full.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int st = pclose(p);
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+using geoloco::wan_test::Result;
+using geoloco::wan_test::sh;
 
 json read_json(const fs::path& path) {
   std::ifstream f(path);
