@@ -16,45 +16,89 @@
 
 namespace geoloco::cuda {
 
-// cudaMalloc'd array of n elements (uninitialised). `what` names it in an out-of-memory error.
-template <class T>
-class DeviceBuffer {
+namespace detail {
+
+// An owned array of n elements of T whose memory comes from Alloc (below): move-only, freed
+// by reset() or the destructor (never throwing). Alloc may carry state (a stream).
+template <class T, class Alloc>
+class OwnedArray : private Alloc {
  public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t n, std::string_view what = "device buffer") : n_(n) {
-    if (n == 0) return;
-    void* p = nullptr;
-    check_cuda(cudaMalloc(&p, n * sizeof(T)), fmt::format("cudaMalloc {} ({} elements, {} bytes)", what, n, n * sizeof(T)));
-    p_ = static_cast<T*>(p);
-  }
-  ~DeviceBuffer() { reset(); }
-  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+  OwnedArray() = default;
+  ~OwnedArray() { reset(); }
+  OwnedArray(OwnedArray&& o) noexcept
+      : Alloc(static_cast<const Alloc&>(o)), p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  OwnedArray& operator=(OwnedArray&& o) noexcept {
     if (this != &o) {
       reset();
+      Alloc::operator=(static_cast<const Alloc&>(o));
       p_ = std::exchange(o.p_, nullptr);
       n_ = std::exchange(o.n_, 0);
     }
     return *this;
   }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  OwnedArray(const OwnedArray&) = delete;
+  OwnedArray& operator=(const OwnedArray&) = delete;
 
   T* data() { return p_; }
   const T* data() const { return p_; }
   size_t size() const { return n_; }
-  // A span over device memory: pass it on, never dereference it on the host.
+  // Device arrays: a span over device memory: pass it on, never dereference it on the host.
   std::span<T> span() { return {p_, n_}; }
   std::span<const T> span() const { return {p_, n_}; }
   void reset() noexcept {
-    if (p_) (void)cudaFree(p_);
+    if (p_) Alloc::release(p_);
     p_ = nullptr;
     n_ = 0;
+  }
+
+ protected:
+  OwnedArray(Alloc alloc, size_t n, std::string_view what) : Alloc(alloc), n_(n) {
+    if (n > 0) p_ = static_cast<T*>(Alloc::allocate(n * sizeof(T), n, what));
   }
 
  private:
   T* p_ = nullptr;
   size_t n_ = 0;
+};
+
+struct DeviceAlloc {
+  static void* allocate(size_t bytes, size_t n, std::string_view what) {
+    void* p = nullptr;
+    check_cuda(cudaMalloc(&p, bytes), fmt::format("cudaMalloc {} ({} elements, {} bytes)", what, n, bytes));
+    return p;
+  }
+  static void release(void* p) noexcept { (void)cudaFree(p); }
+};
+
+struct StreamAlloc {
+  cudaStream_t stream = nullptr;
+  void* allocate(size_t bytes, size_t n, std::string_view what) const {
+    void* p = nullptr;
+    check_cuda(cudaMallocAsync(&p, bytes, stream),
+               fmt::format("cudaMallocAsync {} ({} elements, {} bytes)", what, n, bytes));
+    return p;
+  }
+  void release(void* p) const noexcept { (void)cudaFreeAsync(p, stream); }
+};
+
+struct PinnedAlloc {
+  static void* allocate(size_t bytes, size_t, std::string_view what) {
+    void* p = nullptr;
+    check_cuda(cudaMallocHost(&p, bytes), fmt::format("cudaMallocHost {} ({} bytes)", what, bytes));
+    return p;
+  }
+  static void release(void* p) noexcept { (void)cudaFreeHost(p); }
+};
+
+}  // namespace detail
+
+// cudaMalloc'd array of n elements (uninitialised). `what` names it in an out-of-memory error.
+template <class T>
+class DeviceBuffer : public detail::OwnedArray<T, detail::DeviceAlloc> {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t n, std::string_view what = "device buffer")
+      : detail::OwnedArray<T, detail::DeviceAlloc>(detail::DeviceAlloc{}, n, what) {}
 };
 
 // Stream-ordered device array (cudaMallocAsync / cudaFreeAsync on `stream`) for buffers that
@@ -64,47 +108,11 @@ class DeviceBuffer {
 // synchronisation, unlike cudaMalloc/cudaFree every step. Work on other streams that uses the
 // buffer must be finished (or ordered before `stream`) before it is reset.
 template <class T>
-class StreamBuffer {
+class StreamBuffer : public detail::OwnedArray<T, detail::StreamAlloc> {
  public:
   StreamBuffer() = default;
   StreamBuffer(size_t n, cudaStream_t stream, std::string_view what = "stream-ordered buffer")
-      : n_(n), stream_(stream) {
-    if (n == 0) return;
-    void* p = nullptr;
-    check_cuda(cudaMallocAsync(&p, n * sizeof(T), stream),
-               fmt::format("cudaMallocAsync {} ({} elements, {} bytes)", what, n, n * sizeof(T)));
-    p_ = static_cast<T*>(p);
-  }
-  ~StreamBuffer() { reset(); }
-  StreamBuffer(StreamBuffer&& o) noexcept
-      : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)), stream_(o.stream_) {}
-  StreamBuffer& operator=(StreamBuffer&& o) noexcept {
-    if (this != &o) {
-      reset();
-      p_ = std::exchange(o.p_, nullptr);
-      n_ = std::exchange(o.n_, 0);
-      stream_ = o.stream_;
-    }
-    return *this;
-  }
-  StreamBuffer(const StreamBuffer&) = delete;
-  StreamBuffer& operator=(const StreamBuffer&) = delete;
-
-  T* data() { return p_; }
-  const T* data() const { return p_; }
-  size_t size() const { return n_; }
-  std::span<T> span() { return {p_, n_}; }
-  std::span<const T> span() const { return {p_, n_}; }
-  void reset() noexcept {
-    if (p_) (void)cudaFreeAsync(p_, stream_);
-    p_ = nullptr;
-    n_ = 0;
-  }
-
- private:
-  T* p_ = nullptr;
-  size_t n_ = 0;
-  cudaStream_t stream_ = nullptr;
+      : detail::OwnedArray<T, detail::StreamAlloc>(detail::StreamAlloc{stream}, n, what) {}
 };
 
 // Makes the device's default memory pool keep freed blocks instead of returning them to the
@@ -120,42 +128,11 @@ inline void keep_pool_memory(int device) {
 
 // Page-locked host memory: the only kind a copy engine moves asynchronously.
 template <class T>
-class PinnedBuffer {
+class PinnedBuffer : public detail::OwnedArray<T, detail::PinnedAlloc> {
  public:
   PinnedBuffer() = default;
-  explicit PinnedBuffer(size_t n, std::string_view what = "pinned host buffer") : n_(n) {
-    if (n == 0) return;
-    void* p = nullptr;
-    check_cuda(cudaMallocHost(&p, n * sizeof(T)), fmt::format("cudaMallocHost {} ({} bytes)", what, n * sizeof(T)));
-    p_ = static_cast<T*>(p);
-  }
-  ~PinnedBuffer() { reset(); }
-  PinnedBuffer(PinnedBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
-  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
-    if (this != &o) {
-      reset();
-      p_ = std::exchange(o.p_, nullptr);
-      n_ = std::exchange(o.n_, 0);
-    }
-    return *this;
-  }
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-
-  T* data() { return p_; }
-  const T* data() const { return p_; }
-  size_t size() const { return n_; }
-  std::span<T> span() { return {p_, n_}; }
-  std::span<const T> span() const { return {p_, n_}; }
-  void reset() noexcept {
-    if (p_) (void)cudaFreeHost(p_);
-    p_ = nullptr;
-    n_ = 0;
-  }
-
- private:
-  T* p_ = nullptr;
-  size_t n_ = 0;
+  explicit PinnedBuffer(size_t n, std::string_view what = "pinned host buffer")
+      : detail::OwnedArray<T, detail::PinnedAlloc>(detail::PinnedAlloc{}, n, what) {}
 };
 
 class Stream {
