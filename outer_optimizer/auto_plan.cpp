@@ -112,8 +112,8 @@ planner::BudgetInput budget_input(const PlanRequest& req) {
   in.measured_connections = req.path.connections;
   in.step_time_s = req.step_time_s;
   in.step_time_source = "measured";
-  // The weight-hash check after each sync costs a round of its own (none when disabled).
-  in.check_rtts = o.check_hash ? in.check_rtts : 0.0;
+  // The weight-hash check is verified a round later, off the sync path: no latency term.
+  in.check_rtts = 0.0;
   in.eager_bytes = req.eager_bytes;
   in.rtts_per_round = req.rtts_per_round;
   in.overlap_steps = o.delayed_update ? o.plan_h_min : o.overlap_steps;

@@ -70,7 +70,10 @@ Diloco::Diloco(const trainer::RunConfig& cfg, int site, int rank, transport::Tra
   auto shard = strategy.shard_params();
   // Every site starts from the same initial weights (same seed): check it before training.
   const uint64_t h0 = hash64(shard.data(), shard.size() * sizeof(float));
-  check_hashes(h0, 0);
+  if (transport_) {
+    HashCheck c = post_hash_check(h0, 0);
+    verify_hash_check(c);
+  }
   shard_ = strategy.shard();
   build_fragments(ocfg_.fragments, shard);
   site_hash_ = combine_site_hash(strategy, combined_hash());
@@ -88,6 +91,7 @@ Diloco::Diloco(const trainer::RunConfig& cfg, int site, int rank, transport::Tra
 }
 
 void Diloco::build_fragments(int fragments, std::span<const float> shard) {
+  for (const auto& f : frags_) GEOLOCO_CHECK(!f->check, "fragments rebuilt with a hash check of round {} unverified", f->check->round);
   plans_ = plan_fragments(layout_, fragments, interval_);
   frags_.clear();
   for (const auto& plan : plans_) {
@@ -123,6 +127,14 @@ Diloco::~Diloco() {
   for (auto* list : {&report_recvs_, &report_sends_, &decision_recvs_, &decision_sends_})
     for (auto& op : *list)
       if (!op.op.ready()) orphaned_buffers().push_back(op.buf);
+  // Unverified hash checks of a failed run: the transport may still write the replies, or
+  // read our hash, after this object is gone.
+  for (auto& f : frags_) {
+    if (!f->check) continue;
+    for (auto& [site, op] : f->check->recvs)
+      if (!op.op.ready()) orphaned_buffers().push_back(op.buf);
+    orphaned_buffers().push_back(f->check->mine);
+  }
 }
 
 bool Diloco::overlapped() const { return ocfg_.overlap_steps > 0 || ocfg_.delayed_update; }
@@ -173,6 +185,7 @@ void Diloco::unpack_state(const ShardState& st) {
 }
 
 void Diloco::set_schedule(const PlanDecision& d, std::span<const float> global) {
+  verify_pending_checks();
   interval_ = d.interval;
   pcfg_ = plan_compression(ocfg_.compression, d);
   if (transport_) transport_->set_active_lanes(std::min(d.lanes, transport_->lanes()));
@@ -249,6 +262,8 @@ void Diloco::final_sync(int64_t step, trainer::SiteStrategy& strategy) {
     if (f->pending_merge) complete(*f, strategy);
   for (auto& f : frags_)
     if (f->blocking_step != step) sync(*f, step, strategy);
+  // Every site ends with the same weights, verified (the run's one blocking check).
+  verify_pending_checks();
 }
 
 // ---- outer.plan: auto -------------------------------------------------------------------
@@ -710,6 +725,14 @@ Diloco::ExchangeResult Diloco::exchange(Fragment& f, int64_t step, uint64_t roun
                                {{"round", std::to_string(round)}, {"step", std::to_string(step)}});
   }
 
+  // The check of this fragment's previous round: its replies arrived long ago (the peers
+  // sent them right after that round's outer step), so this rarely waits.
+  if (f.check) {
+    trainer::TraceSpan sp(trace_, "hash_check", tid);
+    verify_hash_check(*f.check);
+    f.check.reset();
+  }
+
   // 2. Compress, wrap, exchange.
   std::optional<trainer::TraceSpan> compress_span(std::in_place, trace_, "compress", tid);
   std::vector<uint8_t> frame;
@@ -785,11 +808,19 @@ Diloco::ExchangeResult Diloco::exchange(Fragment& f, int64_t step, uint64_t roun
     f.opt->step(f.global, f.avg);
   }
   ExchangeResult r;
-  r.hash = hash64(f.global.data(), f.global.size() * sizeof(float));
-  if (ocfg_.check_hash) {
-    trainer::TraceSpan sp(trace_, "hash_check", tid);
-    check_hashes(r.hash, round);
+  // Test hook (never set in production): GEOLOCO_TEST_PERTURB_GLOBAL="SITE:ROUND" nudges one
+  // global weight at that site after that round's outer step, so tests can see the
+  // cross-site check stop a run whose sites diverged.
+  if (const char* hook = std::getenv("GEOLOCO_TEST_PERTURB_GLOBAL"); hook && *hook && f.n > 0) {
+    int hs = -1;
+    uint64_t hr = 0;
+    if (std::sscanf(hook, "%d:%" SCNu64, &hs, &hr) != 2)
+      throw InputError(fmt::format("GEOLOCO_TEST_PERTURB_GLOBAL='{}': expected SITE:ROUND", hook));
+    if (hs == site_ && hr == round) f.global[0] = std::nextafter(f.global[0], INFINITY);
   }
+  r.hash = hash64(f.global.data(), f.global.size() * sizeof(float));
+  // Posted now, verified at this fragment's next round (or a checkpoint, re-plan, the end).
+  if (ocfg_.check_hash && transport_) f.check = post_hash_check(r.hash, round);
   r.envelope_bytes = mine.size();
   r.frame_bytes = info.frame_bytes;
   r.elements = info.elements;
@@ -797,32 +828,49 @@ Diloco::ExchangeResult Diloco::exchange(Fragment& f, int64_t step, uint64_t roun
   return r;
 }
 
-void Diloco::check_hashes(uint64_t h, uint64_t round) {
-  if (!transport_) return;
+Diloco::HashCheck Diloco::post_hash_check(uint64_t h, uint64_t round) {
   const int S = static_cast<int>(cfg_.sites.size());
-  std::vector<uint8_t> mine;
-  write_envelope({EnvelopeKind::kWeightsHash, round, static_cast<uint32_t>(site_), static_cast<uint32_t>(rank_), h, {}}, mine);
-  std::vector<std::vector<uint8_t>> inbox(static_cast<size_t>(S));
-  std::vector<std::pair<int, transport::OpHandle>> recvs;
-  std::vector<transport::OpHandle> sends;
+  HashCheck c;
+  c.round = round;
+  c.hash = h;
+  c.mine = std::make_shared<std::vector<uint8_t>>();
+  write_envelope({EnvelopeKind::kWeightsHash, round, static_cast<uint32_t>(site_), static_cast<uint32_t>(rank_), h, {}},
+                 *c.mine);
   for (int s = 0; s < S; ++s) {
     if (s == site_) continue;
-    inbox[static_cast<size_t>(s)].resize(kEnvelopeBytes);
     const int p = peer_of_site_[static_cast<size_t>(s)];
-    recvs.emplace_back(s, transport_->recv(p, transport::FrameKind::kControl, round, static_cast<uint32_t>(rank_), inbox[static_cast<size_t>(s)]));
-    sends.push_back(transport_->send(p, transport::FrameKind::kControl, round, static_cast<uint32_t>(rank_), mine));
+    ControlOp op;
+    op.site = s;
+    op.buf = std::make_shared<std::vector<uint8_t>>(kEnvelopeBytes);
+    op.op = transport_->recv(p, transport::FrameKind::kControl, round, static_cast<uint32_t>(rank_), *op.buf);
+    c.recvs.emplace_back(s, std::move(op));
+    c.sends.push_back(transport_->send(p, transport::FrameKind::kControl, round, static_cast<uint32_t>(rank_), *c.mine));
   }
-  for (auto& op : sends) op.wait();
-  for (auto& [s, op] : recvs) {
-    op.wait();
-    auto& buf = inbox[static_cast<size_t>(s)];
-    buf.resize(op.bytes());
-    auto e = read_envelope(buf, EnvelopeKind::kWeightsHash, round, static_cast<uint32_t>(s), static_cast<uint32_t>(rank_), 0, peer_name(s));
-    if (e.value != h)
+  return c;
+}
+
+void Diloco::verify_hash_check(HashCheck& c) {
+  for (auto& op : c.sends) op.wait();
+  for (auto& [s, op] : c.recvs) {
+    op.op.wait();
+    auto& buf = *op.buf;
+    buf.resize(op.op.bytes());
+    auto e = read_envelope(buf, EnvelopeKind::kWeightsHash, c.round, static_cast<uint32_t>(s), static_cast<uint32_t>(rank_),
+                           0, peer_name(s));
+    if (e.value != c.hash)
       throw Error(fmt::format("outer round {}: global weights diverged: shard {} hash {} here (site {}) but {} at site {} ({}); "
                               "stopping",
-                              round, rank_, hex64(h), cfg_.sites[static_cast<size_t>(site_)].name, hex64(e.value),
+                              c.round, rank_, hex64(c.hash), cfg_.sites[static_cast<size_t>(site_)].name, hex64(e.value),
                               cfg_.sites[static_cast<size_t>(s)].name, peer_name(s)));
+  }
+}
+
+void Diloco::verify_pending_checks() {
+  for (auto& f : frags_) {
+    if (!f->check || f->in_flight) continue;  // in flight: the worker verifies it
+    trainer::TraceSpan sp(trace_, "hash_check", trainer::TraceRecorder::kMainThread);
+    verify_hash_check(*f->check);  // on a throw the check stays: ~Diloco keeps its buffers
+    f->check.reset();
   }
 }
 
@@ -902,6 +950,8 @@ Diloco::State Diloco::save_state() {
   // feedback state all advance in the worker) and checkpoint the merges still due, so a
   // resumed run merges at the same steps as an uninterrupted one.
   for (auto& f : frags_) join(*f);
+  // A checkpoint holds weights every site agreed on.
+  verify_pending_checks();
   ShardState st = pack_state();
   State s;
   s.tensors["global"] = std::move(st.global);

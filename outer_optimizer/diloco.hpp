@@ -84,6 +84,22 @@ class Diloco : public trainer::OuterHook {
     double ratio = 0;
     uint64_t hash = 0;  // of the fragment's new global weights
   };
+  // A message in flight (plan protocol on rank 0, weights-hash checks): its buffer lives
+  // until done.
+  struct ControlOp {
+    int site = 0;
+    std::shared_ptr<std::vector<uint8_t>> buf;  // outlives a failed run: see ~Diloco
+    transport::OpHandle op;
+  };
+  // A posted weights-hash exchange (outer.check_hash): the hash this site sent for `round`
+  // and the peers' replies still arriving. Buffers are shared: the transport may still own
+  // them when a failed run unwinds (kept until exit then, see ~Diloco).
+  struct HashCheck {
+    uint64_t round = 0, hash = 0;
+    std::shared_ptr<std::vector<uint8_t>> mine;
+    std::vector<std::pair<int, ControlOp>> recvs;  // (site, op)
+    std::vector<transport::OpHandle> sends;
+  };
   // One fragment's part of this rank's shard and its outer-loop state.
   struct Fragment {
     int index = 0;
@@ -97,6 +113,9 @@ class Diloco : public trainer::OuterHook {
     int64_t last_sync_step = 0;   // launch step of its latest round
     int64_t blocking_step = -1;   // step of its latest blocking sync
     uint64_t hash = 0;            // hash of `global`
+    // The cross-site check of this fragment's latest round, posted and not yet verified
+    // (verified before the fragment's next round, a checkpoint, a re-plan and the run's end).
+    std::optional<HashCheck> check;
     // Overlap: the worker owns global/delta/decoded/avg/snapshot/pipeline/ef/opt while
     // in_flight; the inner loop touches them only after join().
     std::thread worker;
@@ -109,12 +128,6 @@ class Diloco : public trainer::OuterHook {
     double joined_seconds = 0;
   };
 
-  // A message of the plan protocol in flight (rank 0 only): its buffer lives until done.
-  struct ControlOp {
-    int site = 0;
-    std::shared_ptr<std::vector<uint8_t>> buf;  // outlives a failed run: see ~Diloco
-    transport::OpHandle op;
-  };
   // outer.plan: auto (auto_plan.hpp).
   // The outer state in shard layout (whatever the fragments): checkpoints and re-plans.
   struct ShardState {
@@ -164,7 +177,12 @@ class Diloco : public trainer::OuterHook {
   void final_sync(int64_t step, trainer::SiteStrategy& strategy);
   uint64_t combined_hash() const;
   uint64_t combine_site_hash(trainer::SiteStrategy& strategy, uint64_t shard_hash);
-  void check_hashes(uint64_t shard_hash, uint64_t round);
+  // The weights-hash check, in two halves: post (send ours, receive theirs) and verify
+  // (wait, compare: a mismatch stops the run naming the round and both sites). Rounds verify
+  // their check at the fragment's next round, so it costs no round trip on the sync path.
+  HashCheck post_hash_check(uint64_t shard_hash, uint64_t round);
+  void verify_hash_check(HashCheck& c);
+  void verify_pending_checks();
   std::string peer_name(int site) const;
 
   const trainer::RunConfig& cfg_;

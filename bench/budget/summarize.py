@@ -27,8 +27,8 @@ Inputs of the prediction (budget YAML written next to each run, budget.yaml):
   link                 rtt = 2 x delay_ms, rate and per-connection rate = rate_mbit (the
                        emulator paces each peer pair; it has no TCP window), rtts_per_round
                        0.5 (the emulator delays the data one way; UCX's rendezvous runs on
-                       loopback), check_rtts 0.5 (the weight-hash check: one more one-way
-                       delay)
+                       loopback), check_rtts 0 (the weight-hash check is verified a round
+                       later, off the sync path; runs before 2026-12-01 waited for it: 0.5)
   compression          bytes_per_value = the calibration run's wire bytes per period / params
   schedule             H, F, tau; step_time_s as above; local_sync_s = F x the calibration
                        run's measured fragment sync (same schedule, no emulation)
@@ -144,7 +144,7 @@ def load_run(d, steps, F, tau):
     }
 
 
-def budget_yaml(params, bpv, delay_ms, rate_mbit, step_s, H, F, tau, local_sync_s, rtts_per_round=0.5, check_rtts=0.5):
+def budget_yaml(params, bpv, delay_ms, rate_mbit, step_s, H, F, tau, local_sync_s, rtts_per_round=0.5, check_rtts=0.0):
     gbps = rate_mbit / 1000.0
     return (
         "format: geoloco-budget\nversion: 1\n"

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <fstream>
 #include <thread>
+#include <tuple>
 
 #include "../loop/test_util.hpp"
 #include "multisite_util.hpp"
@@ -164,4 +165,40 @@ TEST(Diloco, MultiSiteResumeIsExact) {
   auto res = geoloco::testing::run_ranks(cfg, 0, /*resume=*/true);
   EXPECT_EQ(res[0]["global_weights_hash"], ref["global_weights_hash"]);
   EXPECT_EQ(res[0]["params_hash"], ref["params_hash"]);
+}
+
+// The cross-site weights-hash check (outer.check_hash) runs off the sync path: a round's
+// check is verified at the fragment's next round (or a checkpoint, a re-plan, the end).
+// Nudging one global weight at one site after round 2 (test hook) must still stop every
+// site, naming round 2 and both sites: in the blocking loop (caught at round 3), with
+// overlap (on the fragment worker), and when round 2 is the last (caught by the final check).
+TEST(Diloco, DivergedSitesStopNamingTheRound) {
+  ::setenv("GEOLOCO_TEST_PERTURB_GLOBAL", "1:2", 1);
+  struct Unset {
+    ~Unset() { ::unsetenv("GEOLOCO_TEST_PERTURB_GLOBAL"); }
+  } unset;
+  for (const auto& [what, outer, steps] : std::vector<std::tuple<std::string, std::string, int>>{
+           {"blocking", "interval: 4", 16}, {"overlap", "interval: 4, overlap_steps: 2", 16}, {"last round", "interval: 4", 8}}) {
+    TempDir d;
+    psk(d);
+    auto cfg = trainer::load_run_config(d.file("c.yaml", base(d.path() / "out", steps) + "outer: {" + outer + "}\n" +
+                                                               sites(2, 1) + "transport: {psk_file: k.psk, timeout_s: 30}\n"));
+    try {
+      run_all(cfg);
+      ADD_FAILURE() << what << ": the run did not stop";
+    } catch (const std::exception& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("outer round 2: global weights diverged"), std::string::npos) << what << ": " << m;
+      EXPECT_NE(m.find("paris"), std::string::npos) << what << ": " << m;
+      EXPECT_NE(m.find("lyon"), std::string::npos) << what << ": " << m;
+    }
+  }
+  // Without the hook the same runs finish with one global hash everywhere.
+  ::unsetenv("GEOLOCO_TEST_PERTURB_GLOBAL");
+  TempDir d;
+  psk(d);
+  auto cfg = trainer::load_run_config(d.file("c.yaml", base(d.path() / "out", 8) + "outer: {interval: 4}\n" + sites(2, 1) +
+                                                           "transport: {psk_file: k.psk, timeout_s: 30}\n"));
+  auto out = run_all(cfg);
+  EXPECT_EQ(out.summaries[0]["outer_steps"].get<int>(), 2);
 }

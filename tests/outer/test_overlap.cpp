@@ -188,8 +188,8 @@ TEST(Overlap, ResumeWithSyncInFlightIsExact) {
 // it behind tau steps of compute. Compared on the steady-state outer period (metrics.jsonl,
 // the period ending at the second sync/merge; the run's last step always syncs blocking,
 // so the whole-run figure includes one exposed sync): >= 95% with overlap (the issue's
-// target) and at least 10 points lower without (a blocking sync costs >= 2 x 200 ms: the
-// pseudo-gradient and the hash check, per 20 steps).
+// target) and at least 10 points lower without (a blocking sync costs 200 ms for the
+// pseudo-gradient per 20 steps; the hash check is verified a round later, off the path).
 TEST(Overlap, HidesTwoHundredMsDelay) {
   struct Result {
     double period_util = -1, period_wait = -1;
@@ -223,5 +223,8 @@ TEST(Overlap, HidesTwoHundredMsDelay) {
   ASSERT_GE(o.period_util, 0.0);
   EXPECT_GE(o.period_util, 0.95);
   EXPECT_LT(b.period_util, o.period_util - 0.10);
-  EXPECT_GE(b.period_wait, 0.4);
+  // Blocking pays the pseudo-gradient's 200 ms, and only that: the weights-hash check of a
+  // round is verified at the next one, off the sync path (it used to add another 200 ms).
+  EXPECT_GE(b.period_wait, 0.2);
+  EXPECT_LT(b.period_wait, 0.35);
 }

@@ -55,14 +55,14 @@ TEST(Budget, TrillionParameterSyncOnOneLinkTakesTwentySeconds) {
   EXPECT_DOUBLE_EQ(c.rate_Bps, 100e9);
   EXPECT_DOUBLE_EQ(c.bandwidth_s, 20.0);
   EXPECT_EQ(c.rounds, 1);
-  // 1.5 RTT for the rendezvous exchange + 0.5 RTT for the weight-hash check.
-  EXPECT_DOUBLE_EQ(c.check_s, 0.5e-3);
-  EXPECT_DOUBLE_EQ(c.latency_s, 2.0e-3);
+  // 1.5 RTT for the rendezvous exchange (31 GB messages); the hash check is off the path.
+  EXPECT_DOUBLE_EQ(c.check_s, 0.0);
+  EXPECT_DOUBLE_EQ(c.latency_s, 1.5e-3);
   EXPECT_DOUBLE_EQ(c.local_s, 0.0);
-  EXPECT_DOUBLE_EQ(c.total_s, 20.0 + 2.0e-3);
+  EXPECT_DOUBLE_EQ(c.total_s, 20.0 + 1.5e-3);
   // No overlap: utilization = H t / (H t + t_sync).
   auto e = evaluate(in, 100, 16, 2.0, 1, 1);
-  EXPECT_DOUBLE_EQ(e.utilization, 100.0 / (100.0 + 20.002));
+  EXPECT_DOUBLE_EQ(e.utilization, 100.0 / (100.0 + 20.0015));
 }
 
 TEST(Budget, FewConnectionsOnALongPathAreBandwidthDelayBound) {
@@ -108,7 +108,9 @@ schedule: {step_time_s: 0.5, ranks: 100, pattern: ring}
   EXPECT_EQ(c.rounds, 6);
   // 3e9 bytes in 6 rounds over 100 ranks: 5 MB messages, inside the 8 MiB eager prefix.
   EXPECT_DOUBLE_EQ(c.message_bytes, 3e9 / 6 / 100);
-  EXPECT_DOUBLE_EQ(c.latency_s, 6 * 0.5 * 0.010 + 0.5 * 0.010);  // one hash check, not one per round
+  EXPECT_DOUBLE_EQ(c.latency_s, 6 * 0.5 * 0.010);  // the hash check is off the sync path
+  in.check_rtts = 0.5;                              // a waiting one: once per sync, not per round
+  EXPECT_DOUBLE_EQ(sync_cost(in, 2.0, 1, 1).latency_s, 6 * 0.5 * 0.010 + 0.5 * 0.010);
   EXPECT_DOUBLE_EQ(c.rate_Bps, 10e9);  // 100 x 314 MB/s > 10 GB/s
   EXPECT_DOUBLE_EQ(c.bandwidth_s, 3e9 / 10e9);
 }
@@ -130,7 +132,7 @@ TEST(Budget, EagerPrefixSetsTheRoundTripsPerRound) {
   EXPECT_DOUBLE_EQ(sync_cost(in, 1.0, 1, 1).rtts_per_round, 1.5);
   EXPECT_DOUBLE_EQ(sync_cost(in, 1.0, 2, 1).rtts_per_round, 1.5);
   EXPECT_DOUBLE_EQ(sync_cost(in, 1.0, 4, 1).rtts_per_round, 0.5);
-  EXPECT_DOUBLE_EQ(sync_cost(in, 1.0, 4, 1).latency_s, 0.5 * 0.020 + 0.5 * 0.020);
+  EXPECT_DOUBLE_EQ(sync_cost(in, 1.0, 4, 1).latency_s, 0.5 * 0.020);
   // Lanes split a message's chunks, not the message: the prefix applies per message.
   EXPECT_DOUBLE_EQ(sync_cost(in, 1.0, 4, 8).rtts_per_round, 0.5);
   in = parse(head + "link: {rtt_ms: 20, rate_gbps: 10, rtts_per_round: 3}\n");
@@ -147,22 +149,27 @@ TEST(Budget, EagerPrefixSetsTheRoundTripsPerRound) {
 TEST(Budget, HashCheckAndLocalWorkAddToEverySync) {
   // 1e6 values at 1 B/value over 100 Mbit/s (1.25e7 B/s): 0.08 s on the wire.
   const std::string model = "model: {params: 1e6}\ncompression: {bytes_per_value: 1}\nmeasured: {per_connection_gbps: 0.1}\n";
-  // Defaults: a 1 MB message fits the eager prefix (0.5 RTT) + 0.5 RTT hash check, nothing local.
+  // Defaults: a 1 MB message fits the eager size (0.5 RTT); the hash check is off the sync
+  // path (verified a round later: 0); nothing local.
   auto in = parse(model + "link: {rtt_ms: 100, rate_gbps: 0.1}\nschedule: {step_time_s: 0.1, H: 25}\n");
-  EXPECT_DOUBLE_EQ(in.check_rtts, 0.5);
+  EXPECT_DOUBLE_EQ(in.check_rtts, 0.0);
   EXPECT_DOUBLE_EQ(in.local_sync_s, 0.0);
   auto c = sync_cost(in, 1.0, 1, 1);
   EXPECT_DOUBLE_EQ(c.bandwidth_s, 0.08);
-  EXPECT_DOUBLE_EQ(c.check_s, 0.05);
-  EXPECT_DOUBLE_EQ(c.latency_s, 0.05 + 0.05);
-  EXPECT_DOUBLE_EQ(c.total_s, 0.08 + 0.1);
-  // Without the prefix the rendezvous costs 1.5 RTT.
-  in = parse(model + "link: {rtt_ms: 100, rate_gbps: 0.1, eager_bytes: 0}\nschedule: {step_time_s: 0.1, H: 25}\n");
+  EXPECT_DOUBLE_EQ(c.check_s, 0.0);
+  EXPECT_DOUBLE_EQ(c.latency_s, 0.05);
+  EXPECT_DOUBLE_EQ(c.total_s, 0.08 + 0.05);
+  // Without eager messages the rendezvous costs 1.5 RTT; a waiting check (check_rtts 0.5) one
+  // more half.
+  in = parse(model + "link: {rtt_ms: 100, rate_gbps: 0.1, eager_bytes: 0, check_rtts: 0.5}\n"
+                     "schedule: {step_time_s: 0.1, H: 25}\n");
+  EXPECT_DOUBLE_EQ(sync_cost(in, 1.0, 1, 1).check_s, 0.05);
   EXPECT_DOUBLE_EQ(sync_cost(in, 1.0, 1, 1).latency_s, 0.15 + 0.05);
 
   // geoloco's link emulator (transport.emulate) delays only the data, one way: 0.5 RTT per
-  // round, with the check one RTT per sync. Local work 0.04 s per full sync, / fragments.
-  in = parse(model + "link: {rtt_ms: 100, rate_gbps: 0.1, rtts_per_round: 0.5}\n"
+  // round; here with a waiting check (0.5), one RTT per sync. Local work 0.04 s per full
+  // sync, / fragments.
+  in = parse(model + "link: {rtt_ms: 100, rate_gbps: 0.1, rtts_per_round: 0.5, check_rtts: 0.5}\n"
                      "schedule: {step_time_s: 0.1, H: 25, fragments: 2, overlap_steps: 1, local_sync_s: 0.04}\n");
   c = sync_cost(in, 1.0, 2, 1);
   EXPECT_DOUBLE_EQ(c.bandwidth_s, 0.04);
@@ -261,7 +268,7 @@ TEST(Budget, SmallestHKeepsTheAnswerWhenALaterConfigurationFallsShort) {
   auto in = parse(R"(
 model: {params: 5e4}
 compression: {bits: 16}
-link: {rtt_ms: 3, rate_gbps: 5}
+link: {rtt_ms: 3, rate_gbps: 5, check_rtts: 0.5}
 schedule: {step_time_s: 0.001}
 target: {utilization: 0.9, h_floor: 5, h_max: 60, bits: [16], fragments: [1, 4], lanes: [1]}
 )");

@@ -300,7 +300,7 @@ TEST(BudgetCli, FlagsBecomeOverridesAndErrorsAreInputErrors) {
   f.step_time = "1";
   f.ranks = "64";
   auto out = run_budget(f);
-  EXPECT_NE(out.find("full sync, all_to_all         20 s = bandwidth 20 s + latency 2 ms (1 round(s), hash check 500 us)"), std::string::npos) << out;
+  EXPECT_NE(out.find("full sync, all_to_all         20 s = bandwidth 20 s + latency 1.5 ms (1 round(s))"), std::string::npos) << out;
   f.json = true;
   EXPECT_NE(run_budget(f).find("\"bandwidth_s\": 20.0"), std::string::npos);
   BudgetFlags g = f;

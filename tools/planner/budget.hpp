@@ -12,9 +12,9 @@
 //  * Latency: rtts_per_round round trips per round: 0.5 when each message of the round fits
 //    the transport's eager prefix (transport.eager_bytes: sent without a handshake), 1.5 when
 //    its tail goes by UCX's rendezvous (request, ready-to-receive, data); or a given value,
-//    plus check_rtts once per sync (the cross-site weight-hash check, outer.check_hash: one
-//    small message each way at once, 0.5), optional slow start from an initial window after
-//    the idle gap between syncs.
+//    plus check_rtts once per sync (default 0: geoloco verifies a round's weight-hash check
+//    at the next round, off the sync path; 0.5 models a check that waits), optional slow
+//    start from an initial window after the idle gap between syncs.
 //  * Local work: local_sync_s per full-model sync (compress, decode, outer step, copies: what
 //    a sync costs over a zero-latency, unlimited link), local_sync_s / F per fragment sync.
 //  * Overlap: a fragment sync may run for overlap_steps (tau) inner steps before it must have
@@ -83,9 +83,10 @@ struct BudgetInput {
   // The transport's eager prefix (transport.eager_bytes): a message at most this long per
   // (rank, peer) pair arrives half a round trip after it leaves.
   double eager_bytes = 8.0 * (1 << 20);
-  // The weight-hash check after every fragment sync (outer.check_hash, on by default): one
-  // small (eager) message each way at once, half a round trip. 0 when the check is off.
-  double check_rtts = 0.5;
+  // Round trips the weight-hash check (outer.check_hash) adds to a sync. 0: geoloco posts a
+  // round's check and verifies it at the fragment's next round, so it waits for nothing on
+  // the sync path (before 2026-12-01 it waited: one small exchange, 0.5).
+  double check_rtts = 0;
   // Site-local time of one full-model sync outside the network: encode, decode of every
   // site's frame, outer step, copies (measured: a sync over a zero-latency, unlimited link).
   // A fragment sync pays local_sync_s / F. 0: not modelled.
