@@ -24,6 +24,18 @@ std::vector<int> int_list(const config::Node& n, std::string_view key, std::vect
   return v;
 }
 
+// A byte count (a number or "8MiB"-style text) at `key`, or `dflt` when absent; bad text
+// fails naming the key with an example.
+double byte_count(const config::Node& n, std::string_view key, double dflt, const char* example) {
+  if (!n.has(key)) return dflt;
+  const std::string t = n.get<std::string>(key, "");
+  try {
+    return parse_count(t, n.key_path(key));
+  } catch (const InputError&) {
+    n.fail(key, fmt::format("got '{}', expected bytes such as {}", t, example));
+  }
+}
+
 }  // namespace
 
 const char* pattern_name(Pattern p) { return p == Pattern::AllToAll ? "all_to_all" : "ring"; }
@@ -106,24 +118,12 @@ BudgetInput BudgetInput::from_yaml(const config::Node& root) {
   in.link_gbps = link.get_double("rate_gbps", 0, 0, 1e9);
   in.parallel_links = link.get_int("parallel_links", in.parallel_links, 1, int64_t(1) << 30);
   if (link.has("tcp_rmem_max")) {
-    std::string t = link.get<std::string>("tcp_rmem_max", "");
-    try {
-      in.tcp_rmem_max_bytes = parse_count(t, link.key_path("tcp_rmem_max"));
-    } catch (const InputError&) {
-      link.fail("tcp_rmem_max", fmt::format("got '{}', expected bytes such as 6291456 or 32MiB", t));
-    }
+    in.tcp_rmem_max_bytes = byte_count(link, "tcp_rmem_max", in.tcp_rmem_max_bytes, "6291456 or 32MiB");
     if (in.tcp_rmem_max_bytes < 4096) link.fail_value("tcp_rmem_max", "at least 4096 bytes");
   }
   in.tcp_window_fraction = link.get_double("tcp_window_fraction", in.tcp_window_fraction, 0.01, 1.0);
   if (link.has("rtts_per_round")) in.rtts_per_round = link.get_double("rtts_per_round", 0, 0, 100);
-  if (link.has("eager_bytes")) {
-    std::string t = link.get<std::string>("eager_bytes", "");
-    try {
-      in.eager_bytes = parse_count(t, link.key_path("eager_bytes"));
-    } catch (const InputError&) {
-      link.fail("eager_bytes", fmt::format("got '{}', expected bytes such as 8388608 or 8MiB", t));
-    }
-  }
+  in.eager_bytes = byte_count(link, "eager_bytes", in.eager_bytes, "8388608 or 8MiB");
   in.check_rtts = link.get_double("check_rtts", in.check_rtts, 0, 100);
   in.slow_start = link.get<bool>("slow_start", in.slow_start);
   in.initial_window_bytes = link.get_double("initial_window_bytes", in.initial_window_bytes, 1, 1e12);
