@@ -123,18 +123,24 @@ Diloco::~Diloco() {
   for (auto& f : frags_)
     if (f->worker.joinable()) f->worker.join();
   if (probe_thread_.joinable()) probe_thread_.join();
-  std::lock_guard lk(orphan_mu);
-  for (auto* list : {&report_recvs_, &report_sends_, &decision_recvs_, &decision_sends_})
-    for (auto& op : *list)
-      if (!op.op.ready()) orphaned_buffers().push_back(op.buf);
-  // Unverified hash checks of a failed run: the transport may still write the replies, or
-  // read our hash, after this object is gone.
-  for (auto& f : frags_) {
-    if (!f->check) continue;
-    for (auto& [site, op] : f->check->recvs)
-      if (!op.op.ready()) orphaned_buffers().push_back(op.buf);
-    orphaned_buffers().push_back(f->check->mine);
+  {
+    std::lock_guard lk(orphan_mu);
+    for (auto* list : {&report_recvs_, &report_sends_, &decision_recvs_, &decision_sends_})
+      for (auto& op : *list)
+        if (!op.op.ready()) orphaned_buffers().push_back(op.buf);
   }
+  // Unverified hash checks of a failed run.
+  for (auto& f : frags_)
+    if (f->check) keep_until_exit(*f->check);
+}
+
+// The transport may still write a check's replies, or read our hash, after a failed run has
+// dropped it: its buffers live until exit.
+void Diloco::keep_until_exit(const HashCheck& c) {
+  std::lock_guard lk(orphan_mu);
+  for (const auto& [site, op] : c.recvs)
+    if (!op.op.ready()) orphaned_buffers().push_back(op.buf);
+  orphaned_buffers().push_back(c.mine);
 }
 
 bool Diloco::overlapped() const { return ocfg_.overlap_steps > 0 || ocfg_.delayed_update; }
@@ -850,18 +856,23 @@ Diloco::HashCheck Diloco::post_hash_check(uint64_t h, uint64_t round) {
 }
 
 void Diloco::verify_hash_check(HashCheck& c) {
-  for (auto& op : c.sends) op.wait();
-  for (auto& [s, op] : c.recvs) {
-    op.op.wait();
-    auto& buf = *op.buf;
-    buf.resize(op.op.bytes());
-    auto e = read_envelope(buf, EnvelopeKind::kWeightsHash, c.round, static_cast<uint32_t>(s), static_cast<uint32_t>(rank_),
-                           0, peer_name(s));
-    if (e.value != c.hash)
-      throw Error(fmt::format("outer round {}: global weights diverged: shard {} hash {} here (site {}) but {} at site {} ({}); "
-                              "stopping",
-                              c.round, rank_, hex64(c.hash), cfg_.sites[static_cast<size_t>(site_)].name, hex64(e.value),
-                              cfg_.sites[static_cast<size_t>(s)].name, peer_name(s)));
+  try {
+    for (auto& op : c.sends) op.wait();
+    for (auto& [s, op] : c.recvs) {
+      op.op.wait();
+      auto& buf = *op.buf;
+      buf.resize(op.op.bytes());
+      auto e = read_envelope(buf, EnvelopeKind::kWeightsHash, c.round, static_cast<uint32_t>(s),
+                             static_cast<uint32_t>(rank_), 0, peer_name(s));
+      if (e.value != c.hash)
+        throw Error(fmt::format("outer round {}: global weights diverged: shard {} hash {} here (site {}) but {} at site "
+                                "{} ({}); stopping",
+                                c.round, rank_, hex64(c.hash), cfg_.sites[static_cast<size_t>(site_)].name,
+                                hex64(e.value), cfg_.sites[static_cast<size_t>(s)].name, peer_name(s)));
+    }
+  } catch (...) {
+    keep_until_exit(c);  // other replies may still be in flight (the constructor's check too)
+    throw;
   }
 }
 
@@ -869,7 +880,7 @@ void Diloco::verify_pending_checks() {
   for (auto& f : frags_) {
     if (!f->check || f->in_flight) continue;  // in flight: the worker verifies it
     trainer::TraceSpan sp(trace_, "hash_check", trainer::TraceRecorder::kMainThread);
-    verify_hash_check(*f->check);  // on a throw the check stays: ~Diloco keeps its buffers
+    verify_hash_check(*f->check);
     f->check.reset();
   }
 }

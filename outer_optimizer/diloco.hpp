@@ -183,6 +183,7 @@ class Diloco : public trainer::OuterHook {
   HashCheck post_hash_check(uint64_t shard_hash, uint64_t round);
   void verify_hash_check(HashCheck& c);
   void verify_pending_checks();
+  void keep_until_exit(const HashCheck& c);
   std::string peer_name(int site) const;
 
   const trainer::RunConfig& cfg_;

@@ -265,7 +265,6 @@ struct Peer {
   std::map<Key, std::deque<Unexpected>> unexpected;
   size_t unexpected_count = 0;
   uint64_t unexpected_eager_bytes = 0;
-  uint64_t eager_outstanding = 0;  // bytes sent eagerly that the peer has not credited back
   PeerStats stats;
 
   size_t ready_lanes() const {
@@ -1301,10 +1300,10 @@ class Transport::Impl {
   void decide_eager(Peer& p, SendOp& op) {
     const uint64_t n = op.payload.size();
     const uint64_t window = kEagerWindowFactor * cfg_.eager_bytes;
-    op.eager = n > 0 && n <= cfg_.eager_bytes && p.eager_outstanding + n <= window;
+    uint64_t& outstanding = p.stats.eager_bytes_outstanding;  // not yet credited back
+    op.eager = n > 0 && n <= cfg_.eager_bytes && outstanding + n <= window;
     if (!op.eager) return;
-    p.eager_outstanding += n;
-    p.stats.eager_bytes_outstanding = p.eager_outstanding;
+    outstanding += n;
     ++p.stats.messages_sent_eager;
   }
 
@@ -1340,13 +1339,12 @@ class Transport::Impl {
 
   void on_credit(int pi, uint64_t bytes) {
     Peer& p = peers_[pi];
-    if (bytes > p.eager_outstanding) {
-      reject_frame(pi, fmt::format("credit frame returns {} eager bytes, only {} are outstanding", bytes,
-                                   p.eager_outstanding));
+    uint64_t& outstanding = p.stats.eager_bytes_outstanding;
+    if (bytes > outstanding) {
+      reject_frame(pi, fmt::format("credit frame returns {} eager bytes, only {} are outstanding", bytes, outstanding));
       return;
     }
-    p.eager_outstanding -= bytes;
-    p.stats.eager_bytes_outstanding = p.eager_outstanding;
+    outstanding -= bytes;
   }
 
   bool pump_all_sends() {

@@ -5,7 +5,7 @@
 // Loopback (default): a is this process, b a forked child; bench/transport/run.sh puts it next
 // to ucx_perftest tag_bw measured in the same run. Across a real path (e.g. tools/wan's
 // namespaces): run `--role a --listen ADDR:PORT --peer ADDR:PORT` and `--role b ...` in the two
-// places; bench/transport/wan.sh does that to compare eager prefixes on emulated WAN links.
+// places; bench/transport/wan.sh does that to compare eager_bytes settings on emulated WAN links.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <sys/wait.h>

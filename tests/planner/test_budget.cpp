@@ -106,7 +106,7 @@ schedule: {step_time_s: 0.5, ranks: 100, pattern: ring}
   EXPECT_DOUBLE_EQ(c.egress_bytes, 2.0 * 3 / 4 * 2e9);
   EXPECT_EQ(c.connections, 100);
   EXPECT_EQ(c.rounds, 6);
-  // 3e9 bytes in 6 rounds over 100 ranks: 5 MB messages, inside the 8 MiB eager prefix.
+  // 3e9 bytes in 6 rounds over 100 ranks: 5 MB messages, within the 8 MiB eager size.
   EXPECT_DOUBLE_EQ(c.message_bytes, 3e9 / 6 / 100);
   EXPECT_DOUBLE_EQ(c.latency_s, 6 * 0.5 * 0.010);  // the hash check is off the sync path
   in.check_rtts = 0.5;                              // a waiting one: once per sync, not per round
@@ -115,9 +115,9 @@ schedule: {step_time_s: 0.5, ranks: 100, pattern: ring}
   EXPECT_DOUBLE_EQ(c.bandwidth_s, 3e9 / 10e9);
 }
 
-// transport.eager_bytes: a message (one rank's slice for one peer) that fits the prefix costs
+// transport.eager_bytes: a message (one rank's slice for one peer) that fits it costs
 // half a round trip, a longer one the rendezvous' 1.5; link.rtts_per_round overrides both.
-TEST(Budget, EagerPrefixSetsTheRoundTripsPerRound) {
+TEST(Budget, EagerSizeSetsTheRoundTripsPerRound) {
   const std::string head = "model: {params: 4e7}\ncompression: {bytes_per_value: 1}\nsites: 3\n"
                            "schedule: {step_time_s: 0.1, ranks: 2}\n";
   // 4e7 bytes per site, 2 ranks: each rank sends its 2e7-byte slice to each of 2 peers.
@@ -133,7 +133,7 @@ TEST(Budget, EagerPrefixSetsTheRoundTripsPerRound) {
   EXPECT_DOUBLE_EQ(sync_cost(in, 1.0, 2, 1).rtts_per_round, 1.5);
   EXPECT_DOUBLE_EQ(sync_cost(in, 1.0, 4, 1).rtts_per_round, 0.5);
   EXPECT_DOUBLE_EQ(sync_cost(in, 1.0, 4, 1).latency_s, 0.5 * 0.020);
-  // Lanes split a message's chunks, not the message: the prefix applies per message.
+  // Lanes split a message's chunks, not the message: eager_bytes applies per message.
   EXPECT_DOUBLE_EQ(sync_cost(in, 1.0, 4, 8).rtts_per_round, 0.5);
   in = parse(head + "link: {rtt_ms: 20, rate_gbps: 10, rtts_per_round: 3}\n");
   EXPECT_DOUBLE_EQ(sync_cost(in, 1.0, 4, 1).rtts_per_round, 3.0);

@@ -10,8 +10,8 @@
 //  * Rate: min(site WAN capacity = rate x parallel links, connections x per-connection cap),
 //    the cap being window/RTT (window = tcp_rmem max x window fraction) or a probe's figure.
 //  * Latency: rtts_per_round round trips per round: 0.5 when each message of the round fits
-//    the transport's eager prefix (transport.eager_bytes: sent without a handshake), 1.5 when
-//    its tail goes by UCX's rendezvous (request, ready-to-receive, data); or a given value,
+//    the transport's eager size (transport.eager_bytes: sent without a handshake), 1.5 when
+//    it goes by UCX's rendezvous (request, ready-to-receive, data); or a given value,
 //    plus check_rtts once per sync (default 0: geoloco verifies a round's weight-hash check
 //    at the next round, off the sync path; 0.5 models a check that waits), optional slow
 //    start from an initial window after the idle gap between syncs.
@@ -80,7 +80,7 @@ struct BudgetInput {
   Pattern pattern = Pattern::AllToAll;
   // Round trips per exchange round; < 0: derived per sync from eager_bytes (see above).
   double rtts_per_round = -1;
-  // The transport's eager prefix (transport.eager_bytes): a message at most this long per
+  // The transport's eager size (transport.eager_bytes): a message at most this long per
   // (rank, peer) pair arrives half a round trip after it leaves.
   double eager_bytes = 8.0 * (1 << 20);
   // Round trips the weight-hash check (outer.check_hash) adds to a sync. 0: geoloco posts a
@@ -125,7 +125,7 @@ struct SyncCost {
   bool bdp_bound = false;    // connections x cap < link capacity
   int64_t rounds = 0;
   double message_bytes = 0;  // one rank's message to one peer in a round
-  double rtts_per_round = 0; // effective (given, or from the eager prefix)
+  double rtts_per_round = 0; // effective (given, or from eager_bytes)
   double bandwidth_s = 0;
   double latency_s = 0;      // rounds x rtts_per_round x RTT + check_s
   double check_s = 0;        // of latency_s: the weight-hash check, check_rtts x RTT

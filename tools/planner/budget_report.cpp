@@ -92,7 +92,7 @@ std::string format_budget_table(const BudgetReport& r) {
   t.row("latency per sync",
         in.rtts_per_round >= 0
             ? fmt::format("{} RTT per round (link.rtts_per_round) + {} RTT hash check", in.rtts_per_round, in.check_rtts)
-            : fmt::format("0.5 RTT per round for messages up to the eager prefix ({}), 1.5 above (rendezvous); + {} "
+            : fmt::format("0.5 RTT per round for messages up to eager_bytes ({}), 1.5 above (rendezvous); + {} "
                           "RTT hash check",
                           format_bytes(in.eager_bytes), in.check_rtts));
   if (in.local_sync_s > 0)

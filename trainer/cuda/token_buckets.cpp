@@ -40,9 +40,7 @@ void TokenBuckets::build(std::span<const int32_t> ids, int vocab) {
     count_[static_cast<size_t>(t)] = at;
     at += c;
   }
-  starts[g] = at;
-  // The unused tail of starts (N + 1 slots reserved, groups + 1 used) stays defined.
-  for (int64_t i = g + 1; i <= N; ++i) starts[i] = at;
+  starts[g] = at;  // starts[groups + 1 .. N] are never read (left from earlier batches)
   for (int64_t n = 0; n < N; ++n) rows[count_[static_cast<size_t>(ids[static_cast<size_t>(n)])]++] = static_cast<int32_t>(n);
 }
 
