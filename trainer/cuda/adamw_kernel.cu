@@ -1,5 +1,6 @@
 // The AdamW update kernel (kept apart from the host code so nvcc never sees fmt).
 #include "trainer/cuda/adamw_kernel.hpp"
+#include "trainer/cuda/kernel_lang.hpp"
 
 namespace geoloco::cuda {
 
@@ -23,7 +24,7 @@ __global__ void adamw_k(float* p, const float* g, float* m, float* v, int64_t lo
 
 void launch_adamw(unsigned grid, cudaStream_t s, float* p, const float* g, float* m, float* v, int64_t lo, int64_t hi,
                   float b1, float b2, float bc1, float bc2, float lr, float eps, float keep) {
-  adamw_k<<<grid, 256, 0, s>>>(p, g, m, v, lo, hi, b1, b2, bc1, bc2, lr, eps, keep);
+  GEOLOCO_LAUNCH(adamw_k, grid, 256, 0, s)(p, g, m, v, lo, hi, b1, b2, bc1, bc2, lr, eps, keep);
 }
 
 }  // namespace geoloco::cuda

@@ -2,6 +2,7 @@
 // grid-stride loops for elementwise ones) plus cuBLAS for every GEMM. Written to be correct
 // and deterministic first; see docs/gpu.md for where the time goes and what to fuse next.
 #include "trainer/cuda/ops_kernels.hpp"
+#include "trainer/cuda/kernel_lang.hpp"
 
 #include <cmath>
 
@@ -39,7 +40,7 @@ __device__ float block_sum(float v, float* sh) {
   v = warp_sum(v);
   if (lane == 0) sh[w] = v;
   __syncthreads();
-  float r = threadIdx.x < nw ? sh[threadIdx.x] : 0.0f;
+  float r = int(threadIdx.x) < nw ? sh[threadIdx.x] : 0.0f;
   if (w == 0) r = warp_sum(r);
   if (threadIdx.x == 0) sh[32] = r;
   __syncthreads();
@@ -52,7 +53,7 @@ __device__ float block_max(float v, float* sh) {
   v = warp_max(v);
   if (lane == 0) sh[w] = v;
   __syncthreads();
-  float r = threadIdx.x < nw ? sh[threadIdx.x] : -INFINITY;
+  float r = int(threadIdx.x) < nw ? sh[threadIdx.x] : -INFINITY;
   if (w == 0) r = warp_max(r);
   if (threadIdx.x == 0) sh[32] = r;
   __syncthreads();
@@ -383,156 +384,156 @@ namespace kern {
 
 template <class A>
 void encoder_forward(dim3 grid, dim3 block, cudaStream_t stream, A* out, const int32_t* inp, const float* wte, const float* wpe, int B, int T, int C) {
-  encoder_forward_k<A><<<grid, block, 0, stream>>>(out, inp, wte, wpe, B, T, C);
+  GEOLOCO_LAUNCH(encoder_forward_k<A>, grid, block, 0, stream)(out, inp, wte, wpe, B, T, C);
 }
 template void encoder_forward<float>(dim3, dim3, cudaStream_t, float*, const int32_t*, const float*, const float*, int, int, int);
 template void encoder_forward<bf16>(dim3, dim3, cudaStream_t, bf16*, const int32_t*, const float*, const float*, int, int, int);
 
 template <class A>
 void encoder_backward_wpe(dim3 grid, dim3 block, cudaStream_t stream, float* dwpe, const A* dout, int B, int T, int C) {
-  encoder_backward_wpe_k<A><<<grid, block, 0, stream>>>(dwpe, dout, B, T, C);
+  GEOLOCO_LAUNCH(encoder_backward_wpe_k<A>, grid, block, 0, stream)(dwpe, dout, B, T, C);
 }
 template void encoder_backward_wpe<float>(dim3, dim3, cudaStream_t, float*, const float*, int, int, int);
 template void encoder_backward_wpe<bf16>(dim3, dim3, cudaStream_t, float*, const bf16*, int, int, int);
 
 template <class A>
 void encoder_backward_wte(dim3 grid, dim3 block, cudaStream_t stream, float* dwte, const A* dout, const int32_t* rows, const int32_t* starts, const int32_t* tokens, int C) {
-  encoder_backward_wte_k<A><<<grid, block, 0, stream>>>(dwte, dout, rows, starts, tokens, C);
+  GEOLOCO_LAUNCH(encoder_backward_wte_k<A>, grid, block, 0, stream)(dwte, dout, rows, starts, tokens, C);
 }
 template void encoder_backward_wte<float>(dim3, dim3, cudaStream_t, float*, const float*, const int32_t*, const int32_t*, const int32_t*, int);
 template void encoder_backward_wte<bf16>(dim3, dim3, cudaStream_t, float*, const bf16*, const int32_t*, const int32_t*, const int32_t*, int);
 
 template <class A>
 void layernorm_forward(dim3 grid, dim3 block, cudaStream_t stream, A* out, float* mean, float* rstd, const A* inp, const float* w, const float* b, int N, int C) {
-  layernorm_forward_k<A><<<grid, block, 0, stream>>>(out, mean, rstd, inp, w, b, N, C);
+  GEOLOCO_LAUNCH(layernorm_forward_k<A>, grid, block, 0, stream)(out, mean, rstd, inp, w, b, N, C);
 }
 template void layernorm_forward<float>(dim3, dim3, cudaStream_t, float*, float*, float*, const float*, const float*, const float*, int, int);
 template void layernorm_forward<bf16>(dim3, dim3, cudaStream_t, bf16*, float*, float*, const bf16*, const float*, const float*, int, int);
 
 template <class A>
 void layernorm_backward_dx(dim3 grid, dim3 block, cudaStream_t stream, A* dinp, const A* dout, const A* inp, const float* w, const float* mean, const float* rstd, int N, int C) {
-  layernorm_backward_dx_k<A><<<grid, block, 0, stream>>>(dinp, dout, inp, w, mean, rstd, N, C);
+  GEOLOCO_LAUNCH(layernorm_backward_dx_k<A>, grid, block, 0, stream)(dinp, dout, inp, w, mean, rstd, N, C);
 }
 template void layernorm_backward_dx<float>(dim3, dim3, cudaStream_t, float*, const float*, const float*, const float*, const float*, const float*, int, int);
 template void layernorm_backward_dx<bf16>(dim3, dim3, cudaStream_t, bf16*, const bf16*, const bf16*, const float*, const float*, const float*, int, int);
 
 template <class A>
 void column_partials(dim3 grid, dim3 block, cudaStream_t stream, float* partial_a, float* partial_b, const A* dout, const A* inp, const float* mean, const float* rstd, int N, int C) {
-  column_partials_k<A><<<grid, block, 0, stream>>>(partial_a, partial_b, dout, inp, mean, rstd, N, C);
+  GEOLOCO_LAUNCH(column_partials_k<A>, grid, block, 0, stream)(partial_a, partial_b, dout, inp, mean, rstd, N, C);
 }
 template void column_partials<float>(dim3, dim3, cudaStream_t, float*, float*, const float*, const float*, const float*, const float*, int, int);
 template void column_partials<bf16>(dim3, dim3, cudaStream_t, float*, float*, const bf16*, const bf16*, const float*, const float*, int, int);
 
 void column_finish(dim3 grid, dim3 block, cudaStream_t stream, float* out_a, float* out_b, const float* partial_a, const float* partial_b, int C) {
-  column_finish_k<<<grid, block, 0, stream>>>(out_a, out_b, partial_a, partial_b, C);
+  GEOLOCO_LAUNCH(column_finish_k, grid, block, 0, stream)(out_a, out_b, partial_a, partial_b, C);
 }
 
 template <class A>
 void add_bias(dim3 grid, dim3 block, cudaStream_t stream, A* out, const float* bias, int OC, int64_t N) {
-  add_bias_k<A><<<grid, block, 0, stream>>>(out, bias, OC, N);
+  GEOLOCO_LAUNCH(add_bias_k<A>, grid, block, 0, stream)(out, bias, OC, N);
 }
 template void add_bias<float>(dim3, dim3, cudaStream_t, float*, const float*, int, int64_t);
 template void add_bias<bf16>(dim3, dim3, cudaStream_t, bf16*, const float*, int, int64_t);
 
 template <class A>
 void split_heads(dim3 grid, dim3 block, cudaStream_t stream, A* q, A* k, A* v, const A* qkv, int B, int T, int NH, int hs) {
-  split_heads_k<A><<<grid, block, 0, stream>>>(q, k, v, qkv, B, T, NH, hs);
+  GEOLOCO_LAUNCH(split_heads_k<A>, grid, block, 0, stream)(q, k, v, qkv, B, T, NH, hs);
 }
 template void split_heads<float>(dim3, dim3, cudaStream_t, float*, float*, float*, const float*, int, int, int, int);
 template void split_heads<bf16>(dim3, dim3, cudaStream_t, bf16*, bf16*, bf16*, const bf16*, int, int, int, int);
 
 template <class A>
 void merge_heads(dim3 grid, dim3 block, cudaStream_t stream, A* out, const A* y, int B, int T, int NH, int hs, int64_t out_row, int64_t out_off, bool accumulate) {
-  merge_heads_k<A><<<grid, block, 0, stream>>>(out, y, B, T, NH, hs, out_row, out_off, accumulate);
+  GEOLOCO_LAUNCH(merge_heads_k<A>, grid, block, 0, stream)(out, y, B, T, NH, hs, out_row, out_off, accumulate);
 }
 template void merge_heads<float>(dim3, dim3, cudaStream_t, float*, const float*, int, int, int, int, int64_t, int64_t, bool);
 template void merge_heads<bf16>(dim3, dim3, cudaStream_t, bf16*, const bf16*, int, int, int, int, int64_t, int64_t, bool);
 
 template <class A>
 void split_one(dim3 grid, dim3 block, cudaStream_t stream, A* y, const A* in, int B, int T, int NH, int hs) {
-  split_one_k<A><<<grid, block, 0, stream>>>(y, in, B, T, NH, hs);
+  GEOLOCO_LAUNCH(split_one_k<A>, grid, block, 0, stream)(y, in, B, T, NH, hs);
 }
 template void split_one<float>(dim3, dim3, cudaStream_t, float*, const float*, int, int, int, int);
 template void split_one<bf16>(dim3, dim3, cudaStream_t, bf16*, const bf16*, int, int, int, int);
 
 template <class A>
 void causal_softmax(dim3 grid, dim3 block, cudaStream_t stream, A* att, const float* pre, int64_t rows, int T) {
-  causal_softmax_k<A><<<grid, block, 0, stream>>>(att, pre, rows, T);
+  GEOLOCO_LAUNCH(causal_softmax_k<A>, grid, block, 0, stream)(att, pre, rows, T);
 }
 template void causal_softmax<float>(dim3, dim3, cudaStream_t, float*, const float*, int64_t, int);
 template void causal_softmax<bf16>(dim3, dim3, cudaStream_t, bf16*, const float*, int64_t, int);
 
 template <class A>
 void causal_softmax_backward(dim3 grid, dim3 block, cudaStream_t stream, A* dpre, const A* att, const float* datt, int64_t rows, int T, float scale) {
-  causal_softmax_backward_k<A><<<grid, block, 0, stream>>>(dpre, att, datt, rows, T, scale);
+  GEOLOCO_LAUNCH(causal_softmax_backward_k<A>, grid, block, 0, stream)(dpre, att, datt, rows, T, scale);
 }
 template void causal_softmax_backward<float>(dim3, dim3, cudaStream_t, float*, const float*, const float*, int64_t, int, float);
 template void causal_softmax_backward<bf16>(dim3, dim3, cudaStream_t, bf16*, const bf16*, const float*, int64_t, int, float);
 
 template <class A>
 void gelu_forward(dim3 grid, dim3 block, cudaStream_t stream, A* out, const A* inp, int64_t n) {
-  gelu_forward_k<A><<<grid, block, 0, stream>>>(out, inp, n);
+  GEOLOCO_LAUNCH(gelu_forward_k<A>, grid, block, 0, stream)(out, inp, n);
 }
 template void gelu_forward<float>(dim3, dim3, cudaStream_t, float*, const float*, int64_t);
 template void gelu_forward<bf16>(dim3, dim3, cudaStream_t, bf16*, const bf16*, int64_t);
 
 template <class A>
 void gelu_backward(dim3 grid, dim3 block, cudaStream_t stream, A* dinp, const A* inp, const A* dout, int64_t n, bool overwrite) {
-  gelu_backward_k<A><<<grid, block, 0, stream>>>(dinp, inp, dout, n, overwrite);
+  GEOLOCO_LAUNCH(gelu_backward_k<A>, grid, block, 0, stream)(dinp, inp, dout, n, overwrite);
 }
 template void gelu_backward<float>(dim3, dim3, cudaStream_t, float*, const float*, const float*, int64_t, bool);
 template void gelu_backward<bf16>(dim3, dim3, cudaStream_t, bf16*, const bf16*, const bf16*, int64_t, bool);
 
 template <class A>
 void residual_forward(dim3 grid, dim3 block, cudaStream_t stream, A* out, const A* a, const A* b, int64_t n) {
-  residual_forward_k<A><<<grid, block, 0, stream>>>(out, a, b, n);
+  GEOLOCO_LAUNCH(residual_forward_k<A>, grid, block, 0, stream)(out, a, b, n);
 }
 template void residual_forward<float>(dim3, dim3, cudaStream_t, float*, const float*, const float*, int64_t);
 template void residual_forward<bf16>(dim3, dim3, cudaStream_t, bf16*, const bf16*, const bf16*, int64_t);
 
 template <class A>
 void residual_backward(dim3 grid, dim3 block, cudaStream_t stream, A* da, A* db, const A* dout, int64_t n) {
-  residual_backward_k<A><<<grid, block, 0, stream>>>(da, db, dout, n);
+  GEOLOCO_LAUNCH(residual_backward_k<A>, grid, block, 0, stream)(da, db, dout, n);
 }
 template void residual_backward<float>(dim3, dim3, cudaStream_t, float*, float*, const float*, int64_t);
 template void residual_backward<bf16>(dim3, dim3, cudaStream_t, bf16*, bf16*, const bf16*, int64_t);
 
 template <class A>
 void crossentropy_forward(dim3 grid, dim3 block, cudaStream_t stream, A* probs, float* losses, const A* logits, const int32_t* targets, int V, int ldv) {
-  crossentropy_forward_k<A><<<grid, block, 0, stream>>>(probs, losses, logits, targets, V, ldv);
+  GEOLOCO_LAUNCH(crossentropy_forward_k<A>, grid, block, 0, stream)(probs, losses, logits, targets, V, ldv);
 }
 template void crossentropy_forward<float>(dim3, dim3, cudaStream_t, float*, float*, const float*, const int32_t*, int, int);
 template void crossentropy_forward<bf16>(dim3, dim3, cudaStream_t, bf16*, float*, const bf16*, const int32_t*, int, int);
 
 template <class A>
 void crossentropy_backward(dim3 grid, dim3 block, cudaStream_t stream, A* dlogits, const A* probs, const int32_t* targets, float dloss, int V, int ldv, int64_t N) {
-  crossentropy_backward_k<A><<<grid, block, 0, stream>>>(dlogits, probs, targets, dloss, V, ldv, N);
+  GEOLOCO_LAUNCH(crossentropy_backward_k<A>, grid, block, 0, stream)(dlogits, probs, targets, dloss, V, ldv, N);
 }
 template void crossentropy_backward<float>(dim3, dim3, cudaStream_t, float*, const float*, const int32_t*, float, int, int, int64_t);
 template void crossentropy_backward<bf16>(dim3, dim3, cudaStream_t, bf16*, const bf16*, const int32_t*, float, int, int, int64_t);
 
 void mean(dim3 grid, dim3 block, cudaStream_t stream, float* out, const float* x, int N) {
-  mean_k<<<grid, block, 0, stream>>>(out, x, N);
+  GEOLOCO_LAUNCH(mean_k, grid, block, 0, stream)(out, x, N);
 }
 
 void sum_squares_partial(dim3 grid, dim3 block, cudaStream_t stream, float* partial, const float* x, int64_t n) {
-  sum_squares_partial_k<<<grid, block, 0, stream>>>(partial, x, n);
+  GEOLOCO_LAUNCH(sum_squares_partial_k, grid, block, 0, stream)(partial, x, n);
 }
 
 void sum_partials(dim3 grid, dim3 block, cudaStream_t stream, float* out, const float* partial, int n) {
-  sum_partials_k<<<grid, block, 0, stream>>>(out, partial, n);
+  GEOLOCO_LAUNCH(sum_partials_k, grid, block, 0, stream)(out, partial, n);
 }
 
 void scale(dim3 grid, dim3 block, cudaStream_t stream, float* x, int64_t n, float s) {
-  scale_k<<<grid, block, 0, stream>>>(x, n, s);
+  GEOLOCO_LAUNCH(scale_k, grid, block, 0, stream)(x, n, s);
 }
 
 void cast_bf16(dim3 grid, dim3 block, cudaStream_t stream, bf16* out, const float* in, int64_t n) {
-  cast_bf16_k<<<grid, block, 0, stream>>>(out, in, n);
+  GEOLOCO_LAUNCH(cast_bf16_k, grid, block, 0, stream)(out, in, n);
 }
 
 void cast_float(dim3 grid, dim3 block, cudaStream_t stream, float* out, const bf16* in, int64_t n) {
-  cast_float_k<<<grid, block, 0, stream>>>(out, in, n);
+  GEOLOCO_LAUNCH(cast_float_k, grid, block, 0, stream)(out, in, n);
 }
 
 }  // namespace kern

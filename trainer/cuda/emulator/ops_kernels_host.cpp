@@ -1,0 +1,2 @@
+// The kernels of ops_kernels.cu compiled by the host compiler for the emulator.
+#include "trainer/cuda/ops_kernels.cu"
