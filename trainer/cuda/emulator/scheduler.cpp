@@ -1,14 +1,16 @@
 #include "trainer/cuda/emulator/scheduler.hpp"
 
 #include <sys/mman.h>
-#include <ucontext.h>
 
 #include <atomic>
 #include <bit>
 #include <exception>
 #include <memory>
+#include <span>
 
 #include <fmt/format.h>
+
+#include "trainer/cuda/emulator/fiber_context.hpp"
 
 namespace geoloco::cuda::emu {
 namespace {
@@ -28,7 +30,7 @@ class FiberStack {
   ~FiberStack() { munmap(base_, kStackBytes + kGuardBytes); }
   FiberStack(const FiberStack&) = delete;
   FiberStack& operator=(const FiberStack&) = delete;
-  void* top() const { return static_cast<char*>(base_) + kGuardBytes; }
+  void* bottom() const { return static_cast<char*>(base_) + kGuardBytes; }
 
  private:
   void* base_;
@@ -37,7 +39,7 @@ class FiberStack {
 enum class Wait { None, Barrier, Shuffle };
 
 struct Fiber {
-  ucontext_t ctx;
+  FiberContext ctx;
   uint3 tid;
   int linear = 0;
   bool done = false;
@@ -57,9 +59,10 @@ struct Warp {
 struct Block {
   const KernelLaunch* launch = nullptr;
   uint3 bid{};
-  std::vector<Fiber> fibers;
+  std::unique_ptr<Fiber[]> fiber_store;  // contexts are not movable
+  std::span<Fiber> fibers;
   std::vector<Warp> warps;
-  ucontext_t sched;
+  FiberContext sched;
   uint64_t bar_gen = 0;
   int bar_count = 0, done_count = 0;
   bool used_sync = false;
@@ -84,11 +87,12 @@ void release_barrier_if_complete(Block& b) {
   }
 }
 
-void yield(Block& b, Fiber& f) { swapcontext(&f.ctx, &b.sched); }
+void yield(Block& b, Fiber& f) { FiberContext::switch_to(f.ctx, b.sched); }
 
 void trampoline() {
   Block& b = *tl_block;
   Fiber& f = *tl_fiber;
+  FiberContext::started(b.sched);
   try {
     b.launch->body();
   } catch (...) {
@@ -111,7 +115,7 @@ void trampoline() {
         lane, lo, hi, w.pending_mask)));
   }
   release_barrier_if_complete(b);
-  // uc_link returns to the scheduler.
+  FiberContext::exit_to(f.ctx, b.sched);
 }
 
 bool ready(const Block& b, const Fiber& f) {
@@ -148,11 +152,10 @@ bool run_block_fibers(const KernelLaunch& l, uint3 bid, size_t nthreads) {
   Block b;
   b.launch = &l;
   b.bid = bid;
-  b.fibers.resize(nthreads);
+  b.fiber_store = std::make_unique<Fiber[]>(nthreads);
+  b.fibers = std::span<Fiber>(b.fiber_store.get(), nthreads);
   b.warps.resize((nthreads + 31) / 32);
   for (size_t i = 0; i < nthreads; ++i) b.warps[i / 32].exists |= 1u << (i % 32);
-  ucontext_t proto;
-  getcontext(&proto);
   size_t i = 0;
   for (unsigned z = 0; z < l.block.z; ++z)
     for (unsigned y = 0; y < l.block.y; ++y)
@@ -160,14 +163,7 @@ bool run_block_fibers(const KernelLaunch& l, uint3 bid, size_t nthreads) {
         Fiber& f = b.fibers[i];
         f.tid = {x, y, z};
         f.linear = int(i);
-        f.ctx = proto;
-#if defined(__x86_64__)
-        f.ctx.uc_mcontext.fpregs = &f.ctx.__fpregs_mem;  // the copy must point at its own FP save area
-#endif
-        f.ctx.uc_stack.ss_sp = tl_stacks[i]->top();
-        f.ctx.uc_stack.ss_size = kStackBytes;
-        f.ctx.uc_link = &b.sched;
-        makecontext(&f.ctx, trampoline, 0);
+        f.ctx.init(tl_stacks[i]->bottom(), kStackBytes, trampoline);
       }
   Block* outer_block = tl_block;
   Fiber* outer_fiber = tl_fiber;
@@ -181,7 +177,7 @@ bool run_block_fibers(const KernelLaunch& l, uint3 bid, size_t nthreads) {
       progress = true;
       tl_fiber = &f;
       tl_kernel.thread_idx = f.tid;
-      swapcontext(&b.sched, &f.ctx);
+      FiberContext::switch_to(b.sched, f.ctx);
       if (b.error) break;
     }
     if (b.error || all_done) break;
