@@ -2,6 +2,11 @@
 add_library(geoloco_options INTERFACE)
 target_compile_options(geoloco_options INTERFACE
   $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
+# No FMA contraction (GCC contracts by default even in ISO mode, -march=native makes FMA
+# available): results must not depend on the ISA of the machine that built the binary (the
+# outer step's bits across sites), and the GPU's AdamW (explicit _rn operations) then matches
+# the CPU update bit for bit.
+target_compile_options(geoloco_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-ffp-contract=off>)
 if(CMAKE_BUILD_TYPE STREQUAL "Release")
   target_compile_options(geoloco_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-O3>)
 endif()

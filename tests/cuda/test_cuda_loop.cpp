@@ -35,6 +35,13 @@ using geoloco::testing::TempDir;
     if (!why_.empty()) GTEST_SKIP() << "no usable GPU, device test skipped: " << why_; \
   } while (0)
 
+// NCCL needs a real GPU: on the CUDA emulator (test_cuda_loop_emulated) those tests skip.
+#if defined(GEOLOCO_CUDA_EMULATOR)
+#define REQUIRE_NCCL_DEVICE_OR_SKIP() GTEST_SKIP() << "needs a real GPU: NCCL is not part of the CUDA emulator"
+#else
+#define REQUIRE_NCCL_DEVICE_OR_SKIP() REQUIRE_GPU_OR_SKIP()
+#endif
+
 int fresh_port() {
   static int n = 0;
   return 22000 + (getpid() * 37) % 5000 + 40 * (n++);  // below the ephemeral range
@@ -232,7 +239,7 @@ TEST(CudaLoopDiloco, TwoSitesEndBitIdentical) {
 // sum) on device buffers and NCCL's stream; a sum over one rank is the identity, so it must
 // end with the same bits as the same site without a collective.
 TEST(CudaLoopNccl, OneRankNcclSiteEqualsTheSiteWithoutCollective) {
-  REQUIRE_GPU_OR_SKIP();
+  REQUIRE_NCCL_DEVICE_OR_SKIP();
   for (const char* strategy : {"ddp", "zero1", "zero2", "fsdp"}) {
     TempDir d;
     auto plain = load(d, "p.yaml", config(d.path() / "p", "cuda", "bf16", strategy, 1, 8));
@@ -258,7 +265,7 @@ TEST(CudaLoopNccl, OneRankNcclSiteEqualsTheSiteWithoutCollective) {
 
 // A real NCCL site (one GPU per rank): only where there are two GPUs.
 TEST(CudaLoopNccl, TwoGpuSiteTracksTheCpuRun) {
-  REQUIRE_GPU_OR_SKIP();
+  REQUIRE_NCCL_DEVICE_OR_SKIP();
   if (device_count() < 2)
     GTEST_SKIP() << "needs 2 GPUs (NCCL refuses two ranks of one communicator on one device); found " << device_count();
   TempDir d;

@@ -1,12 +1,14 @@
 // The cuBLAS functions geoloco calls, on the host: handles bound to a stream and the strided
-// batched GEMM (column-major, as cuBLAS) with fp32 accumulation in k order, fp32 or bf16
-// operands and fp32 or bf16 output. Argument checks follow cuBLAS (negative sizes, short
+// batched GEMM (column-major, as cuBLAS): operands converted to fp32, multiplied by OpenBLAS
+// (fp32 accumulation, its own summation order, as cuBLAS has its own), fp32 or bf16 output. Argument checks follow cuBLAS (negative sizes, short
 // leading dimensions: CUBLAS_STATUS_INVALID_VALUE; other types: NOT_SUPPORTED); alpha and
 // beta are read at the call (host pointer mode); with beta 0, C is not read (as cuBLAS: NaN
 // in a fresh buffer does not propagate). The GEMM runs when its stream does.
+#include <cblas.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -68,22 +70,24 @@ struct Gemm {
         throw std::runtime_error(fmt::format("cublasGemmStridedBatchedEx: {} ({}, {} bytes over the batch) is not inside "
                                              "one device allocation",
                                              o.name, o.p, o.bytes));
-    std::vector<float> opa(size_t(m) * k), opb(size_t(k) * n);
+    std::vector<float> opa(size_t(m) * k), opb(size_t(k) * n), prod(size_t(m) * n);
     for (int bi = 0; bi < batch; ++bi) {
       const int64_t oa = int64_t(bi) * sa, ob = int64_t(bi) * sb, oc = int64_t(bi) * sc;
-      // op(A) row-major [m][k], op(B) row-major [n][k] (so each C element walks k in order).
+      // op(A) row-major [m][k], op(B) row-major [k][n]; prod = op(A) op(B) row-major [m][n].
       for (int i = 0; i < m; ++i)
         for (int p = 0; p < k; ++p)
           opa[size_t(i) * k + p] = load(a, ab, oa + (ta ? int64_t(i) * lda + p : int64_t(p) * lda + i));
-      for (int j = 0; j < n; ++j)
-        for (int p = 0; p < k; ++p)
-          opb[size_t(j) * k + p] = load(b, ab, ob + (tb ? int64_t(p) * ldb + j : int64_t(j) * ldb + p));
+      for (int p = 0; p < k; ++p)
+        for (int j = 0; j < n; ++j)
+          opb[size_t(p) * n + j] = load(b, ab, ob + (tb ? int64_t(p) * ldb + j : int64_t(j) * ldb + p));
+      if (k > 0)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, opa.data(), k, opb.data(), n, 0.0f,
+                    prod.data(), n);
+      else
+        std::fill(prod.begin(), prod.end(), 0.0f);
       for (int i = 0; i < m; ++i)
         for (int j = 0; j < n; ++j) {
-          float s = 0.0f;
-          const float* ra = &opa[size_t(i) * k];
-          const float* rb = &opb[size_t(j) * k];
-          for (int p = 0; p < k; ++p) s += ra[p] * rb[p];
+          const float s = prod[size_t(i) * n + j];
           const int64_t at = oc + int64_t(j) * ldc + i;
           store(c, ct, at, beta == 0.0f ? alpha * s : alpha * s + beta * load(c, ct, at));
         }
