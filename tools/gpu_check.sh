@@ -2,7 +2,8 @@
 # One prepared GPU check (for a machine with a GPU, e.g. one H200 with 16 cores, < 8 minutes):
 # configure with CUDA into build-gpu, build only what the check needs, run the device tests
 # once in one process (test_cuda_gpu: op and model parity, writes parity.json), the GPT-2 124M
-# bf16 benchmark (bench.json), the training loop on the GPU (test_cuda_loop: 2-rank site vs the
+# bf16 benchmark (bench.json: fused attention; bench_materialized.json: materialised), the
+# training loop on the GPU (test_cuda_loop: 2-rank site vs the
 # CPU curve, ddp == zero1, bit-exact resume, 2-site DiLoCo, NCCL in the loop), and the NCCL
 # tests of the parallel area; then write report.json + gpu_check.log into OUTDIR.
 #
@@ -78,6 +79,10 @@ if ((built)); then
   GEOLOCO_GPU_REPORT_DIR="$out" run_step gpu_tests 150 "$build/tests/cuda/test_cuda_gpu" --gtest_brief=1
   run_step bench 150 "$build/bench/gpu/bench_gpu_gpt2" --batch "$batch" --steps 20 --warmup 3 --max-seconds 60 \
     --out "$out/bench.json"
+  # The same with the materialised attention (the fused one is the default in bf16): what the
+  # fused kernels gain, measured in the same session.
+  run_step bench_materialized 90 "$build/bench/gpu/bench_gpu_gpt2" --batch "$batch" --steps 10 --warmup 2 \
+    --max-seconds 30 --attention materialized --out "$out/bench_materialized.json"
   # site.device: cuda end to end (label gpu_loop).
   run_step loop_tests 120 "$build/tests/cuda/test_cuda_loop" --gtest_brief=1
   run_step nccl_tests 90 "$build/tests/parallel/test_parallel" --gtest_filter='Gpu*:Nccl*' --gtest_brief=1

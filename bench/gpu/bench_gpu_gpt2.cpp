@@ -33,13 +33,14 @@ int main(int argc, char** argv) {
   CLI::App app{"GPT-2 124M training throughput on one GPU"};
   int batch = 32, steps = 20, warmup = 3, T = 1024;
   double max_seconds = 150, peak = 0;
-  std::string precision = "bf16", out;
+  std::string precision = "bf16", attention = "auto", out;
   app.add_option("--batch", batch, "micro-batch B (sequences of T tokens)")->check(CLI::Range(1, 4096));
   app.add_option("--seq", T, "sequence length T")->check(CLI::Range(1, 1024));
   app.add_option("--steps", steps, "timed steps")->check(CLI::Range(1, 100000));
   app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::Range(0, 1000));
   app.add_option("--max-seconds", max_seconds, "stop timing after this long (fewer steps)");
   app.add_option("--precision", precision, "fp32 | bf16");
+  app.add_option("--attention", attention, "auto | fused | materialized (fused: bf16 only)");
   app.add_option("--peak-tflops", peak, "dense peak of this GPU (default: from its name)");
   app.add_option("--out", out, "also write the JSON here");
   CLI11_PARSE(app, argc, argv);
@@ -53,7 +54,7 @@ int main(int argc, char** argv) {
     cfg.n_embd = 768;
     cfg.block_size = 1024;
     cfg.vocab_size = 50257;
-    cuda::CudaGpt model(cfg, prec);
+    cuda::CudaGpt model(cfg, prec, cuda::parse_attention_kernel(attention));
     const trainer::ParamLayout& layout = model.layout();
     std::vector<float> host(size_t(layout.total()));
     trainer::Gpt::init_params(layout, host, 1337);
@@ -120,6 +121,7 @@ int main(int argc, char** argv) {
     j["gpu"] = dev.name;
     j["sm"] = std::to_string(dev.sm_major) + std::to_string(dev.sm_minor);
     j["precision"] = cuda::precision_name(prec);
+    j["attention"] = model.fused_attention() ? "fused" : "materialized";
     j["model"] = {{"n_layer", 12}, {"n_head", 12}, {"n_embd", 768}, {"T", T}, {"vocab", 50257},
                   {"params", layout.total()}};
     j["batch"] = batch;

@@ -21,6 +21,7 @@
 #include "trainer/cuda/cuda_error.hpp"
 #include "trainer/cuda/device_select.hpp"
 #include "trainer/cuda/ordered_worker.hpp"
+#include "trainer/cuda/attention_choice.hpp"
 #include "trainer/cuda/precision.hpp"
 #include "trainer/cuda/token_buckets.hpp"
 #include "trainer/cuda/tolerance.hpp"
@@ -90,6 +91,26 @@ TEST(Precision, ParsesTheTwoChoices) {
   EXPECT_STREQ(precision_name(Precision::Bf16), "bf16");
   EXPECT_EQ(activation_bytes(Precision::Fp32), 4);
   EXPECT_EQ(activation_bytes(Precision::Bf16), 2);
+}
+
+TEST(AttentionChoice, FusedOnlyForBf16AndHeadSizesItServes) {
+  EXPECT_EQ(parse_attention_kernel("auto"), AttentionKernel::Auto);
+  EXPECT_EQ(parse_attention_kernel("fused"), AttentionKernel::Fused);
+  EXPECT_EQ(parse_attention_kernel("materialized"), AttentionKernel::Materialized);
+  EXPECT_THROW(parse_attention_kernel("flash"), ConfigError);
+  EXPECT_STREQ(attention_kernel_name(AttentionKernel::Materialized), "materialized");
+  EXPECT_TRUE(fused_attention_fits(768, 12));   // GPT-2 124M: 64
+  EXPECT_TRUE(fused_attention_fits(64, 4));     // 16
+  EXPECT_FALSE(fused_attention_fits(96, 4));    // 24
+  EXPECT_FALSE(fused_attention_fits(1024, 8));  // 128
+  EXPECT_FALSE(fused_attention_fits(64, 0));
+  EXPECT_TRUE(uses_fused_attention(AttentionKernel::Auto, Precision::Bf16, 768, 12));
+  EXPECT_FALSE(uses_fused_attention(AttentionKernel::Auto, Precision::Fp32, 768, 12));
+  EXPECT_FALSE(uses_fused_attention(AttentionKernel::Auto, Precision::Bf16, 96, 4));
+  EXPECT_FALSE(uses_fused_attention(AttentionKernel::Materialized, Precision::Bf16, 768, 12));
+  EXPECT_TRUE(uses_fused_attention(AttentionKernel::Fused, Precision::Bf16, 768, 12));
+  EXPECT_THROW(uses_fused_attention(AttentionKernel::Fused, Precision::Fp32, 768, 12), ConfigError);
+  EXPECT_NE(fused_attention_refusal(Precision::Bf16, 96, 4).find("n_embd / n_head = 96 / 4"), std::string::npos);
 }
 
 TEST(Precision, RejectsOthersNamingTheValue) {

@@ -43,13 +43,27 @@ vector<float> download(std::span<const float> dev) {
   return h;
 }
 
-class ModelParity : public ::testing::TestWithParam<Precision> {
+// Precision x attention kernel: fp32 (materialized), bf16 materialized, bf16 fused.
+struct ModelCase {
+  Precision p;
+  AttentionKernel attention;
+};
+
+class ModelParity : public ::testing::TestWithParam<ModelCase> {
  protected:
   void SetUp() override { GEOLOCO_REQUIRE_GPU(); }
+  // The model under test, with the kernel the case names actually in use.
+  // Suffix of the parity log's tensor names, so the two bf16 cases stay apart.
+  std::string tag() const { return GetParam().attention == AttentionKernel::Fused ? " (fused attention)" : ""; }
+  std::unique_ptr<CudaGpt> make(const trainer::ModelConfig& cfg) const {
+    auto m = std::make_unique<CudaGpt>(cfg, GetParam().p, GetParam().attention);
+    EXPECT_EQ(m->fused_attention(), GetParam().attention == AttentionKernel::Fused);
+    return m;
+  }
 };
 
 TEST_P(ModelParity, LossProbsAndGradientsMatchTheCpuModel) {
-  const Precision p = GetParam();
+  const Precision p = GetParam().p;
   const auto cfg = small_model();
   const int B = 3, T = 48, N = B * T;
   trainer::Gpt cpu(cfg, trainer::KernelPath::Reference);
@@ -60,7 +74,8 @@ TEST_P(ModelParity, LossProbsAndGradientsMatchTheCpuModel) {
   const auto cpu_probs = vector<float>(cpu.probs().begin(), cpu.probs().end());
   cpu.backward(params, grads, 0.5f);
 
-  CudaGpt gpu(cfg, p);
+  auto gpu_model = make(cfg);
+  CudaGpt& gpu = *gpu_model;
   auto d_params = to_device<float>(params);
   DeviceBuffer<float> d_grads(params.size());
   check_cuda(cudaMemset(d_grads.data(), 0, d_grads.size() * 4), "zero grads");
@@ -76,22 +91,22 @@ TEST_P(ModelParity, LossProbsAndGradientsMatchTheCpuModel) {
   const auto g = download(d_grads.span());
 
   const ErrorStats ls = compare(vector<float>{gpu_loss}, vector<float>{cpu_loss});
-  EXPECT_TRUE(record_parity("model.loss", p, "loss", ls)) << "gpu " << gpu_loss << " cpu " << cpu_loss;
+  EXPECT_TRUE(record_parity("model.loss", p, "loss" + tag(), ls)) << "gpu " << gpu_loss << " cpu " << cpu_loss;
   const ErrorStats ps = compare(gpu_probs, cpu_probs);
-  EXPECT_TRUE(record_parity("model.probs", p, "probs", ps)) << "rel_l2 " << ps.rel_l2;
+  EXPECT_TRUE(record_parity("model.probs", p, "probs" + tag(), ps)) << "rel_l2 " << ps.rel_l2;
   const ErrorStats gs = compare(g, grads);
-  EXPECT_TRUE(record_parity("model.grads", p, "all", gs)) << "rel_l2 " << gs.rel_l2;
+  EXPECT_TRUE(record_parity("model.grads", p, "all" + tag(), gs)) << "rel_l2 " << gs.rel_l2;
   // Per tensor, like llm.c's test_gpt2: a wrong tensor cannot hide in the global norm.
   for (const auto& v : cpu.layout().views()) {
     const std::span<const float> a(g.data() + v.offset, size_t(v.numel)), b(grads.data() + v.offset, size_t(v.numel));
     const ErrorStats s = compare(a, b);
-    EXPECT_TRUE(record_parity("model.grads", p, v.name, s)) << v.name << " rel_l2 " << s.rel_l2;
+    EXPECT_TRUE(record_parity("model.grads", p, v.name + tag(), s)) << v.name << " rel_l2 " << s.rel_l2;
   }
   EXPECT_EQ(hook_blocks, (vector<int>{1, 0, -1}));
 }
 
 TEST_P(ModelParity, ShortTrainingRunTracksTheCpuCurve) {
-  const Precision p = GetParam();
+  const Precision p = GetParam().p;
   const auto cfg = small_model();
   const int B = 4, T = 32, N = B * T, steps = 10;
   trainer::AdamWConfig ocfg;
@@ -101,7 +116,8 @@ TEST_P(ModelParity, ShortTrainingRunTracksTheCpuCurve) {
   trainer::Gpt::init_params(cpu.layout(), params, 11);
   trainer::AdamW cpu_opt(ocfg, cpu.layout(), 0, cpu.layout().total());
 
-  CudaGpt gpu(cfg, p);
+  auto gpu_model = make(cfg);
+  CudaGpt& gpu = *gpu_model;
   auto d_params = to_device<float>(params);
   DeviceBuffer<float> d_grads(params.size());
   CudaAdamW gpu_opt(ocfg, gpu.layout(), 0, gpu.layout().total());
@@ -132,7 +148,7 @@ TEST_P(ModelParity, ShortTrainingRunTracksTheCpuCurve) {
   const ErrorStats s = compare(gpu_curve, cpu_curve);
   std::string curves;
   for (int i = 0; i < steps; ++i) curves += fmt::format(" {:.4f}/{:.4f}", gpu_curve[i], cpu_curve[i]);
-  EXPECT_TRUE(record_parity("train.loss", p, "curve", s)) << "gpu/cpu:" << curves;
+  EXPECT_TRUE(record_parity("train.loss", p, "curve" + tag(), s)) << "gpu/cpu:" << curves;
   EXPECT_LT(gpu_curve.back(), gpu_curve.front() * 0.9f) << curves;
 }
 
@@ -146,7 +162,8 @@ TEST_P(ModelParity, SameInputsGiveTheSameBits) {
   vector<vector<float>> runs;
   vector<float> losses;
   for (int r = 0; r < 2; ++r) {
-    CudaGpt gpu(cfg, GetParam());
+    auto gpu_model = make(cfg);
+    CudaGpt& gpu = *gpu_model;
     DeviceBuffer<float> d_grads(params.size());
     check_cuda(cudaMemset(d_grads.data(), 0, d_grads.size() * 4), "zero grads");
   // Legacy-stream memset: finish it before the model's non-blocking stream reads the buffer.
@@ -159,8 +176,14 @@ TEST_P(ModelParity, SameInputsGiveTheSameBits) {
   EXPECT_TRUE(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * 4) == 0) << "gradients differ run to run";
 }
 
-INSTANTIATE_TEST_SUITE_P(Precisions, ModelParity, ::testing::Values(Precision::Fp32, Precision::Bf16),
-                         [](const auto& info) { return std::string(precision_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(Precisions, ModelParity,
+                         ::testing::Values(ModelCase{Precision::Fp32, AttentionKernel::Materialized},
+                                           ModelCase{Precision::Bf16, AttentionKernel::Materialized},
+                                           ModelCase{Precision::Bf16, AttentionKernel::Fused}),
+                         [](const auto& info) {
+                           return std::string(precision_name(info.param.p)) +
+                                  (info.param.attention == AttentionKernel::Fused ? "_fused" : "");
+                         });
 
 TEST(CudaModel, MisuseAndBadInputAreTypedErrors) {
   GEOLOCO_REQUIRE_GPU();

@@ -260,6 +260,71 @@ TEST_P(OpParity, Attention) {
   });
 }
 
+// The fused attention (bf16 only; FlashAttention-2 on tensor cores): output, log-sum-exp and
+// the gradient of qkv against the double reference, for head sizes 16, 32 and 64, with T = 100
+// (no multiple of any tile: ragged last query and key tiles), adding into dqkv and, into a
+// fresh buffer, overwriting it (every element must be written).
+TEST(FusedAttentionParity, MatchesTheReferenceForEveryHeadSize) {
+  GEOLOCO_REQUIRE_GPU();
+  const Precision bf = Precision::Bf16;
+  const int b_ = 2, t_ = 100, n_ = b_ * t_;
+  for (const auto& [c_, nh_] : {std::pair{64, 4}, std::pair{128, 4}, std::pair{128, 2}}) {
+    const int hs = c_ / nh_;
+    SCOPED_TRACE("head size " + std::to_string(hs));
+    ASSERT_TRUE(fused_attention_fits(c_, nh_));
+    Stream st("test");
+    CublasHandle blas(st.get());
+    DeviceBuffer<char> work(workspace_bytes(b_, t_, c_, nh_, 64, 2), "test workspace");
+    const OpContext ctx{st.get(), blas.get(), work.data(), work.size()};
+    const auto qkv = as_precision(random_vec(size_t(n_) * 3 * c_, 30 + hs), bf);
+    auto d_qkv = to_device<bf16>(qkv);
+    DeviceBuffer<bf16> out(size_t(n_) * c_);
+    DeviceBuffer<float> lse(size_t(b_) * nh_ * t_);
+    attention_forward_fused(ctx, out.data(), lse.data(), d_qkv.data(), b_, t_, c_, nh_);
+    vector<double> w_out(out.size()), w_att(size_t(b_) * nh_ * t_ * t_);
+    trainer::ref::attention_forward<double>(w_out.data(), w_att.data(), dv(qkv).data(), b_, t_, c_, nh_);
+    EXPECT_PARITY("attention_forward", bf, "out (fused)", to_host(out), fv(w_out));
+    vector<double> w_lse(lse.size());
+    const double scale = 1.0 / std::sqrt(double(hs));
+    for (int b = 0; b < b_; ++b)
+      for (int h = 0; h < nh_; ++h)
+        for (int t = 0; t < t_; ++t) {
+          double mx = -1e300, sum = 0;
+          vector<double> sc(size_t(t) + 1);
+          for (int j = 0; j <= t; ++j) {
+            double d = 0;
+            for (int e = 0; e < hs; ++e)
+              d += double(qkv[(size_t(b) * t_ + t) * 3 * c_ + size_t(h) * hs + e]) *
+                   double(qkv[(size_t(b) * t_ + j) * 3 * c_ + c_ + size_t(h) * hs + e]);
+            sc[size_t(j)] = d * scale;
+            mx = std::max(mx, sc[size_t(j)]);
+          }
+          for (double x : sc) sum += std::exp(x - mx);
+          w_lse[(size_t(b) * nh_ + h) * t_ + t] = mx + std::log(sum);
+        }
+    EXPECT_PARITY("attention_forward", Precision::Fp32, "lse (fused)", to_host(lse), fv(w_lse));
+
+    const auto dout = as_precision(random_vec(out.size(), 31 + hs), bf);
+    const auto dqkv0 = as_precision(random_vec(qkv.size(), 32 + hs, 0.1), bf);
+    auto d_dout = to_device<bf16>(dout), d_dqkv = to_device<bf16>(dqkv0);
+    attention_backward_fused(ctx, d_dqkv.data(), d_dout.data(), d_qkv.data(), out.data(), lse.data(), b_, t_, c_, nh_);
+    auto w_dqkv = dv(dqkv0);
+    trainer::ref::attention_backward<double>(w_dqkv.data(), dv(dout).data(), dv(qkv).data(), w_att.data(), b_, t_, c_,
+                                             nh_);
+    EXPECT_PARITY("attention_backward", bf, "dqkv (fused, accumulate)", to_host(d_dqkv), fv(w_dqkv));
+
+    DeviceBuffer<bf16> fresh(qkv.size());
+    attention_backward_fused(ctx, fresh.data(), d_dout.data(), d_qkv.data(), out.data(), lse.data(), b_, t_, c_, nh_,
+                             /*overwrite=*/true);
+    vector<double> w_fresh(qkv.size(), 0.0);
+    trainer::ref::attention_backward<double>(w_fresh.data(), dv(dout).data(), dv(qkv).data(), w_att.data(), b_, t_, c_,
+                                             nh_);
+    EXPECT_PARITY("attention_backward", bf, "dqkv (fused, overwrite)", to_host(fresh), fv(w_fresh));
+  }
+  EXPECT_FALSE(fused_attention_fits(96, 4));   // head size 24
+  EXPECT_FALSE(fused_attention_fits(512, 4));  // head size 128
+}
+
 TEST_P(OpParity, GeluAndResidual) {
   dispatch([&]<class A>() {
     const int64_t n = int64_t(N) * 4 * C;

@@ -136,3 +136,27 @@ TEST(DevicePlan, DeviceAndPrecisionConfig) {
                  ConfigError);
   }
 }
+
+// train.attention: fused asked for where it cannot run is an error naming the key and why.
+TEST(DevicePlan, FusedAttentionNeedsBf16AndASupportedHeadSize) {
+  TempDir d;
+  const std::string cuda_site = built_with_cuda() ? "site: {device: cuda}\n" : "";
+  auto fp32 = d.file("a.yaml", tiny_config(d.path() / "out", "  attention: fused\n", cuda_site));
+  try {
+    load_run_config(fp32);
+    ADD_FAILURE() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("train.attention: fused: the fused attention runs in bf16 only"),
+              std::string::npos)
+        << e.what();
+  }
+  auto bad = d.file("b.yaml", tiny_config(d.path() / "out", "  attention: flash\n"));
+  EXPECT_THROW(load_run_config(bad), ConfigError);
+  auto plain = load_run_config(d.file("c.yaml", tiny_config(d.path() / "out")));
+  EXPECT_EQ(plain.train.attention, "auto");
+  if (built_with_cuda()) {
+    auto ok = load_run_config(
+        d.file("e.yaml", tiny_config(d.path() / "out", "  precision: bf16\n  attention: fused\n", cuda_site)));
+    EXPECT_EQ(ok.train.attention, "fused");
+  }
+}

@@ -24,8 +24,8 @@ void check_ids(const int32_t* ids, int64_t n, int T, int V, const char* what) {
 
 // The precision-independent part; ModelT<A> holds the activations of type A.
 struct CudaGpt::Impl {
-  Impl(const trainer::ModelConfig& c, Precision p)
-      : cfg(c), layout(c), precision(p), stream("model compute"), blas(stream.get()) {}
+  Impl(const trainer::ModelConfig& c, Precision p, bool fused_attention)
+      : cfg(c), layout(c), precision(p), fused(fused_attention), stream("model compute"), blas(stream.get()) {}
   virtual ~Impl() = default;
   virtual float run_forward(const float* P, int B, int T) = 0;
   virtual void run_backward(const float* P, float* G, float loss_scale, const GradReadyHook& hook) = 0;
@@ -87,6 +87,7 @@ struct CudaGpt::Impl {
   trainer::ModelConfig cfg;
   trainer::ParamLayout layout;
   Precision precision;
+  bool fused;  // fused attention: lse per layer instead of the [B, NH, T, T] probabilities
   Stream stream;
   CublasHandle blas;
   DeviceBuffer<char> work;
@@ -112,9 +113,11 @@ struct ModelT final : CudaGpt::Impl {
   struct Layer {
     A *ln1, *qkv, *atty, *att, *attproj, *res2, *ln2, *fch, *fch_gelu, *fcproj, *res3;
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
+    float* lse;  // fused attention only (att is null then)
   };
 
-  ModelT(const trainer::ModelConfig& c, Precision p) : Impl(c, p), layers(size_t(c.n_layer)) {
+  ModelT(const trainer::ModelConfig& c, Precision p, bool fused_attention)
+      : Impl(c, p, fused_attention), layers(size_t(c.n_layer)) {
     if constexpr (std::is_same_v<A, bf16>) wcopy = DeviceBuffer<bf16>(size_t(layout.total()), "bf16 weight copy");
   }
 
@@ -134,9 +137,10 @@ struct ModelT final : CudaGpt::Impl {
     const int64_t N = int64_t(B) * T, C = cfg.n_embd, NH = cfg.n_head, V = cfg.vocab_size;
     const int64_t NC = N * C, L = cfg.n_layer;
     // Activations of type A, then fp32 statistics: one allocation each, carved below.
-    const int64_t per_layer = NC * 18 + int64_t(B) * NH * T * T;
+    const int64_t att_elems = fused ? 0 : int64_t(B) * NH * T * T, lse_elems = fused ? int64_t(B) * NH * T : 0;
+    const int64_t per_layer = NC * 18 + att_elems;
     const int64_t acts = NC * 2 /*encoded, lnf*/ + N * Vp() /*probs*/ + L * per_layer + NC * 14 /*backward scratch*/;
-    const int64_t stats = N * (4 * L + 2);
+    const int64_t stats = N * (4 * L + 2) + L * lse_elems;
     if (acts > static_cast<int64_t>(act.size())) {
       act.reset();
       act = DeviceBuffer<A>(size_t(acts), fmt::format("activations (B {} T {})", B, T));
@@ -146,7 +150,7 @@ struct ModelT final : CudaGpt::Impl {
       stat = DeviceBuffer<float>(size_t(stats), "LayerNorm statistics");
     }
     if (N > static_cast<int64_t>(losses.size())) losses = DeviceBuffer<float>(size_t(N), "losses");
-    const size_t wb = workspace_bytes(B, T, int(C), int(NH), int(V), int(sizeof(A)));
+    const size_t wb = workspace_bytes(B, T, int(C), int(NH), int(V), int(sizeof(A)), fused);
     if (wb > work.size()) {
       work.reset();
       work = DeviceBuffer<char>(wb, "op workspace");
@@ -168,10 +172,11 @@ struct ModelT final : CudaGpt::Impl {
     lnf = take(NC);
     probs = take(N * Vp());
     for (auto& l : layers) {
-      l.ln1 = take(NC), l.qkv = take(3 * NC), l.atty = take(NC), l.att = take(int64_t(B) * NH * T * T);
+      l.ln1 = take(NC), l.qkv = take(3 * NC), l.atty = take(NC), l.att = fused ? nullptr : take(att_elems);
       l.attproj = take(NC), l.res2 = take(NC), l.ln2 = take(NC), l.fch = take(4 * NC), l.fch_gelu = take(4 * NC);
       l.fcproj = take(NC), l.res3 = take(NC);
       l.ln1_mean = takef(N), l.ln1_rstd = takef(N), l.ln2_mean = takef(N), l.ln2_rstd = takef(N);
+      l.lse = fused ? takef(lse_elems) : nullptr;
     }
     dres = take(NC), dln = take(NC), datty = take(NC), dqkv = take(3 * NC), dfch_gelu = take(4 * NC);
     dfch = take(4 * NC);
@@ -191,7 +196,14 @@ struct ModelT final : CudaGpt::Impl {
       Layer& a = layers[size_t(l)];
       layernorm_forward<A>(c, a.ln1, a.ln1_mean, a.ln1_rstd, x, P + o.ln1_w, P + o.ln1_b, N, C);
       matmul_forward<A>(c, a.qkv, a.ln1, W(P, o.attn_w), P + o.attn_b, N, C, 3 * C);
-      attention_forward<A>(c, a.atty, a.att, a.qkv, B, T, C, NH);
+      if constexpr (std::is_same_v<A, bf16>)
+        if (fused) {
+          attention_forward_fused(c, a.atty, a.lse, a.qkv, B, T, C, NH);
+        } else {
+          attention_forward<A>(c, a.atty, a.att, a.qkv, B, T, C, NH);
+        }
+      else
+        attention_forward<A>(c, a.atty, a.att, a.qkv, B, T, C, NH);
       matmul_forward<A>(c, a.attproj, a.atty, W(P, o.proj_w), P + o.proj_b, N, C, C);
       residual_forward<A>(c, a.res2, x, a.attproj, int64_t(N) * C);
       layernorm_forward<A>(c, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, P + o.ln2_w, P + o.ln2_b, N, C);
@@ -233,7 +245,14 @@ struct ModelT final : CudaGpt::Impl {
       layernorm_backward<A>(c, dres, G + o.ln2_w, G + o.ln2_b, dln, a.res2, P + o.ln2_w, a.ln2_mean, a.ln2_rstd, N,
                             C);
       matmul_backward<A>(c, datty, G + o.proj_w, G + o.proj_b, dres, a.atty, W(P, o.proj_w), N, C, C, kOverwrite);
-      attention_backward<A>(c, dqkv, datty, a.qkv, a.att, B, T, C, NH, kOverwrite);
+      if constexpr (std::is_same_v<A, bf16>)
+        if (fused) {
+          attention_backward_fused(c, dqkv, datty, a.qkv, a.atty, a.lse, B, T, C, NH, kOverwrite);
+        } else {
+          attention_backward<A>(c, dqkv, datty, a.qkv, a.att, B, T, C, NH, kOverwrite);
+        }
+      else
+        attention_backward<A>(c, dqkv, datty, a.qkv, a.att, B, T, C, NH, kOverwrite);
       matmul_backward<A>(c, dln, G + o.attn_w, G + o.attn_b, dqkv, a.ln1, W(P, o.attn_w), N, C, 3 * C, kOverwrite);
       layernorm_backward<A>(c, dres, G + o.ln1_w, G + o.ln1_b, dln, x_in, P + o.ln1_w, a.ln1_mean, a.ln1_rstd, N, C);
       if (hook) hook(l, stream.get());
@@ -278,16 +297,17 @@ struct ModelT final : CudaGpt::Impl {
 
 }  // namespace
 
-CudaGpt::CudaGpt(const trainer::ModelConfig& cfg, Precision precision) {
+CudaGpt::CudaGpt(const trainer::ModelConfig& cfg, Precision precision, AttentionKernel attention) {
   if (cfg.n_layer < 0 || cfg.n_head < 1 || cfg.n_embd < 1 || cfg.n_embd % cfg.n_head != 0 || cfg.block_size < 1 ||
       cfg.vocab_size < 1)
     throw ConfigError(fmt::format("model config n_layer {} n_head {} n_embd {} block_size {} vocab_size {}: need "
                                   "n_embd a positive multiple of n_head and positive sizes",
                                   cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.vocab_size));
+  const bool fused = uses_fused_attention(attention, precision, cfg.n_embd, cfg.n_head);
   if (precision == Precision::Fp32)
-    impl_ = std::make_unique<ModelT<float>>(cfg, precision);
+    impl_ = std::make_unique<ModelT<float>>(cfg, precision, false);  // the fused attention is bf16 only
   else
-    impl_ = std::make_unique<ModelT<bf16>>(cfg, precision);
+    impl_ = std::make_unique<ModelT<bf16>>(cfg, precision, fused);
 }
 
 CudaGpt::~CudaGpt() = default;
@@ -295,6 +315,7 @@ CudaGpt::~CudaGpt() = default;
 const trainer::ModelConfig& CudaGpt::config() const { return impl_->cfg; }
 const trainer::ParamLayout& CudaGpt::layout() const { return impl_->layout; }
 Precision CudaGpt::precision() const { return impl_->precision; }
+bool CudaGpt::fused_attention() const { return impl_->fused; }
 cudaStream_t CudaGpt::stream() const { return impl_->stream.get(); }
 
 float CudaGpt::forward(std::span<const float> params, const int32_t* inputs, const int32_t* targets, int B, int T) {

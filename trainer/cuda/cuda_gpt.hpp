@@ -25,6 +25,7 @@
 #include <span>
 #include <vector>
 
+#include "trainer/cuda/attention_choice.hpp"
 #include "trainer/cuda/precision.hpp"
 #include "trainer/model/model_config.hpp"
 #include "trainer/model/param_layout.hpp"
@@ -39,7 +40,9 @@ using GradReadyHook = std::function<void(int block, cudaStream_t s)>;
 
 class CudaGpt {
  public:
-  CudaGpt(const trainer::ModelConfig& cfg, Precision precision);
+  // attention: which attention kernel (attention_choice.hpp); Fused where it does not apply
+  // is a ConfigError.
+  CudaGpt(const trainer::ModelConfig& cfg, Precision precision, AttentionKernel attention = AttentionKernel::Auto);
   ~CudaGpt();
   CudaGpt(const CudaGpt&) = delete;
   CudaGpt& operator=(const CudaGpt&) = delete;
@@ -47,6 +50,7 @@ class CudaGpt {
   const trainer::ModelConfig& config() const;
   const trainer::ParamLayout& layout() const;
   Precision precision() const;
+  bool fused_attention() const;
   cudaStream_t stream() const;
 
   // inputs/targets: HOST arrays [B*T] (validated like trainer::Gpt: InputError for an id

@@ -8,6 +8,8 @@
 
 #if defined(__CUDACC__)
 #define GEOLOCO_LAUNCH(kernel, grid, block, shmem, stream) kernel<<<grid, block, shmem, stream>>>
+#define GEOLOCO_UNROLL _Pragma("unroll")
 #else
+#define GEOLOCO_UNROLL
 #include "trainer/cuda/emulator/kernel_emulation.hpp"
 #endif

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "trainer/cuda/cuda_check.hpp"
+#include "trainer/cuda/attention_kernels.hpp"
 #include "trainer/cuda/ops_kernels.hpp"
 
 namespace geoloco::cuda {
@@ -72,9 +73,10 @@ void column_sums(const OpContext& ctx, float* out_a, float* out_b, const A* dout
 
 }  // namespace
 
-size_t workspace_bytes(int B, int T, int C, int NH, int V, int act_bytes) {
+size_t workspace_bytes(int B, int T, int C, int NH, int V, int act_bytes, bool fused_attention) {
   const size_t NC = size_t(B) * T * C, S = size_t(B) * NH * T * T;
-  const size_t attention = 7 * NC * act_bytes + S * (4 + act_bytes) + 16 * 256;  // + alignment of each piece
+  const size_t attention = fused_attention ? size_t(B) * NH * T * 4 + 256  // the backward's row dots
+                                           : 7 * NC * act_bytes + S * (4 + act_bytes) + 16 * 256;  // + alignment
   const size_t columns = 2 * size_t(kColumnChunks) * 4 * C * 4 + 2 * 256;
   return std::max({attention, columns, size_t(256)});
 }
@@ -211,6 +213,31 @@ void attention_backward(const OpContext& ctx, A* dqkv, const A* dout, const A* q
   kern::merge_heads<A>(grid_cols_bt(C, B, T), kThreads, ctx.stream, dqkv, dk, B, T, NH, hs, 3 * C, C, !overwrite);
   kern::merge_heads<A>(grid_cols_bt(C, B, T), kThreads, ctx.stream, dqkv, dv, B, T, NH, hs, 3 * C, 2 * C, !overwrite);
   check_launch("attention_backward (merge heads)");
+}
+
+namespace {
+void require_fused_fits(int C, int NH, const char* op) {
+  GEOLOCO_CHECK(fused_attention_fits(C, NH), "{}: head size {} / {} must be a multiple of 16 and at most {}", op, C, NH,
+                kFusedMaxHeadSize);
+}
+}  // namespace
+
+void attention_forward_fused(const OpContext& ctx, bf16* out, float* lse, const bf16* qkv, int B, int T, int C,
+                             int NH) {
+  require_fused_fits(C, NH, "attention_forward_fused");
+  kern::flash_forward(ctx.stream, out, lse, qkv, B, T, NH, C / NH);
+  check_launch("attention_forward_fused");
+}
+
+void attention_backward_fused(const OpContext& ctx, bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
+                              const float* lse, int B, int T, int C, int NH, bool overwrite) {
+  require_fused_fits(C, NH, "attention_backward_fused");
+  Carver w(ctx, "attention_backward_fused");
+  float* dsum = w.take<float>(int64_t(B) * NH * T);
+  kern::flash_backward_dot(ctx.stream, dsum, out, dout, B, T, NH, C / NH);
+  check_launch("attention_backward_fused (row dots)");
+  kern::flash_backward(ctx.stream, dqkv, qkv, dout, lse, dsum, B, T, NH, C / NH, !overwrite);
+  check_launch("attention_backward_fused");
 }
 
 template <class A>

@@ -21,6 +21,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "trainer/cuda/attention_choice.hpp"
+
 namespace geoloco::cuda {
 
 using bf16 = __nv_bfloat16;
@@ -34,8 +36,9 @@ struct OpContext {
   size_t work_bytes = 0;
 };
 
-// Scratch bytes the ops need for N = B*T rows, C channels, NH heads, V vocabulary.
-size_t workspace_bytes(int B, int T, int C, int NH, int V, int act_bytes);
+// Scratch bytes the ops need for N = B*T rows, C channels, NH heads, V vocabulary; with
+// fused_attention, for the fused attention instead of the materialised one (no T x T scores).
+size_t workspace_bytes(int B, int T, int C, int NH, int V, int act_bytes, bool fused_attention = false);
 
 template <class A>
 void encoder_forward(const OpContext& ctx, A* out, const int32_t* inp, const float* wte, const float* wpe, int B, int T,
@@ -73,6 +76,14 @@ void attention_forward(const OpContext& ctx, A* out, A* att, const A* qkv, int B
 template <class A>
 void attention_backward(const OpContext& ctx, A* dqkv, const A* dout, const A* qkv, const A* att, int B, int T, int C,
                         int NH, bool overwrite = false);
+
+// Fused causal attention (attention_kernels.hpp: FlashAttention-2 on tensor cores, bf16 only):
+// the same result as attention_forward without materialising the scores. lse [B, NH, T]
+// (fp32) replaces att as what the backward needs; out is also read by the backward.
+// Shapes it serves: fused_attention_fits() (attention_choice.hpp).
+void attention_forward_fused(const OpContext& ctx, bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH);
+void attention_backward_fused(const OpContext& ctx, bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
+                              const float* lse, int B, int T, int C, int NH, bool overwrite = false);
 
 template <class A>
 void gelu_forward(const OpContext& ctx, A* out, const A* inp, int64_t n);

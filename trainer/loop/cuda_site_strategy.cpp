@@ -34,7 +34,7 @@ CudaSiteStrategy::CudaSiteStrategy(const RunConfig& cfg, int site, const ParamLa
       info_((cuda::check_cuda(cudaSetDevice(device), fmt::format("cudaSetDevice({})", device)), cuda::device_info(device))),
       precision_(cfg.train.precision),
       plan_(plan_device_buffers(kind(), layout.total(), rank(), ranks())),
-      model_(cfg.model, cuda::parse_precision(cfg.train.precision)),
+      model_(cfg.model, cuda::parse_precision(cfg.train.precision), cuda::parse_attention_kernel(cfg.train.attention)),
       d_params_(static_cast<size_t>(plan_.param_elems), "parameters"),
       d_grad_shard_(static_cast<size_t>(plan_.grad_shard_elems), "gradient shard"),
       d_grads_(plan_.grads_persistent ? static_cast<size_t>(plan_.grad_elems) : 0, model_.stream(), "gradients"),
@@ -288,6 +288,7 @@ nlohmann::json CudaSiteStrategy::describe() const {
           {"name", info_.name},
           {"sm", fmt::format("{}{}", info_.sm_major, info_.sm_minor)},
           {"precision", precision_},
+          {"attention", model_.fused_attention() ? "fused" : "materialized"},
           {"strategy", strategy_name(kind())},
           {"collective", backend_},
           {"grad_overlap", plan_.overlap}};

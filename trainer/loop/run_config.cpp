@@ -6,6 +6,7 @@
 #include <set>
 
 #include "trainer/core/hash.hpp"
+#include "trainer/cuda/attention_choice.hpp"
 #include "trainer/loop/device_site.hpp"
 
 namespace geoloco::trainer {
@@ -29,6 +30,7 @@ TrainConfig TrainConfig::from_yaml(const config::Node& n) {
   }
   c.grad_clip = n.get_double("grad_clip", c.grad_clip, 0.0, 1e9);
   c.precision = n.get_choice("precision", c.precision, {"fp32", "bf16"});
+  c.attention = n.get_choice("attention", c.attention, {"auto", "fused", "materialized"});
   c.threads = static_cast<int>(n.get_int("threads", c.threads, 1, 1024));
   c.log_every = n.get_int("log_every", c.log_every, 1, kBig);
   c.eval_every = n.get_int("eval_every", c.eval_every, 0, kBig);
@@ -164,6 +166,11 @@ RunConfig parse_run_config(const config::Document& doc) {
         root.child("train").fail("precision", fmt::format("bf16 needs site.device: cuda, but site '{}' runs on the "
                                                           "CPU (the CPU path is fp32)",
                                                           s.name));
+  if (c.train.attention == "fused") {
+    const std::string why = cuda::fused_attention_refusal(cuda::parse_precision(c.train.precision), c.model.n_embd,
+                                                          c.model.n_head);
+    if (!why.empty()) root.child("train").fail("attention", "fused: " + why);
+  }
   if (root.has("outer") || c.sites.size() > 1) c.outer = outer::OuterConfig::from_yaml(root.child("outer"));
   if (c.outer.fragments > c.model.n_layer)
     root.child("outer").fail("fragments", fmt::format("got {}, but the model has {} transformer blocks (a fragment holds "

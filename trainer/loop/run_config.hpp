@@ -39,6 +39,7 @@ struct TrainConfig {
   LrScaling lr_scaling;
   double grad_clip = 1.0;        // max global gradient norm; 0 disables
   std::string precision = "fp32";  // fp32 | bf16 (bf16 on CUDA devices only)
+  std::string attention = "auto";  // auto | fused | materialized (CUDA; fused: bf16, head size 16k <= 64)
   int threads = 1;               // CPU threads per rank (OpenMP + BLAS)
   int64_t log_every = 10;        // steps between metrics.jsonl lines
   int64_t eval_every = 0;        // steps between validation passes; 0 = only at the end

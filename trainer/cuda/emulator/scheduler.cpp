@@ -276,6 +276,21 @@ void run_grid(const KernelLaunch& l) {
   tl_launch = nullptr;
 }
 
+}  // namespace geoloco::cuda::emu
+
+namespace nvcuda::wmma::detail {
+void check_pointer(const void* p, unsigned ldm, size_t elem, const char* what) {
+  using namespace geoloco::cuda::emu;
+  if (reinterpret_cast<uintptr_t>(p) % 32 != 0 || (size_t(ldm) * elem) % 16 != 0)
+    throw EmulationError(fmt::format("{}: wmma::{}({}, ldm {}): the pointer must be 32-byte aligned and ldm a "
+                                     "multiple of 16 bytes",
+                                     tl_launch ? where(*tl_launch, tl_kernel.block_idx) : std::string("kernel"), what,
+                                     p, ldm));
+}
+}  // namespace nvcuda::wmma::detail
+
+namespace geoloco::cuda::emu {
+
 SchedulerCounts scheduler_counts() { return {g_fiber_blocks.load(), g_direct_blocks.load()}; }
 
 }  // namespace geoloco::cuda::emu

@@ -1,0 +1,50 @@
+#include "trainer/cuda/attention_choice.hpp"
+
+#include <fmt/format.h>
+
+#include "trainer/core/error.hpp"
+
+namespace geoloco::cuda {
+
+AttentionKernel parse_attention_kernel(std::string_view s) {
+  if (s == "auto") return AttentionKernel::Auto;
+  if (s == "fused") return AttentionKernel::Fused;
+  if (s == "materialized") return AttentionKernel::Materialized;
+  throw ConfigError(fmt::format("attention '{}' is not supported: choose auto, fused or materialized", s));
+}
+
+const char* attention_kernel_name(AttentionKernel k) {
+  switch (k) {
+    case AttentionKernel::Auto:
+      return "auto";
+    case AttentionKernel::Fused:
+      return "fused";
+    case AttentionKernel::Materialized:
+      return "materialized";
+  }
+  return "?";
+}
+
+bool fused_attention_fits(int n_embd, int n_head) {
+  if (n_head <= 0 || n_embd % n_head != 0) return false;
+  const int hs = n_embd / n_head;
+  return hs % 16 == 0 && hs <= kFusedMaxHeadSize;
+}
+
+std::string fused_attention_refusal(Precision p, int n_embd, int n_head) {
+  if (p != Precision::Bf16) return "the fused attention runs in bf16 only (train.precision: bf16)";
+  if (!fused_attention_fits(n_embd, n_head))
+    return fmt::format("the fused attention needs a head size (n_embd / n_head = {} / {}) that is a multiple of 16 "
+                       "and at most {}",
+                       n_embd, n_head, kFusedMaxHeadSize);
+  return "";
+}
+
+bool uses_fused_attention(AttentionKernel k, Precision p, int n_embd, int n_head) {
+  if (k == AttentionKernel::Materialized) return false;
+  const std::string why = fused_attention_refusal(p, n_embd, n_head);
+  if (k == AttentionKernel::Fused && !why.empty()) throw ConfigError(why);
+  return why.empty();
+}
+
+}  // namespace geoloco::cuda
