@@ -70,6 +70,11 @@ void FiberContext::init(void* bottom, size_t size, void (*entry)()) {
   stack_bottom_ = bottom;
   stack_size_ = size;
   fake_stack_ = nullptr;
+#if defined(GEOLOCO_EMU_ASAN)
+  // A fiber abandoned by a failed launch never returned from its frames: their redzones are
+  // still poisoned in the reused stack.
+  ASAN_UNPOISON_MEMORY_REGION(bottom, size);
+#endif
 #if defined(GEOLOCO_EMU_TSAN)
   if (owns_tsan_fiber_) __tsan_destroy_fiber(tsan_fiber_);
   tsan_fiber_ = __tsan_create_fiber(0);
