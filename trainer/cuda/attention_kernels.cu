@@ -174,6 +174,30 @@ __global__ void flash_backward_dot_k(float* dsum, const bf16* out, const bf16* d
   dsum[row] = s;
 }
 
+// The two products the backward kernels need for one step, 16 rows x kTile columns each:
+// out1 = a1 x1^T and out2 = a2 x2^T, where a1/a2 are the warp's row fragments ([16][16*NK])
+// and x1/x2 the step's [kTile][kHs] shared tiles; stored row-major with stride kTile.
+template <int NK>
+__device__ __forceinline__ void two_products_t(float* out1, float* out2, const FragA* a1, const bf16* x1,
+                                               const FragA* a2, const bf16* x2) {
+  GEOLOCO_UNROLL
+  for (int n = 0; n < kTile / 16; ++n) {
+    FragC p1, p2;
+    wmma::fill_fragment(p1, 0.0f);
+    wmma::fill_fragment(p2, 0.0f);
+    GEOLOCO_UNROLL
+    for (int kk = 0; kk < NK; ++kk) {
+      FragBt b1, b2;
+      wmma::load_matrix_sync(b1, x1 + n * 16 * kHs + kk * 16, kHs);
+      wmma::mma_sync(p1, a1[kk], b1, p1);
+      wmma::load_matrix_sync(b2, x2 + n * 16 * kHs + kk * 16, kHs);
+      wmma::mma_sync(p2, a2[kk], b2, p2);
+    }
+    wmma::store_matrix_sync(out1 + n * 16, p1, kTile, wmma::mem_row_major);
+    wmma::store_matrix_sync(out2 + n * 16, p2, kTile, wmma::mem_row_major);
+  }
+}
+
 struct KvShared {
   alignas(32) bf16 q[kTile][kHs];
   alignas(32) bf16 dout[kTile][kHs];
@@ -234,22 +258,7 @@ __global__ void __launch_bounds__(kFusedThreads)
     }
     __syncthreads();
     if (jw >= T || i0 + kTile - 1 < jw) continue;  // warp-uniform: every query precedes these keys
-    GEOLOCO_UNROLL
-    for (int n = 0; n < kTile / 16; ++n) {
-      FragC s, dp;
-      wmma::fill_fragment(s, 0.0f);
-      wmma::fill_fragment(dp, 0.0f);
-      GEOLOCO_UNROLL
-      for (int kk = 0; kk < nk; ++kk) {
-        FragBt qb, ob;
-        wmma::load_matrix_sync(qb, &sm.q[n * 16][kk * 16], kHs);
-        wmma::mma_sync(s, kf[kk], qb, s);
-        wmma::load_matrix_sync(ob, &sm.dout[n * 16][kk * 16], kHs);
-        wmma::mma_sync(dp, vf[kk], ob, dp);
-      }
-      wmma::store_matrix_sync(&W.st[0][n * 16], s, kTile, wmma::mem_row_major);
-      wmma::store_matrix_sync(&W.dpt[0][n * 16], dp, kTile, wmma::mem_row_major);
-    }
+    two_products_t<nk>(&W.st[0][0], &W.dpt[0][0], kf, &sm.q[0][0], vf, &sm.dout[0][0]);  // S^T, dP^T
     __syncwarp();
     for (int e = lane; e < 16 * kTile; e += 32) {
       const int r = e / kTile, c = e - r * kTile, j = jw + r, i = i0 + c;
@@ -349,22 +358,7 @@ __global__ void __launch_bounds__(kFusedThreads)
     load_rows(&sm.v[0][0], v, ld3, j0, kTile, T, hs, int(threadIdx.x), kFusedThreads);
     __syncthreads();
     if (qw >= T || j0 > qw + 15) continue;
-    GEOLOCO_UNROLL
-    for (int n = 0; n < kTile / 16; ++n) {
-      FragC s, dp;
-      wmma::fill_fragment(s, 0.0f);
-      wmma::fill_fragment(dp, 0.0f);
-      GEOLOCO_UNROLL
-      for (int kk = 0; kk < nk; ++kk) {
-        FragBt kb, vb;
-        wmma::load_matrix_sync(kb, &sm.k[n * 16][kk * 16], kHs);
-        wmma::mma_sync(s, qf[kk], kb, s);
-        wmma::load_matrix_sync(vb, &sm.v[n * 16][kk * 16], kHs);
-        wmma::mma_sync(dp, of[kk], vb, dp);
-      }
-      wmma::store_matrix_sync(&W.s[0][n * 16], s, kTile, wmma::mem_row_major);
-      wmma::store_matrix_sync(&W.dp[0][n * 16], dp, kTile, wmma::mem_row_major);
-    }
+    two_products_t<nk>(&W.s[0][0], &W.dp[0][0], qf, &sm.k[0][0], of, &sm.v[0][0]);  // S, dP
     __syncwarp();
     for (int e = lane; e < 16 * kTile; e += 32) {
       const int r = e / kTile, c = e - r * kTile, i = qw + r, j = j0 + c;
