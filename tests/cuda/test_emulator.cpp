@@ -218,6 +218,19 @@ TEST(CudaEmulator, CopiesWhoseKindContradictsThePointersAreRejected) {
   EXPECT_EQ(cudaMemcpy(h.data(), d.data(), 16, cudaMemcpyDeviceToHost), cudaSuccess);
 }
 
+// A host buffer may start exactly where a device allocation ends (the TSan allocator placed
+// them so): the end is not inside the allocation.
+TEST(CudaEmulator, TheEndOfAnAllocationIsNotInsideIt) {
+  GEOLOCO_REQUIRE_EMULATOR();
+  DeviceBuffer<char> d(100, "d");
+  auto& state = emu::DeviceState::get();
+  std::lock_guard lock(state.mu);
+  EXPECT_NE(state.find(d.data(), 100), nullptr);
+  EXPECT_NE(state.find(d.data() + 99, 0), nullptr);
+  EXPECT_EQ(state.find(d.data() + 100, 0), nullptr);
+  EXPECT_EQ(state.find(d.data() + 1, 100), nullptr);
+}
+
 TEST(CudaEmulator, AllocationsBeyondTheDeviceMemoryFail) {
   GEOLOCO_REQUIRE_EMULATOR();
   size_t free = 0, total = 0;

@@ -66,7 +66,9 @@ const std::pair<size_t, MemKind>* DeviceState::find(const void* p, size_t bytes)
   auto it = allocs.upper_bound(a);
   if (it == allocs.begin()) return nullptr;
   --it;
-  if (a < it->first || a - it->first > it->second.first || bytes > it->second.first - (a - it->first)) return nullptr;
+  // Strictly inside (a host buffer can start exactly where a device allocation ends).
+  const size_t off = a - it->first, size = it->second.first;
+  if (a < it->first || off >= size || bytes > size - off) return nullptr;
   return &it->second;
 }
 

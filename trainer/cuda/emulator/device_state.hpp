@@ -73,7 +73,7 @@ class DeviceState {
   std::map<uintptr_t, std::pair<size_t, MemKind>> allocs;
   void* allocate(size_t bytes, MemKind kind);  // nullptr when the capacity would be exceeded
   void release(void* p);
-  // The allocation holding [p, p + bytes), or nullptr.
+  // The allocation holding [p, p + bytes) (p strictly inside it, even for bytes 0), or nullptr.
   const std::pair<size_t, MemKind>* find(const void* p, size_t bytes) const;
   bool is_device(const void* p, size_t bytes) const;
   bool is_pinned(const void* p, size_t bytes) const;
