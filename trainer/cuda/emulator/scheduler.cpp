@@ -2,10 +2,15 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <memory>
+#include <numeric>
+#include <random>
 #include <span>
 
 #include <fmt/format.h>
@@ -75,6 +80,29 @@ thread_local Fiber* tl_fiber = nullptr;
 thread_local const KernelLaunch* tl_launch = nullptr;
 std::atomic<uint64_t> g_fiber_blocks{0}, g_direct_blocks{0};
 
+// The order fibers are resumed in. Shuffled (the default) varies it every sweep, so a read of
+// shared memory another warp writes without a barrier in between sees the old value in some
+// sweeps instead of always happening to run after the write.
+struct ScheduleState {
+  std::atomic<bool> shuffled;
+  std::atomic<uint64_t> seed;
+  std::atomic<uint64_t> epoch{0};  // bumped by set_schedule: every thread reseeds
+};
+ScheduleState& schedule_state() {
+  static ScheduleState s;
+  static const bool from_env = [] {
+    const char* mode = std::getenv("GEOLOCO_CUDA_EMULATOR_SCHEDULE");
+    s.shuffled = !(mode && std::strcmp(mode, "ordered") == 0);
+    const char* seed = std::getenv("GEOLOCO_CUDA_EMULATOR_SEED");
+    s.seed = seed ? std::strtoull(seed, nullptr, 10) : 1;
+    return true;
+  }();
+  (void)from_env;
+  return s;
+}
+thread_local std::mt19937_64 tl_rng;
+thread_local uint64_t tl_rng_epoch = UINT64_MAX;
+
 std::string where(const KernelLaunch& l, uint3 b) {
   return fmt::format("kernel {} block ({},{},{}) thread ({},{},{})", l.name, b.x, b.y, b.z, tl_kernel.thread_idx.x,
                      tl_kernel.thread_idx.y, tl_kernel.thread_idx.z);
@@ -109,10 +137,9 @@ void trampoline() {
       const size_t at = size_t(f.linear / 32 * 32 + i);
       if (at < b.fibers.size() && b.fibers[at].wait == Wait::Shuffle) waiting |= 1u << i;
     }
-    const int lo = std::countr_zero(waiting), hi = 31 - std::countl_zero(waiting);
     b.error = std::make_exception_ptr(EmulationError(fmt::format(
-        "{}: lane {} exited while lanes {}-{} wait at __shfl_xor_sync(mask {:#010x}) naming it", where(*b.launch, b.bid),
-        lane, lo, hi, w.pending_mask)));
+        "{}: lane {} exited while lanes {:#010x} wait at __shfl_xor_sync(mask {:#010x}) naming it",
+        where(*b.launch, b.bid), lane, waiting, w.pending_mask)));
   }
   release_barrier_if_complete(b);
   FiberContext::exit_to(f.ctx, b.sched);
@@ -168,9 +195,19 @@ bool run_block_fibers(const KernelLaunch& l, uint3 bid, size_t nthreads) {
   Block* outer_block = tl_block;
   Fiber* outer_fiber = tl_fiber;
   tl_block = &b;
+  auto& sched = schedule_state();
+  const bool shuffled = sched.shuffled.load();
+  if (shuffled && tl_rng_epoch != sched.epoch.load()) {
+    tl_rng.seed(sched.seed.load());
+    tl_rng_epoch = sched.epoch.load();
+  }
+  std::vector<uint32_t> order(nthreads);
+  std::iota(order.begin(), order.end(), 0u);
   for (;;) {
     bool progress = false, all_done = true;
-    for (auto& f : b.fibers) {
+    if (shuffled) std::shuffle(order.begin(), order.end(), tl_rng);
+    for (uint32_t at : order) {
+      Fiber& f = b.fibers[at];
       if (f.done) continue;
       all_done = false;
       if (!ready(b, f)) continue;
@@ -290,6 +327,13 @@ void check_pointer(const void* p, unsigned ldm, size_t elem, const char* what) {
 }  // namespace nvcuda::wmma::detail
 
 namespace geoloco::cuda::emu {
+
+void set_schedule(bool shuffled, uint64_t seed) {
+  auto& s = schedule_state();
+  s.shuffled = shuffled;
+  s.seed = seed;
+  ++s.epoch;
+}
 
 SchedulerCounts scheduler_counts() { return {g_fiber_blocks.load(), g_direct_blocks.load()}; }
 

@@ -59,6 +59,12 @@ void launch_kernel(KernelLaunch launch);
 // EmulationError naming the kernel and the block.
 void run_grid(const KernelLaunch& launch);
 
+// The order threads of a fiber block resume in: shuffled every sweep from a seeded generator
+// (default; GEOLOCO_CUDA_EMULATOR_SCHEDULE=ordered for thread order, GEOLOCO_CUDA_EMULATOR_SEED
+// for another seed). Race-free kernels give the same bits either way; a kernel that reads
+// shared memory another thread wrote without a barrier in between does not. Test hook:
+void set_schedule(bool shuffled, uint64_t seed);
+
 // How many blocks ran with fibers and how many as plain calls since the process started
 // (for tests of the scheduler itself).
 struct SchedulerCounts {
