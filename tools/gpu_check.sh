@@ -2,10 +2,10 @@
 # One prepared GPU check (for a machine with a GPU, e.g. one H200 with 16 cores, < 8 minutes):
 # configure with CUDA into build-gpu, build only what the check needs, run the device tests
 # once in one process (test_cuda_gpu: op and model parity, writes parity.json), the GPT-2 124M
-# bf16 benchmark (bench.json: fused attention; bench_materialized.json: materialised), the
-# training loop on the GPU (test_cuda_loop: 2-rank site vs the
-# CPU curve, ddp == zero1, bit-exact resume, 2-site DiLoCo, NCCL in the loop), and the NCCL
-# tests of the parallel area; then write report.json + gpu_check.log into OUTDIR.
+# bf16 benchmark (bench.json, fused attention), the training loop on the GPU (test_cuda_loop:
+# 2-rank site vs the CPU curve, ddp == zero1, bit-exact resume, 2-site DiLoCo, NCCL in the
+# loop), the NCCL tests of the parallel area, and last the benchmark with the materialised
+# attention (bench_materialized.json); then write report.json + gpu_check.log into OUTDIR.
 #
 #   tools/gpu_check.sh OUTDIR        exit 0 only when every step passed
 #

@@ -196,14 +196,7 @@ struct ModelT final : CudaGpt::Impl {
       Layer& a = layers[size_t(l)];
       layernorm_forward<A>(c, a.ln1, a.ln1_mean, a.ln1_rstd, x, P + o.ln1_w, P + o.ln1_b, N, C);
       matmul_forward<A>(c, a.qkv, a.ln1, W(P, o.attn_w), P + o.attn_b, N, C, 3 * C);
-      if constexpr (std::is_same_v<A, bf16>)
-        if (fused) {
-          attention_forward_fused(c, a.atty, a.lse, a.qkv, B, T, C, NH);
-        } else {
-          attention_forward<A>(c, a.atty, a.att, a.qkv, B, T, C, NH);
-        }
-      else
-        attention_forward<A>(c, a.atty, a.att, a.qkv, B, T, C, NH);
+      attention_fwd(c, a, B, T, C, NH);
       matmul_forward<A>(c, a.attproj, a.atty, W(P, o.proj_w), P + o.proj_b, N, C, C);
       residual_forward<A>(c, a.res2, x, a.attproj, int64_t(N) * C);
       layernorm_forward<A>(c, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, P + o.ln2_w, P + o.ln2_b, N, C);
@@ -217,6 +210,18 @@ struct ModelT final : CudaGpt::Impl {
     lm_head_forward<A>(c, probs, lnf, W(P, layout.wte()), N, C, V, Vp());
     crossentropy_forward<A>(c, probs, losses.data(), probs, targets_dev(), N, V, Vp());
     return mean_loss_to_host(c, losses.data(), N);
+  }
+
+  // The layer's attention with the kernel chosen at construction (fused: bf16 only).
+  void attention_fwd(const OpContext& c, const Layer& a, int B, int T, int C, int NH) {
+    if constexpr (std::is_same_v<A, bf16>)
+      if (fused) return attention_forward_fused(c, a.atty, a.lse, a.qkv, B, T, C, NH);
+    attention_forward<A>(c, a.atty, a.att, a.qkv, B, T, C, NH);
+  }
+  void attention_bwd(const OpContext& c, const Layer& a, int B, int T, int C, int NH) {
+    if constexpr (std::is_same_v<A, bf16>)
+      if (fused) return attention_backward_fused(c, dqkv, datty, a.qkv, a.atty, a.lse, B, T, C, NH, kOverwrite);
+    attention_backward<A>(c, dqkv, datty, a.qkv, a.att, B, T, C, NH, kOverwrite);
   }
 
   void zero(A* p, int64_t n) {
@@ -245,14 +250,7 @@ struct ModelT final : CudaGpt::Impl {
       layernorm_backward<A>(c, dres, G + o.ln2_w, G + o.ln2_b, dln, a.res2, P + o.ln2_w, a.ln2_mean, a.ln2_rstd, N,
                             C);
       matmul_backward<A>(c, datty, G + o.proj_w, G + o.proj_b, dres, a.atty, W(P, o.proj_w), N, C, C, kOverwrite);
-      if constexpr (std::is_same_v<A, bf16>)
-        if (fused) {
-          attention_backward_fused(c, dqkv, datty, a.qkv, a.atty, a.lse, B, T, C, NH, kOverwrite);
-        } else {
-          attention_backward<A>(c, dqkv, datty, a.qkv, a.att, B, T, C, NH, kOverwrite);
-        }
-      else
-        attention_backward<A>(c, dqkv, datty, a.qkv, a.att, B, T, C, NH, kOverwrite);
+      attention_bwd(c, a, B, T, C, NH);
       matmul_backward<A>(c, dln, G + o.attn_w, G + o.attn_b, dqkv, a.ln1, W(P, o.attn_w), N, C, 3 * C, kOverwrite);
       layernorm_backward<A>(c, dres, G + o.ln1_w, G + o.ln1_b, dln, x_in, P + o.ln1_w, a.ln1_mean, a.ln1_rstd, N, C);
       if (hook) hook(l, stream.get());
