@@ -10,6 +10,7 @@
 #include "trainer/checkpoint/atomic_file.hpp"
 #include "trainer/checkpoint/safetensors.hpp"
 #include "trainer/core/error.hpp"
+#include "trainer/core/hash.hpp"
 
 using namespace geoloco;
 using namespace geoloco::trainer;
@@ -29,8 +30,10 @@ TEST(Safetensors, BytesMatchTheFormatExactly) {
   const int64_t b[1] = {258};
   std::vector<TensorWrite> t = {f32_tensor("a", {2}, a), i64_tensor("b", {1, 1}, b)};
   const auto bytes = encode_safetensors(t, {{"k", "v"}});
+  const std::string sums = hex64(hash64(a, 8)) + "," + hex64(hash64(b, 8));
   const std::string json =
-      R"({"__metadata__":{"k":"v"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+      R"({"__metadata__":{"k":"v","geoloco.tensor_xxh3_64":")" + sums + R"("},)"
+      R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
       R"("b":{"dtype":"I64","shape":[1,1],"data_offsets":[8,16]}})";
   // 8 + N must be a multiple of 8: the JSON is padded with spaces.
   std::string header = json + std::string((8 - json.size() % 8) % 8, ' ');
@@ -44,13 +47,85 @@ TEST(Safetensors, BytesMatchTheFormatExactly) {
   EXPECT_EQ((8 + header.size()) % 8, 0u);
 }
 
-TEST(Safetensors, NoMetadataOmitsTheKey) {
+TEST(Safetensors, WithoutCallerMetadataOnlyTheChecksumsAreWritten) {
   const uint8_t x[3] = {7, 8, 9};
   std::vector<TensorWrite> t = {u8_tensor("x", {3}, x)};
   const auto bytes = encode_safetensors(t, {});
-  const std::string json = R"({"x":{"dtype":"U8","shape":[3],"data_offsets":[0,3]}})";
+  const std::string json = R"({"__metadata__":{"geoloco.tensor_xxh3_64":")" + hex64(hash64(x, 3)) +
+                           R"("},"x":{"dtype":"U8","shape":[3],"data_offsets":[0,3]}})";
   ASSERT_GE(bytes.size(), 8 + json.size());
   EXPECT_EQ(std::string(bytes.begin() + 8, bytes.begin() + 8 + static_cast<ptrdiff_t>(json.size())), json);
+  // No tensors, no metadata: an empty header, as the reference writes it.
+  const auto empty = encode_safetensors({}, {});
+  EXPECT_EQ(std::string(empty.begin() + 8, empty.begin() + 10), "{}");
+}
+
+// Every tensor's bytes are checksummed: a flipped data bit is a FileError naming the
+// tensor and its byte range; files without checksums (Python, Hugging Face) still load.
+TEST(Safetensors, ChecksumsCatchCorruptDataAndAreOptional) {
+  std::vector<float> w(64);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = float(i) * 0.5f;
+  const int64_t step[1] = {7};
+  std::vector<TensorWrite> t = {f32_tensor("w", {8, 8}, w), f32_tensor("none", {0}, {}), i64_tensor("step", {1}, step)};
+  // A caller's value for the key is replaced by the real checksums.
+  auto good = encode_safetensors(t, {{"run", "x"}, {kTensorChecksumKey, "bogus"}});
+  const auto f = SafetensorsFile::parse(good, "f.st");
+  EXPECT_TRUE(f.checksummed());
+  EXPECT_EQ(f.metadata(), (std::map<std::string, std::string>{{"run", "x"}}));  // the key is not metadata
+  uint64_t n;
+  std::memcpy(&n, good.data(), 8);
+  const size_t data = 8 + n;
+  auto flipped = [&](size_t at) {
+    auto b = good;
+    b[at] ^= 0x04;
+    try {
+      SafetensorsFile::parse(b, "f.st");
+    } catch (const FileError& e) {
+      return std::string(e.what());
+    }
+    return std::string("<parsed>");
+  };
+  const std::string in_w = flipped(data + 100);
+  EXPECT_NE(in_w.find("f.st: tensor 'w' (data bytes [0, 256)) fails its checksum: stored "), std::string::npos)
+      << in_w;
+  EXPECT_NE(in_w.find("the file is corrupt"), std::string::npos) << in_w;
+  EXPECT_NE(flipped(data + 256).find("tensor 'step' (data bytes [256, 264))"), std::string::npos);
+  for (size_t at = data; at < good.size(); ++at) EXPECT_NE(flipped(at), "<parsed>") << "data byte " << at;
+
+  // The same tensors without the key (as Python writes them) load, unverified.
+  const std::string header = R"({"__metadata__":{"run":"x"},"w":{"dtype":"F32","shape":[8,8],"data_offsets":[0,256]},)"
+                             R"("step":{"dtype":"I64","shape":[1],"data_offsets":[256,264]}})";
+  std::vector<uint8_t> plain(8);
+  const uint64_t hn = header.size();
+  std::memcpy(plain.data(), &hn, 8);
+  plain.insert(plain.end(), header.begin(), header.end());
+  plain.insert(plain.end(), good.begin() + static_cast<ptrdiff_t>(data), good.end());
+  const auto p = SafetensorsFile::parse(plain, "py.st");
+  EXPECT_FALSE(p.checksummed());
+  EXPECT_EQ(p.f32("w"), w);
+
+  // A malformed list is refused, naming the key.
+  auto with_sums = [&](const std::string& sums) {
+    const std::string h = R"({"__metadata__":{"geoloco.tensor_xxh3_64":")" + sums +
+                          R"("},"step":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})";
+    std::vector<uint8_t> b(8);
+    const uint64_t len = h.size();
+    std::memcpy(b.data(), &len, 8);
+    b.insert(b.end(), h.begin(), h.end());
+    b.insert(b.end(), reinterpret_cast<const uint8_t*>(step), reinterpret_cast<const uint8_t*>(step) + 8);
+    try {
+      SafetensorsFile::parse(b, "m.st");
+    } catch (const FileError& e) {
+      return std::string(e.what());
+    }
+    return std::string("<parsed>");
+  };
+  EXPECT_EQ(with_sums(hex64(hash64(step, 8))), "<parsed>");
+  EXPECT_EQ(with_sums(""), "m.st: __metadata__ 'geoloco.tensor_xxh3_64' lists 0 checksums for 1 tensors");
+  EXPECT_EQ(with_sums(hex64(hash64(step, 8)) + ","),
+            "m.st: __metadata__ 'geoloco.tensor_xxh3_64' lists 2 checksums for 1 tensors");
+  EXPECT_EQ(with_sums("XYZ"),
+            "m.st: __metadata__ 'geoloco.tensor_xxh3_64': checksum 0 ('XYZ') is not 16 lowercase hex digits");
 }
 
 TEST(Safetensors, RoundTripKeepsEveryBitAndTheMetadata) {

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdio>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "test_util.hpp"
@@ -96,6 +97,19 @@ TEST(Cli, TrainThenEvalPrintsJson) {
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["tokens"].get<int>(), 320);
   EXPECT_LT(j["loss"].get<double>(), std::log(256.0));  // learned something
+
+  // A flipped bit in a weight: exit 2, the file and the tensor named.
+  {
+    std::fstream f(ckpt, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-40, std::ios::end);
+    const char c = char(f.get() ^ 0x01);
+    f.seekp(-40, std::ios::end);
+    f.put(c);
+  }
+  r = run("eval --checkpoint " + ckpt + " --data " + (d.path() / "corpus.txt").string());
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("model.safetensors: tensor '"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("fails its checksum"), std::string::npos) << r.out;
 
   // A checkpoint whose shapes do not match / a corrupt file: exit 2, file named.
   std::filesystem::resize_file(ckpt, 100);

@@ -131,6 +131,38 @@ TEST(Trainer, CorruptCheckpointOnResumeIsAFileError) {
   }
 }
 
+// One flipped bit inside a tensor (sizes and offsets intact): the checksums catch it on
+// resume, naming the file and the tensor, before any state is used. (Resume reads the
+// rank's state file; model.safetensors is the export, checked by `geoloco eval`: test_cli.)
+TEST(Trainer, BitFlipInACheckpointOnResumeIsAFileError) {
+  TempDir d;
+  {
+    auto cfg = load(d, tiny_config(d.path() / "out"), {"train.steps=4"});
+    Trainer t(cfg, quiet());
+    t.run();
+  }
+  const auto path = d.path() / "out" / "checkpoints" / "local" / "step_00000004" / "state.r0.safetensors";
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-64, std::ios::end);
+    const char c = char(f.get() ^ 0x10);
+    f.seekp(-64, std::ios::end);
+    f.put(c);
+  }
+  auto cfg = load(d, tiny_config(d.path() / "out"), {"train.steps=8"});
+  auto o = quiet();
+  o.resume = true;
+  try {
+    Trainer t(cfg, o);
+    t.run();
+    FAIL() << "expected FileError";
+  } catch (const FileError& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("state.r0.safetensors: tensor '"), std::string::npos) << w;
+    EXPECT_NE(w.find("fails its checksum"), std::string::npos) << w;
+  }
+}
+
 TEST(Trainer, ResumeRefusesAnotherStrategy) {
   TempDir d;
   {

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstring>
 #include <set>
+#include <string_view>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -17,6 +18,7 @@
 
 #include "trainer/checkpoint/atomic_file.hpp"
 #include "trainer/core/error.hpp"
+#include "trainer/core/hash.hpp"
 
 namespace geoloco::trainer {
 
@@ -100,9 +102,17 @@ namespace {
 // Header bytes (JSON padded with spaces to a multiple of 8) for tensors packed in order.
 std::string encode_header(std::span<const TensorWrite> tensors, const std::map<std::string, std::string>& metadata) {
   ordered_json h = ordered_json::object();
-  if (!metadata.empty()) {
+  // The checksums are derived from the tensors: a caller's value for the key is replaced.
+  std::string sums;
+  for (const auto& t : tensors) {
+    if (!sums.empty()) sums.push_back(',');
+    sums.append(hex64(hash64(t.bytes.data(), t.bytes.size())));
+  }
+  if (!metadata.empty() || !tensors.empty()) {
     ordered_json m = ordered_json::object();
-    for (const auto& [k, v] : metadata) m[k] = v;
+    for (const auto& [k, v] : metadata)
+      if (k != kTensorChecksumKey) m[k] = v;
+    if (!tensors.empty()) m[kTensorChecksumKey] = sums;
     h["__metadata__"] = std::move(m);
   }
   std::set<std::string> names;
@@ -313,7 +323,39 @@ SafetensorsFile SafetensorsFile::parse_storage(std::shared_ptr<const void> owner
   }
   if (at != data_size) throw bad(fmt::format("{} trailing bytes after the last tensor", data_size - at));
   for (size_t i = 0; i < s.tensors_.size(); ++i) s.index_[s.tensors_[i].name] = i;
+  s.verify_checksums();
   return s;
+}
+
+void SafetensorsFile::verify_checksums() {
+  const auto it = metadata_.find(kTensorChecksumKey);
+  if (it == metadata_.end()) return;
+  const std::string list = it->second;
+  metadata_.erase(it);
+  auto bad = [&](const std::string& problem) { return FileError(path_, problem); };
+  std::vector<std::string_view> sums;
+  for (size_t b = 0; b <= list.size() && !list.empty();) {
+    const size_t e = std::min(list.find(',', b), list.size());
+    sums.emplace_back(list.data() + b, e - b);
+    b = e + 1;
+  }
+  if (sums.size() != tensors_.size())
+    throw bad(fmt::format("__metadata__ '{}' lists {} checksums for {} tensors", kTensorChecksumKey, sums.size(),
+                          tensors_.size()));
+  // Tensors of equal offsets (empty ones) sort by name, not write order; their sums agree.
+  for (size_t i = 0; i < sums.size(); ++i) {
+    const TensorInfo& t = tensors_[i];
+    const auto want = sums[i];
+    if (want.size() != 16 || want.find_first_not_of("0123456789abcdef") != std::string_view::npos)
+      throw bad(fmt::format("__metadata__ '{}': checksum {} ('{}') is not 16 lowercase hex digits",
+                            kTensorChecksumKey, i, want));
+    const std::string got = hex64(hash64(file_.data() + data_start_ + t.begin, size_t(t.end - t.begin)));
+    if (got != want)
+      throw bad(fmt::format("tensor '{}' (data bytes [{}, {})) fails its checksum: stored {}, computed {}; the "
+                            "file is corrupt",
+                            t.name, t.begin, t.end, want, got));
+  }
+  checksummed_ = true;
 }
 
 const std::string& SafetensorsFile::meta(const std::string& key) const {
