@@ -2,6 +2,12 @@
 add_library(geoloco_options INTERFACE)
 target_compile_options(geoloco_options INTERFACE
   $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
+# GCC 12 reports -Wrestrict false positives inside libstdc++'s std::string for ordinary
+# concatenations and short assignments (GCC bugs 105329, 105651; fixed in 13).
+if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_VERSION VERSION_GREATER_EQUAL 12
+   AND CMAKE_CXX_COMPILER_VERSION VERSION_LESS 13)
+  target_compile_options(geoloco_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-Wno-restrict>)
+endif()
 # No FMA contraction (GCC contracts by default even in ISO mode, -march=native makes FMA
 # available): results must not depend on the ISA of the machine that built the binary (the
 # outer step's bits across sites), and the GPU's AdamW (explicit _rn operations) then matches

@@ -602,6 +602,19 @@ void Diloco::log_plan(const PlanDecision& d, int64_t step) const {
                                  nlohmann::json({{"format", "geoloco-plan"}, {"version", 1}, {"plans", all}}).dump(2) + "\n");
 }
 
+namespace {
+// Runs one round's exchange; a failure (peer lost, timeout, bad frame) names the round.
+template <class F>
+auto in_outer_step(uint64_t round, int64_t step, F&& run) {
+  try {
+    return run();
+  } catch (Error& e) {
+    e.add_context(fmt::format("outer step {} (inner step {})", round, step));
+    throw;
+  }
+}
+}  // namespace
+
 uint64_t Diloco::tokens_since(int64_t step, int64_t since) const {
   return static_cast<uint64_t>(step - since) * static_cast<uint64_t>(cfg_.site_batch(site_)) *
          static_cast<uint64_t>(cfg_.seq_len());
@@ -613,8 +626,10 @@ void Diloco::sync(Fragment& f, int64_t step, trainer::SiteStrategy& strategy) {
   auto shard = strategy.shard_params();
   f.snapshot.resize(f.n);
   gather_local(f, shard, f.snapshot);
-  const ExchangeResult r =
-      exchange(f, step, round, tokens_since(step, f.last_sync_step), f.snapshot, trainer::TraceRecorder::kMainThread);
+  const ExchangeResult r = in_outer_step(round, step, [&] {
+    return exchange(f, step, round, tokens_since(step, f.last_sync_step), f.snapshot,
+                    trainer::TraceRecorder::kMainThread);
+  });
   f.last_sync_step = step;
   f.blocking_step = step;
 
@@ -650,7 +665,8 @@ void Diloco::launch(Fragment& f, int64_t step, trainer::SiteStrategy& strategy) 
   Fragment* fp = &f;
   f.worker = std::thread([this, fp, step, round, tokens] {
     try {
-      fp->result = exchange(*fp, step, round, tokens, fp->snapshot, trace_tid(*fp));
+      fp->result =
+          in_outer_step(round, step, [&] { return exchange(*fp, step, round, tokens, fp->snapshot, trace_tid(*fp)); });
     } catch (...) {
       fp->error = std::current_exception();  // rethrown by the inner loop at the join
     }

@@ -111,7 +111,13 @@ TEST(OuterProcesses, PeerKilledMidTransferFailsTheOthersNamingThePeer) {
   wait_for(lyon, std::chrono::seconds(5));
   EXPECT_EQ(rc, 1) << slurp(paris.log);
   EXPECT_LT(took, 3.0 + 10.0) << "transfer timeout 3 s";
-  EXPECT_NE(slurp(paris.log).find("lyon/0"), std::string::npos) << slurp(paris.log);
+  // One line names the outer step, the inner step and the peer.
+  const std::string log = slurp(paris.log);
+  const size_t at = log.find("geoloco: failed: outer step ");
+  ASSERT_NE(at, std::string::npos) << log;
+  const std::string line = log.substr(at, log.find('\n', at) - at);
+  EXPECT_NE(line.find("(inner step "), std::string::npos) << line;
+  EXPECT_NE(line.find("lyon/0"), std::string::npos) << line;
 }
 
 // Sites whose configs differ are refused at the handshake: both exit non-zero, naming the

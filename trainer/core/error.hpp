@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include <memory>
 #include <stdexcept>
 #include <string>
 
@@ -16,7 +17,15 @@ namespace geoloco {
 
 class Error : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit Error(const std::string& what) : std::runtime_error(what), what_(std::make_shared<std::string>(what)) {}
+  explicit Error(const char* what) : Error(std::string(what)) {}
+  const char* what() const noexcept override { return what_->c_str(); }
+  // Prepends "<context>: " where a caller knows more than the thrower (e.g. the outer step a
+  // peer was lost in), keeping the exception's type; copies share the message.
+  void add_context(const std::string& context) { *what_ = context + ": " + *what_; }
+
+ private:
+  std::shared_ptr<std::string> what_;
 };
 
 // Bad input from the user: exit code 2.
