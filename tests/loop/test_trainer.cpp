@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "test_util.hpp"
@@ -110,57 +111,49 @@ TEST(Trainer, CheckpointRoundTripsThroughSafetensors) {
   EXPECT_EQ(loaded, params);
 }
 
-TEST(Trainer, CorruptCheckpointOnResumeIsAFileError) {
+namespace {
+// Trains 4 steps, lets `damage` alter rank 0's state file, resumes to step 8: the
+// FileError's message, or "<no error>".
+std::string resume_error_after(const std::function<void(const std::filesystem::path&)>& damage) {
   TempDir d;
   {
     auto cfg = load(d, tiny_config(d.path() / "out"), {"train.steps=4"});
     Trainer t(cfg, quiet());
     t.run();
   }
-  auto state = d.path() / "out" / "checkpoints" / "local" / "step_00000004" / "state.r0.safetensors";
-  std::filesystem::resize_file(state, std::filesystem::file_size(state) / 2);
+  damage(d.path() / "out" / "checkpoints" / "local" / "step_00000004" / "state.r0.safetensors");
   auto cfg = load(d, tiny_config(d.path() / "out"), {"train.steps=8"});
   auto o = quiet();
   o.resume = true;
   try {
     Trainer t(cfg, o);
     t.run();
-    FAIL() << "expected FileError";
   } catch (const FileError& e) {
-    EXPECT_NE(std::string(e.what()).find("state.r0.safetensors"), std::string::npos) << e.what();
+    return e.what();
   }
+  return "<no error>";
+}
+}  // namespace
+
+TEST(Trainer, CorruptCheckpointOnResumeIsAFileError) {
+  const std::string w = resume_error_after(
+      [](const std::filesystem::path& state) { std::filesystem::resize_file(state, std::filesystem::file_size(state) / 2); });
+  EXPECT_NE(w.find("state.r0.safetensors"), std::string::npos) << w;
 }
 
 // One flipped bit inside a tensor (sizes and offsets intact): the checksums catch it on
 // resume, naming the file and the tensor, before any state is used. (Resume reads the
 // rank's state file; model.safetensors is the export, checked by `geoloco eval`: test_cli.)
 TEST(Trainer, BitFlipInACheckpointOnResumeIsAFileError) {
-  TempDir d;
-  {
-    auto cfg = load(d, tiny_config(d.path() / "out"), {"train.steps=4"});
-    Trainer t(cfg, quiet());
-    t.run();
-  }
-  const auto path = d.path() / "out" / "checkpoints" / "local" / "step_00000004" / "state.r0.safetensors";
-  {
-    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  const std::string w = resume_error_after([](const std::filesystem::path& state) {
+    std::fstream f(state, std::ios::in | std::ios::out | std::ios::binary);
     f.seekg(-64, std::ios::end);
     const char c = char(f.get() ^ 0x10);
     f.seekp(-64, std::ios::end);
     f.put(c);
-  }
-  auto cfg = load(d, tiny_config(d.path() / "out"), {"train.steps=8"});
-  auto o = quiet();
-  o.resume = true;
-  try {
-    Trainer t(cfg, o);
-    t.run();
-    FAIL() << "expected FileError";
-  } catch (const FileError& e) {
-    const std::string w = e.what();
-    EXPECT_NE(w.find("state.r0.safetensors: tensor '"), std::string::npos) << w;
-    EXPECT_NE(w.find("fails its checksum"), std::string::npos) << w;
-  }
+  });
+  EXPECT_NE(w.find("state.r0.safetensors: tensor '"), std::string::npos) << w;
+  EXPECT_NE(w.find("fails its checksum"), std::string::npos) << w;
 }
 
 TEST(Trainer, ResumeRefusesAnotherStrategy) {
