@@ -880,11 +880,21 @@ void Diloco::verify_hash_check(HashCheck& c) {
       buf.resize(op.op.bytes());
       auto e = read_envelope(buf, EnvelopeKind::kWeightsHash, c.round, static_cast<uint32_t>(s),
                              static_cast<uint32_t>(rank_), 0, peer_name(s));
-      if (e.value != c.hash)
+      if (e.value != c.hash) {
+        const std::string& here = cfg_.sites[static_cast<size_t>(site_)].name;
+        const std::string& there = cfg_.sites[static_cast<size_t>(s)].name;
+        // Round 0 is the start: nothing has trained yet, so the inputs of the init differ.
+        if (c.round == 0)
+          throw Error(fmt::format(
+              "initial weights differ between sites: shard {} hash {} here (site {}) but {} at site {} ({}); every "
+              "site must start from the same weights: same run.seed and, with train.init_from, the same file "
+              "contents ({} here)",
+              rank_, hex64(c.hash), here, hex64(e.value), there, peer_name(s),
+              cfg_.train.init_from.empty() ? std::string("none") : cfg_.train.init_from));
         throw Error(fmt::format("outer round {}: global weights diverged: shard {} hash {} here (site {}) but {} at site "
                                 "{} ({}); stopping",
-                                c.round, rank_, hex64(c.hash), cfg_.sites[static_cast<size_t>(site_)].name,
-                                hex64(e.value), cfg_.sites[static_cast<size_t>(s)].name, peer_name(s)));
+                                c.round, rank_, hex64(c.hash), here, hex64(e.value), there, peer_name(s)));
+      }
     }
   } catch (...) {
     keep_until_exit(c);  // other replies may still be in flight (the constructor's check too)

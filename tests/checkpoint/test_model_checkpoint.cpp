@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
 
 #include "tests/data/temp_dir.hpp"
 #include "trainer/checkpoint/model_checkpoint.hpp"
@@ -185,4 +188,65 @@ TEST(ModelCheckpoint, MetadataIsValidated) {
   EXPECT_EQ(file_error([&] { read_model_config(path); }), path + ": __metadata__ has no 'vocab_size'");
   EXPECT_NE(file_error([&] { read_model_config(dir.file("absent.safetensors")); }).find("cannot open"),
             std::string::npos);
+}
+
+// check_model is load_model's validation without the copy: it refuses exactly what
+// load_model refuses, with the same message, and accepts what it loads.
+TEST(ModelCheckpoint, CheckModelRefusesWhatLoadModelRefuses) {
+  TempDir dir;
+  ParamLayout L(small());
+  const auto path = dir.file("m.safetensors");
+  save_model(path, L, filled(L));
+  check_model(read_safetensors(path), L);
+  ParamLayout deep(small(3, 8));
+  std::vector<float> q(static_cast<size_t>(deep.total()));
+  const std::string want = path + ": checkpoint has n_layer = 2, this model has 3";
+  EXPECT_EQ(file_error([&] { check_model(read_safetensors(path), deep); }), want);
+  EXPECT_EQ(file_error([&] { load_model(path, deep, q); }), want);
+  const auto values = filled(L);
+  auto t = model_tensors(L, values);
+  t.pop_back();
+  const auto partial = dir.file("partial.safetensors");
+  write_safetensors(partial, t, {});
+  EXPECT_EQ(file_error([&] { check_model(read_safetensors(partial), L); }),
+            partial + ": missing tensor 'transformer.ln_f.bias' (expected shape [8])");
+}
+
+// The places a user can point train.init_from at: a file, a checkpoint step directory, a
+// site's checkpoint directory (its `latest`), and the errors for everything else.
+TEST(ModelCheckpoint, FindModelFileResolvesFileStepDirAndLatest) {
+  namespace fs = std::filesystem;
+  TempDir dir;
+  ParamLayout L(small());
+  const fs::path site = dir.path() / "checkpoints" / "paris";
+  fs::create_directories(site / "step_00000010");
+  fs::create_directories(site / "step_00000020");
+  save_model((site / "step_00000010" / "model.safetensors").string(), L, filled(L));
+  save_model((site / "step_00000020" / "model.safetensors").string(), L, filled(L));
+  const std::string file = (site / "step_00000010" / "model.safetensors").string();
+  EXPECT_EQ(find_model_file(file), file);
+  EXPECT_EQ(find_model_file((site / "step_00000010").string()), file);
+  std::ofstream(site / "latest") << "step_00000020\n";
+  EXPECT_EQ(find_model_file(site.string()), (site / "step_00000020" / "model.safetensors").string());
+
+  // A run's checkpoints/ directory: ambiguous, the message lists the sites.
+  fs::create_directories(dir.path() / "checkpoints" / "lyon");
+  std::ofstream(dir.path() / "checkpoints" / "lyon" / "latest") << "step_00000020\n";
+  const std::string run = (dir.path() / "checkpoints").string();
+  EXPECT_EQ(file_error([&] { find_model_file(run); }),
+            run + ": holds the checkpoints of 2 site(s) (lyon, paris): name one of them, e.g. " + run + "/lyon");
+
+  // `latest` naming a step without a model, or something that is not a step directory.
+  std::ofstream(site / "latest") << "step_00000030\n";
+  EXPECT_EQ(file_error([&] { find_model_file(site.string()); }),
+            (site / "latest").string() + ": names step_00000030, which has no model.safetensors");
+  std::ofstream(site / "latest") << "../../elsewhere\n";
+  EXPECT_EQ(file_error([&] { find_model_file(site.string()); }),
+            (site / "latest").string() + ": '../../elsewhere' does not name a checkpoint directory");
+
+  const std::string missing = dir.file("absent.safetensors");
+  EXPECT_EQ(file_error([&] { find_model_file(missing); }), missing + ": no such file or directory");
+  fs::create_directories(dir.path() / "empty");
+  EXPECT_EQ(file_error([&] { find_model_file(dir.file("empty")); }),
+            dir.file("empty") + ": directory has no model.safetensors and no 'latest' checkpoint pointer");
 }

@@ -76,15 +76,30 @@ TEST(Cli, MissingDataFileIsBadInput) {
   EXPECT_NE(r.out.find("missing.txt"), std::string::npos) << r.out;
 }
 
-TEST(Cli, TrainThenEvalPrintsJson) {
-  TempDir d;
+namespace {
+// A one-layer byte-level run over a small text corpus in `d`, writing to d/<out>.
+std::string text_run(const TempDir& d, const std::string& out = "out") {
   std::string text;
   for (int i = 0; i < 400; ++i) text += "the quick brown fox jumps over the lazy dog. ";
   d.file("corpus.txt", text);
-  auto cfg = d.file("c.yaml", "run: {name: e, output_dir: " + (d.path() / "out").string() + "}\n"
-                              "model: {n_layer: 1, n_head: 2, n_embd: 16, block_size: 16, vocab_size: 256}\n"
-                              "data: {train: {kind: text, path: corpus.txt}}\n"
-                              "train: {steps: 30, micro_batch: 4, optimizer: {lr: 1.0e-2}}\n");
+  return d.file(out + ".yaml", "run: {name: e, output_dir: " + (d.path() / out).string() + "}\n"
+                               "model: {n_layer: 1, n_head: 2, n_embd: 16, block_size: 16, vocab_size: 256}\n"
+                               "data: {train: {kind: text, path: corpus.txt}}\n"
+                               "train: {steps: 30, micro_batch: 4, optimizer: {lr: 1.0e-2}}\n");
+}
+
+void flip_bit_near_end(const std::string& file) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(-40, std::ios::end);
+  const char c = char(f.get() ^ 0x01);
+  f.seekp(-40, std::ios::end);
+  f.put(c);
+}
+}  // namespace
+
+TEST(Cli, TrainThenEvalPrintsJson) {
+  TempDir d;
+  auto cfg = text_run(d);
   auto r = run("train " + cfg);
   ASSERT_EQ(r.code, 0) << r.out;
   auto summary = nlohmann::json::parse(std::ifstream(d.path() / "out" / "summary.json"));
@@ -99,13 +114,7 @@ TEST(Cli, TrainThenEvalPrintsJson) {
   EXPECT_LT(j["loss"].get<double>(), std::log(256.0));  // learned something
 
   // A flipped bit in a weight: exit 2, the file and the tensor named.
-  {
-    std::fstream f(ckpt, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(-40, std::ios::end);
-    const char c = char(f.get() ^ 0x01);
-    f.seekp(-40, std::ios::end);
-    f.put(c);
-  }
+  flip_bit_near_end(ckpt);
   r = run("eval --checkpoint " + ckpt + " --data " + (d.path() / "corpus.txt").string());
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("model.safetensors: tensor '"), std::string::npos) << r.out;
@@ -116,6 +125,37 @@ TEST(Cli, TrainThenEvalPrintsJson) {
   r = run("eval --checkpoint " + ckpt + " --data " + (d.path() / "corpus.txt").string());
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("model.safetensors"), std::string::npos) << r.out;
+}
+
+// Warm start through the binary: a second run starts from the first one's checkpoint
+// directory; a damaged or mismatched file is refused at validation with exit 2, naming the
+// key and the file.
+TEST(Cli, InitFromAnotherRunsCheckpoint) {
+  TempDir d;
+  auto first = text_run(d, "first");
+  ASSERT_EQ(run("train " + first).code, 0);
+  const std::string site = (d.path() / "first" / "checkpoints" / "local").string();
+  auto second = text_run(d, "second");
+  auto r = run("train " + second + " --set train.steps=5 --set train.init_from=" + site);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string model = site + "/step_00000030/model.safetensors";
+  EXPECT_NE(r.out.find("parameters from " + model + " (train.init_from)"), std::string::npos) << r.out;
+  auto summary = nlohmann::json::parse(std::ifstream(d.path() / "second" / "summary.json"));
+  EXPECT_EQ(summary["init_from"].get<std::string>(), model);
+
+  r = run("validate " + second + " --set train.init_from=" + site + " --set model.n_embd=32");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("(--set train.init_from=" + site + "): train.init_from: " + model +
+                       ": checkpoint has n_embd = 16, this model has 32"),
+            std::string::npos)
+      << r.out;
+  flip_bit_near_end(model);
+  for (const char* cmd : {"validate ", "train "}) {
+    r = run(cmd + second + " --set train.init_from=" + site);
+    EXPECT_EQ(r.code, 2) << cmd << r.out;
+    EXPECT_NE(r.out.find("train.init_from: " + model + ": tensor '"), std::string::npos) << cmd << r.out;
+    EXPECT_NE(r.out.find("fails its checksum"), std::string::npos) << cmd << r.out;
+  }
 }
 
 TEST(Cli, TrainRefusesAMultiRankConfig) {

@@ -1,6 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include "test_util.hpp"
+#include "trainer/checkpoint/model_checkpoint.hpp"
+#include "trainer/model/gpt.hpp"
 #include "trainer/loop/run_config.hpp"
 
 using namespace geoloco;
@@ -68,7 +72,7 @@ TEST(RunConfig, MultiSiteNeedsATransportAndEqualRanks) {
 TEST(RunConfig, UnknownKeyAnywhereIsAnError) {
   EXPECT_EQ(error_of(std::string(kBase) + "train: {stpes: 3}\n"),
             "run.yaml:4:9: train.stpes: unknown key (did you mean 'steps'?); allowed keys: attention, checkpoint_every, "
-            "eval_batches, eval_every, grad_accum, grad_clip, keep_checkpoints, log_every, lr_scaling, "
+            "eval_batches, eval_every, grad_accum, grad_clip, init_from, keep_checkpoints, log_every, lr_scaling, "
             "micro_batch, optimizer, precision, schedule, seq_len, steps, threads");
   EXPECT_NE(error_of(std::string(kBase) + "trian: {steps: 3}\n").find("run.yaml:4:1: trian: unknown key (did you mean 'train'?)"),
             std::string::npos);
@@ -114,4 +118,49 @@ TEST(RunConfig, HashFollowsTheContent) {
   auto c = parse_run_config(config::load_string(kBase, "a.yaml", {"train.steps=5"}));
   EXPECT_EQ(a.hash, b.hash);
   EXPECT_NE(a.hash, c.hash);
+}
+
+// train.init_from resolves against the config's directory (like data and key paths), names
+// the model file it found, and is checked against the model when the config loads: a wrong
+// file is a config error with the key's location, before any rank starts.
+TEST(RunConfig, InitFromIsResolvedAgainstTheConfigAndCheckedAtLoad) {
+  geoloco::testing::TempDir d;
+  auto model_of = [](int n_layer) {
+    ModelConfig m;
+    m.n_layer = n_layer;
+    m.n_head = 2;
+    m.n_embd = 32;
+    m.block_size = 16;
+    m.vocab_size = 64;
+    return m;
+  };
+  std::filesystem::create_directories(d.path() / "warm" / "step_00000100");
+  const ParamLayout two(model_of(2));
+  std::vector<float> p(static_cast<size_t>(two.total()), 0.5f);
+  const std::string file = (d.path() / "warm" / "step_00000100" / "model.safetensors").string();
+  save_model(file, two, p);
+  d.file("warm/latest", "step_00000100\n");
+  auto c = load_run_config(d.file("run.yaml", std::string(kBase) + "train: {init_from: warm}\n"));
+  EXPECT_EQ(c.train.init_from, file);
+  c = load_run_config(d.file("run.yaml", std::string(kBase) + "train: {init_from: " + file + "}\n"));
+  EXPECT_EQ(c.train.init_from, file);
+  EXPECT_TRUE(load_run_config(d.file("run.yaml", kBase)).train.init_from.empty());
+
+  auto error = [&](const std::string& yaml, std::vector<std::string> sets = {}) {
+    try {
+      load_run_config(d.file("run.yaml", yaml), sets);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("<no error>");
+  };
+  const std::string yaml = d.path() / "run.yaml";
+  EXPECT_EQ(error(std::string(kBase) + "train: {init_from: nowhere}\n"),
+            yaml + ":4:20: train.init_from: " + (d.path() / "nowhere").string() + ": no such file or directory");
+  EXPECT_EQ(error(std::string(kBase) + "train: {init_from: warm}\n", {"model.n_layer=3"}),
+            yaml + ":4:20: train.init_from: " + file + ": checkpoint has n_layer = 2, this model has 3");
+  d.file("junk.safetensors", "not a safetensors file");
+  EXPECT_NE(error(std::string(kBase) + "train: {init_from: junk.safetensors}\n")
+                .find(":4:20: train.init_from: " + (d.path() / "junk.safetensors").string() + ": "),
+            std::string::npos);
 }

@@ -206,3 +206,60 @@ TEST(Trainer, AccumulationOfKMicroBatchesEqualsOneBigBatch) {
   // Float summation order differs: tolerance relative to the largest gradient.
   EXPECT_LT(max_diff, 1e-5 * max_abs) << max_diff << " vs " << max_abs;
 }
+
+// train.init_from: the trainer's parameters are the file's, bit for bit (not the seeded
+// init), and training continues from them; --resume ignores it (the checkpoint wins).
+TEST(Trainer, InitFromStartsFromTheFileBitForBit) {
+  TempDir d;
+  auto cfg = load(d, tiny_config(d.path() / "a"));
+  Gpt m(cfg.model);
+  std::vector<float> p(static_cast<size_t>(m.layout().total()));
+  Gpt::init_params(m.layout(), p, 999);  // another seed than the run's
+  const std::string file = (d.path() / "start.safetensors").string();
+  save_model(file, m.layout(), p);
+
+  auto warm = load(d, tiny_config(d.path() / "b"), {"train.init_from=" + file, "train.steps=6"});
+  {
+    Trainer t(warm, quiet());
+    EXPECT_EQ(t.parameters(), p);
+    Trainer seeded(cfg, quiet());
+    EXPECT_NE(seeded.parameters(), p);
+  }
+  auto stop = quiet();
+  stop.stop_at_step = 4;
+  Trainer t(warm, stop);
+  auto s = t.run();
+  EXPECT_EQ(s["init_from"].get<std::string>(), file);
+  EXPECT_NE(t.parameters(), p);  // it trained
+
+  // Resuming continues from the step-4 checkpoint, not from the file: bit-identical to the
+  // uninterrupted run from the file.
+  auto o = quiet();
+  o.resume = true;
+  Trainer r(warm, o);
+  r.run();
+  TempDir e;
+  const auto straight = load(e, tiny_config(e.path() / "c"), {"train.init_from=" + file, "train.steps=6"});
+  Trainer whole(straight, quiet());
+  whole.run();
+  EXPECT_EQ(r.parameters(), whole.parameters());
+  EXPECT_EQ(read_jsonl(d.path() / "b" / "metrics.jsonl").back()["step"].get<int64_t>(), 6);
+}
+
+// A model trained by one run warm-starts another: its loss starts where the first ended,
+// far below a fresh run's.
+TEST(Trainer, WarmStartContinuesFromTheTrainedModel) {
+  TempDir d;
+  const auto first_cfg = load(d, tiny_config(d.path() / "first"), {"train.steps=40"});
+  Trainer first(first_cfg, quiet());  // (a Trainer keeps a reference to its config)
+  const double first_loss = first.run()["final_loss"].get<double>();
+  const std::string site = (d.path() / "first" / "checkpoints" / "local").string();
+  const auto warm_cfg = load(d, tiny_config(d.path() / "warm"), {"train.steps=5", "train.init_from=" + site});
+  const auto fresh_cfg = load(d, tiny_config(d.path() / "fresh"), {"train.steps=5"});
+  Trainer warm(warm_cfg, quiet());
+  Trainer fresh(fresh_cfg, quiet());
+  const double warm_loss = warm.run()["final_loss"].get<double>();
+  const double fresh_loss = fresh.run()["final_loss"].get<double>();
+  EXPECT_LT(warm_loss, fresh_loss - 0.3) << "first run ended at " << first_loss;
+  EXPECT_LT(std::abs(warm_loss - first_loss), 0.3);
+}

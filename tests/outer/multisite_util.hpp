@@ -15,7 +15,11 @@ namespace geoloco::testing {
 
 // Runs every rank; returns each rank's result by global rank (global rank 0's is the run
 // summary). Rethrows the first rank's exception after all threads joined.
-inline std::vector<nlohmann::json> run_ranks(const trainer::RunConfig& cfg, int64_t stop_at = 0, bool resume = false) {
+// `per_site[s]` is the config site s's ranks see (one config for all: the overload below);
+// different configs with one hash stand in for sites whose machines differ (e.g. a file).
+inline std::vector<nlohmann::json> run_ranks(const std::vector<trainer::RunConfig>& per_site, int64_t stop_at = 0,
+                                             bool resume = false) {
+  const trainer::RunConfig& cfg = per_site.at(0);
   const int world = cfg.world_size();
   std::vector<nlohmann::json> out(static_cast<size_t>(world));
   std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
@@ -31,7 +35,7 @@ inline std::vector<nlohmann::json> run_ranks(const trainer::RunConfig& cfg, int6
           o.progress = false;
           o.stop_at_step = stop_at;
           o.resume = resume;
-          out[static_cast<size_t>(g)] = app::run_rank(cfg, o);
+          out[static_cast<size_t>(g)] = app::run_rank(per_site.at(s), o);
         } catch (...) {
           errors[static_cast<size_t>(g)] = std::current_exception();
         }
@@ -41,6 +45,10 @@ inline std::vector<nlohmann::json> run_ranks(const trainer::RunConfig& cfg, int6
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
   return out;
+}
+
+inline std::vector<nlohmann::json> run_ranks(const trainer::RunConfig& cfg, int64_t stop_at = 0, bool resume = false) {
+  return run_ranks(std::vector<trainer::RunConfig>(cfg.sites.size(), cfg), stop_at, resume);
 }
 
 // `count` sites of `ranks` ranks each, site i on port + 10 i, with a strategy when given.

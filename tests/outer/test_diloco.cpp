@@ -202,3 +202,53 @@ TEST(Diloco, DivergedSitesStopNamingTheRound) {
   auto out = run_all(cfg);
   EXPECT_EQ(out.summaries[0]["outer_steps"].get<int>(), 2);
 }
+
+// Warm start (train.init_from): every site starts from the file's weights, and the run's
+// first outer step starts from them too. Sites whose files differ (the same path on other
+// machines) are stopped before any training, naming both sites and the file.
+TEST(Diloco, WarmStartFromOneFileAndDifferentFilesAreCaughtAtTheStart) {
+  TempDir d;
+  psk(d);
+  // A warm-up run on one site; its checkpoint is what both sites start from.
+  auto warm = trainer::load_run_config(d.file("warm.yaml", base(d.path() / "warm", 30)));
+  geoloco::testing::run_ranks(warm);
+  const std::string site_dir = (d.path() / "warm" / "checkpoints" / "local").string();
+  const std::string ckpt = trainer::find_model_file(site_dir);
+  const auto warm_params = load_params(ckpt);
+
+  auto cfg = trainer::load_run_config(d.file("c.yaml", base(d.path() / "out", 4) + "outer: {interval: 8}\n" + sites(2, 1) +
+                                                         "transport: {psk_file: k.psk, timeout_s: 30}\n"),
+                                      {"train.init_from=" + site_dir});
+  EXPECT_EQ(cfg.train.init_from, ckpt);
+  // 4 steps, H 8: the only sync is the final one; its global weights start at the file's.
+  auto out = run_all(cfg);
+  EXPECT_EQ(out.summaries[0]["init_from"].get<std::string>(), ckpt);
+  EXPECT_EQ(out.summaries[0]["outer_steps"].get<int>(), 1);
+  // Fresh runs start near ln(32) = 3.47; the warm run's first loss is far below.
+  auto fresh = run_all(trainer::load_run_config(
+      d.file("f.yaml", base(d.path() / "fresh", 4) + "outer: {interval: 8}\n" + sites(2, 1) +
+                           "transport: {psk_file: k.psk, timeout_s: 30}\n")));
+  EXPECT_LT(out.summaries[0]["final_loss"].get<double>(), fresh.summaries[0]["final_loss"].get<double>() - 0.2);
+
+  // Same config (same hash), but site lyon's machine holds another file at that path.
+  std::filesystem::create_directories(d.path() / "other");
+  auto other = warm_params;
+  other[7] += 1.0f;
+  trainer::save_model((d.path() / "other" / "model.safetensors").string(),
+                      trainer::ParamLayout(cfg.model), other);
+  auto cfg2 = trainer::load_run_config(d.file("c2.yaml", base(d.path() / "out2", 4) + "outer: {interval: 8}\n" +
+                                                            sites(2, 1) + "transport: {psk_file: k.psk, timeout_s: 30}\n"),
+                                       {"train.init_from=" + site_dir});
+  std::vector<trainer::RunConfig> per_site(2, cfg2);
+  per_site[1].train.init_from = (d.path() / "other" / "model.safetensors").string();
+  try {
+    geoloco::testing::run_ranks(per_site);
+    ADD_FAILURE() << "sites with different initial weights trained";
+  } catch (const std::exception& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("initial weights differ between sites"), std::string::npos) << m;
+    EXPECT_NE(m.find("(site paris)"), std::string::npos) << m;
+    EXPECT_NE(m.find("at site lyon"), std::string::npos) << m;
+    EXPECT_NE(m.find("same file contents (" + ckpt + " here)"), std::string::npos) << m;
+  }
+}

@@ -1,9 +1,13 @@
 #include "trainer/checkpoint/model_checkpoint.hpp"
 
+#include <algorithm>
 #include <charconv>
+#include <filesystem>
+#include <fstream>
 #include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "trainer/core/error.hpp"
 
@@ -95,9 +99,7 @@ ModelConfig read_model_config(const SafetensorsFile& f) {
 
 ModelConfig read_model_config(const std::string& path) { return read_model_config(SafetensorsFile::read(path)); }
 
-void load_model(const SafetensorsFile& f, const ParamLayout& layout, std::span<float> params) {
-  GEOLOCO_CHECK(params.size() == static_cast<size_t>(layout.total()), "params hold {} floats, the layout {}",
-                params.size(), layout.total());
+void check_model(const SafetensorsFile& f, const ParamLayout& layout) {
   // Hyperparameters first: "n_layer 4 vs 2" is a clearer message than a missing tensor.
   if (f.metadata().count("n_layer")) {
     const ModelConfig saved = read_model_config(f);
@@ -123,13 +125,54 @@ void load_model(const SafetensorsFile& f, const ParamLayout& layout, std::span<f
     if (t.shape != v.shape)
       throw FileError(f.path(), fmt::format("tensor '{}' has the wrong shape: expected {}, found {}", name,
                                             shape_string(v.shape), shape_string(t.shape)));
-    f.copy_f32(name, v.shape, params.subspan(static_cast<size_t>(v.offset), static_cast<size_t>(v.numel)));
     used.insert(name);
   }
   for (const auto& t : f.tensors())
     if (!used.count(t.name) && !ignorable_extra(t.name))
       throw FileError(f.path(), fmt::format("unexpected tensor '{}' {} (not part of this model)", t.name,
                                             shape_string(t.shape)));
+}
+
+void load_model(const SafetensorsFile& f, const ParamLayout& layout, std::span<float> params) {
+  GEOLOCO_CHECK(params.size() == static_cast<size_t>(layout.total()), "params hold {} floats, the layout {}",
+                params.size(), layout.total());
+  check_model(f, layout);
+  for (const auto& v : layout.views())
+    f.copy_f32(stored_name(f, v.name), v.shape,
+               params.subspan(static_cast<size_t>(v.offset), static_cast<size_t>(v.numel)));
+}
+
+std::string find_model_file(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path p(path);
+  if (!fs::exists(p, ec)) throw FileError(path, "no such file or directory");
+  if (!fs::is_directory(p, ec)) {
+    if (!fs::is_regular_file(p, ec)) throw FileError(path, "not a regular file or a directory");
+    return path;
+  }
+  if (fs::is_regular_file(p / "model.safetensors", ec)) return (p / "model.safetensors").string();
+  const fs::path latest = p / "latest";
+  if (fs::is_regular_file(latest, ec)) {
+    std::ifstream in(latest);
+    std::string step;
+    std::getline(in, step);
+    if (step.empty() || step.find('/') != std::string::npos || step == "." || step == "..")
+      throw FileError(latest.string(), fmt::format("'{}' does not name a checkpoint directory", step));
+    const fs::path model = p / step / "model.safetensors";
+    if (!fs::is_regular_file(model, ec))
+      throw FileError(latest.string(), fmt::format("names {}, which has no model.safetensors", step));
+    return model.string();
+  }
+  // A run's checkpoints/ directory: one site directory per site; the user must pick one.
+  std::vector<std::string> sites;
+  for (const auto& e : fs::directory_iterator(p, ec))
+    if (e.is_directory(ec) && fs::is_regular_file(e.path() / "latest", ec)) sites.push_back(e.path().filename().string());
+  std::sort(sites.begin(), sites.end());
+  if (!sites.empty())
+    throw FileError(path, fmt::format("holds the checkpoints of {} site(s) ({}): name one of them, e.g. {}",
+                                      sites.size(), fmt::join(sites, ", "), (p / sites.front()).string()));
+  throw FileError(path, "directory has no model.safetensors and no 'latest' checkpoint pointer");
 }
 
 void load_model(const std::string& path, const ParamLayout& layout, std::span<float> params) {

@@ -44,6 +44,16 @@ void save_model(const std::string& path, const ParamLayout& layout, std::span<co
 void load_model(const std::string& path, const ParamLayout& layout, std::span<float> params);
 void load_model(const SafetensorsFile& file, const ParamLayout& layout, std::span<float> params);
 
+// Every check of load_model without copying anything: FileError when `file` cannot fill
+// `layout` (what validation calls before a run).
+void check_model(const SafetensorsFile& file, const ParamLayout& layout);
+
+// The model file a user names (train.init_from): `path` when it is a file; for a directory,
+// its model.safetensors (a checkpoint step directory), else the model of the checkpoint its
+// `latest` pointer names (a site's checkpoint directory). FileError naming the path when none
+// applies (a run's checkpoints/ directory: the message lists its sites).
+std::string find_model_file(const std::string& path);
+
 // The model hyperparameters stored in a checkpoint's metadata. FileError when absent or
 // not an integer.
 ModelConfig read_model_config(const std::string& path);

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <set>
 
+#include "trainer/checkpoint/model_checkpoint.hpp"
 #include "trainer/core/hash.hpp"
 #include "trainer/cuda/attention_choice.hpp"
 #include "trainer/loop/device_site.hpp"
@@ -37,6 +38,7 @@ TrainConfig TrainConfig::from_yaml(const config::Node& n) {
   c.eval_batches = static_cast<int>(n.get_int("eval_batches", c.eval_batches, 1, 1 << 20));
   c.checkpoint_every = n.get_int("checkpoint_every", c.checkpoint_every, 0, kBig);
   c.keep_checkpoints = static_cast<int>(n.get_int("keep_checkpoints", c.keep_checkpoints, 1, 1000));
+  c.init_from = n.get<std::string>("init_from", c.init_from);
   n.finish();
   return c;
 }
@@ -134,6 +136,21 @@ std::vector<SiteConfig> parse_sites(const config::Node& root) {
   return sites;
 }
 
+// train.init_from: the model file it names, opened (checksums verified) and checked against
+// the model now, so `geoloco validate` and every rank refuse a wrong file before any work.
+std::string resolve_init_from(const config::Node& train, const std::string& value, const std::string& dir,
+                              const ModelConfig& model) {
+  std::filesystem::path p(value);
+  if (p.is_relative()) p = std::filesystem::path(dir) / p;
+  try {
+    const std::string file = find_model_file(p.lexically_normal().string());
+    check_model(SafetensorsFile::read(file), ParamLayout(model));
+    return file;
+  } catch (const FileError& e) {
+    train.fail("init_from", e.what());
+  }
+}
+
 }  // namespace
 
 RunConfig parse_run_config(const config::Document& doc) {
@@ -159,6 +176,7 @@ RunConfig parse_run_config(const config::Document& doc) {
   if (c.train.seq_len > c.model.block_size)
     root.child("train").fail("seq_len", fmt::format("got {}, expected at most model.block_size ({})",
                                                     c.train.seq_len, c.model.block_size));
+  if (!c.train.init_from.empty()) c.train.init_from = resolve_init_from(root.child("train"), c.train.init_from, c.dir, c.model);
   c.sites = parse_sites(root);
   if (c.train.precision == "bf16")
     for (const auto& s : c.sites)

@@ -97,7 +97,11 @@ struct Trainer::Impl {
     tokens_per_step_rank = int64_t(cfg.train.micro_batch) * cfg.train.grad_accum * T;
 
     std::vector<float> init(static_cast<size_t>(model.layout().total()));
-    Gpt::init_params(model.layout(), init, cfg.run.seed);
+    if (cfg.train.init_from.empty()) {
+      Gpt::init_params(model.layout(), init, cfg.run.seed);
+    } else {
+      load_model(cfg.train.init_from, model.layout(), init);  // checked at config load; read again here
+    }
     if (site.device == "cuda") {
       DeviceSiteOptions dso;
       dso.device = select_rank_device(cfg, o.site, o.rank, o.cuda_device);
@@ -336,6 +340,8 @@ struct Trainer::Impl {
       log_info(fmt::format("site {}: {} rank(s), strategy {}, model {:.2f}M params, {} steps, {} tokens/step/rank, data {}",
                            site.name, site.ranks, site.strategy, model.layout().total() / 1e6, cfg.train.steps,
                            tokens_per_step_rank, data.train->describe()));
+    if (opt.rank == 0 && step == 0 && !cfg.train.init_from.empty())
+      log_info(fmt::format("site {}: parameters from {} (train.init_from)", site.name, cfg.train.init_from));
     if (opt.rank == 0 && device) log_info(fmt::format("site {}: on the GPU: {}", site.name, device->describe().dump()));
     if (opt.outer) opt.outer->set_trace(&trace);
     start = Clock::now();
@@ -509,6 +515,7 @@ struct Trainer::Impl {
     s["tokens_per_s"] = wall > 0 ? double(step * tokens_per_step_rank * world) / wall : 0;
     s["params"] = model.layout().total();
     s["config_hash"] = hex64(cfg.hash);
+    s["init_from"] = cfg.train.init_from.empty() ? nlohmann::json(nullptr) : nlohmann::json(cfg.train.init_from);
     s["memory"] = strategy->memory_json();
     s["device"] = device ? device->describe() : nlohmann::json("cpu");
     if (auto* c = strategy->collective(); c && strategy->ranks() > 1) {
