@@ -229,12 +229,19 @@ TEST(ModelCheckpoint, FindModelFileResolvesFileStepDirAndLatest) {
   std::ofstream(site / "latest") << "step_00000020\n";
   EXPECT_EQ(find_model_file(site.string()), (site / "step_00000020" / "model.safetensors").string());
 
-  // A run's checkpoints/ directory: ambiguous, the message lists the sites.
+  // A run's output directory or its checkpoints/: the one site's latest; with two sites
+  // ambiguous, the message lists them.
+  const std::string latest_model = (site / "step_00000020" / "model.safetensors").string();
+  EXPECT_EQ(find_model_file(dir.path().string()), latest_model);
+  EXPECT_EQ(find_model_file((dir.path() / "checkpoints").string()), latest_model);
   fs::create_directories(dir.path() / "checkpoints" / "lyon");
   std::ofstream(dir.path() / "checkpoints" / "lyon" / "latest") << "step_00000020\n";
   const std::string run = (dir.path() / "checkpoints").string();
   EXPECT_EQ(file_error([&] { find_model_file(run); }),
-            run + ": holds the checkpoints of 2 site(s) (lyon, paris): name one of them, e.g. " + run + "/lyon");
+            run + ": holds the checkpoints of 2 sites (lyon, paris): name one of them, e.g. " + run + "/lyon");
+  EXPECT_EQ(file_error([&] { find_model_file(dir.path().string()); }),
+            dir.path().string() + ": holds the checkpoints of 2 sites (lyon, paris): name one of them, e.g. " + run +
+                "/lyon");
 
   // `latest` naming a step without a model, or something that is not a step directory.
   std::ofstream(site / "latest") << "step_00000030\n";
@@ -248,5 +255,5 @@ TEST(ModelCheckpoint, FindModelFileResolvesFileStepDirAndLatest) {
   EXPECT_EQ(file_error([&] { find_model_file(missing); }), missing + ": no such file or directory");
   fs::create_directories(dir.path() / "empty");
   EXPECT_EQ(file_error([&] { find_model_file(dir.file("empty")); }),
-            dir.file("empty") + ": directory has no model.safetensors and no 'latest' checkpoint pointer");
+            dir.file("empty") + ": directory has no model.safetensors, no 'latest' checkpoint pointer and no site checkpoints");
 }

@@ -136,10 +136,15 @@ TEST(Cli, InitFromAnotherRunsCheckpoint) {
   ASSERT_EQ(run("train " + first).code, 0);
   const std::string site = (d.path() / "first" / "checkpoints" / "local").string();
   auto second = text_run(d, "second");
-  auto r = run("train " + second + " --set train.steps=5 --set train.init_from=" + site);
-  ASSERT_EQ(r.code, 0) << r.out;
   const std::string model = site + "/step_00000030/model.safetensors";
+  // The run's output directory names its one site's latest checkpoint.
+  auto r = run("validate " + second + " --set train.init_from=" + (d.path() / "first").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("parameters start from " + model + " (train.init_from; checked)"), std::string::npos) << r.out;
+  r = run("train " + second + " --set train.steps=5 --set train.init_from=" + site);
+  ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("parameters from " + model + " (train.init_from)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("started from " + model + " (train.init_from)"), std::string::npos) << r.out;
   auto summary = nlohmann::json::parse(std::ifstream(d.path() / "second" / "summary.json"));
   EXPECT_EQ(summary["init_from"].get<std::string>(), model);
 

@@ -38,9 +38,13 @@ nlohmann::json write_run_summary(const trainer::RunConfig& cfg, const std::vecto
 void print_human_summary(const trainer::RunConfig& cfg, const nlohmann::json& s) {
   fmt::print("\ngeoloco: run '{}' {} in {}\n", cfg.run.name,
              s.value("completed", false) ? "finished" : "stopped", trainer::format_duration(num(s, "wall_s")));
-  fmt::print("  loss {:.4f} (validation {:.4f}) after {} steps; {} tokens at {} tokens/s\n", num(s, "final_loss"),
-             num(s, "val_loss"), s.value("steps", 0), trainer::format_rate(num(s, "tokens")),
-             trainer::format_rate(num(s, "tokens_per_s")));
+  // A run stopped before its first evaluation has no validation loss yet.
+  const double val = num(s, "val_loss");
+  const std::string val_text = std::isnan(val) ? "no validation yet" : fmt::format("validation {:.4f}", val);
+  fmt::print("  loss {:.4f} ({}) after {} steps; {} tokens at {} tokens/s\n", num(s, "final_loss"), val_text,
+             s.value("steps", 0), trainer::format_rate(num(s, "tokens")), trainer::format_rate(num(s, "tokens_per_s")));
+  if (s.contains("init_from") && s["init_from"].is_string())
+    fmt::print("  started from {} (train.init_from)\n", s["init_from"].get<std::string>());
   if (s.contains("outer_steps")) {
     const double wan = num(s, "wan_bytes_sent_total"), ddp = num(s, "ddp_equivalent_wan_bytes");
     const int frags = s.value("outer_fragments", 1);

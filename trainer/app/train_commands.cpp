@@ -43,6 +43,7 @@ void run_validate(const ConfigArgs& a) {
              "train {}; config hash {}\n",
              a.config, cfg.model.num_params() / 1e6, sites, cfg.train.steps,
              cfg.train.micro_batch * cfg.train.grad_accum, cfg.seq_len(), data.train->describe(), hex64(cfg.hash));
+  if (!cfg.train.init_from.empty()) fmt::print("  parameters start from {} (train.init_from; checked)\n", cfg.train.init_from);
 }
 
 struct TrainArgs : ConfigArgs {

@@ -164,15 +164,18 @@ std::string find_model_file(const std::string& path) {
       throw FileError(latest.string(), fmt::format("names {}, which has no model.safetensors", step));
     return model.string();
   }
-  // A run's checkpoints/ directory: one site directory per site; the user must pick one.
+  // A run's output directory (its checkpoints/) or checkpoints/ itself: one directory per
+  // site; taken when there is one site, else the user must pick one.
+  const fs::path sites_dir = fs::is_directory(p / "checkpoints", ec) ? p / "checkpoints" : p;
   std::vector<std::string> sites;
-  for (const auto& e : fs::directory_iterator(p, ec))
+  for (const auto& e : fs::directory_iterator(sites_dir, ec))
     if (e.is_directory(ec) && fs::is_regular_file(e.path() / "latest", ec)) sites.push_back(e.path().filename().string());
   std::sort(sites.begin(), sites.end());
+  if (sites.size() == 1) return find_model_file((sites_dir / sites.front()).string());
   if (!sites.empty())
-    throw FileError(path, fmt::format("holds the checkpoints of {} site(s) ({}): name one of them, e.g. {}",
-                                      sites.size(), fmt::join(sites, ", "), (p / sites.front()).string()));
-  throw FileError(path, "directory has no model.safetensors and no 'latest' checkpoint pointer");
+    throw FileError(path, fmt::format("holds the checkpoints of {} sites ({}): name one of them, e.g. {}", sites.size(),
+                                      fmt::join(sites, ", "), (sites_dir / sites.front()).string()));
+  throw FileError(path, "directory has no model.safetensors, no 'latest' checkpoint pointer and no site checkpoints");
 }
 
 void load_model(const std::string& path, const ParamLayout& layout, std::span<float> params) {

@@ -50,8 +50,9 @@ void check_model(const SafetensorsFile& file, const ParamLayout& layout);
 
 // The model file a user names (train.init_from): `path` when it is a file; for a directory,
 // its model.safetensors (a checkpoint step directory), else the model of the checkpoint its
-// `latest` pointer names (a site's checkpoint directory). FileError naming the path when none
-// applies (a run's checkpoints/ directory: the message lists its sites).
+// `latest` pointer names (a site's checkpoint directory), else, for a run's output directory
+// or its checkpoints/, the one site's latest model. FileError naming the path when none
+// applies or several sites' checkpoints are there (the message lists them).
 std::string find_model_file(const std::string& path);
 
 // The model hyperparameters stored in a checkpoint's metadata. FileError when absent or

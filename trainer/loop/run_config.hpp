@@ -47,9 +47,10 @@ struct TrainConfig {
   int64_t checkpoint_every = 0;  // steps between checkpoints; 0 = only at the end
   int keep_checkpoints = 2;      // newest checkpoints kept
   // Warm start: the model file the parameters start from instead of the seeded init (a
-  // geoloco or Hugging Face GPT-2 safetensors file, a checkpoint step directory or a site's
-  // checkpoint directory). Resolved against the config's directory and checked against the
-  // model at load time; empty = seeded init. Ignored on --resume (the checkpoint wins).
+  // geoloco or Hugging Face GPT-2 safetensors file, a checkpoint step directory, a site's
+  // checkpoint directory or a one-site run's output: find_model_file). Resolved against the
+  // config's directory and checked against the model at load time; empty = seeded init.
+  // On --resume the run's own checkpoint wins.
   std::string init_from;
 
   static TrainConfig from_yaml(const config::Node& node);
