@@ -2,10 +2,12 @@
 # One prepared GPU check (for a machine with a GPU, e.g. one H200 with 16 cores, < 8 minutes):
 # configure with CUDA into build-gpu, build only what the check needs, run the device tests
 # once in one process (test_cuda_gpu: op and model parity, writes parity.json), the GPT-2 124M
-# bf16 benchmark (bench.json, fused attention), the training loop on the GPU (test_cuda_loop:
+# bf16 benchmark (bench.json, fused attention, with a device-time profile of one step per op
+# kind), the training loop on the GPU (test_cuda_loop:
 # 2-rank site vs the CPU curve, ddp == zero1, bit-exact resume, 2-site DiLoCo, NCCL in the
 # loop), the NCCL tests of the parallel area, and last the benchmark with the materialised
-# attention (bench_materialized.json); then write report.json + gpu_check.log into OUTDIR.
+# attention (bench_materialized.json); then write report.json + gpu_check.log into OUTDIR and print the
+# report's summary (verdict, figures, the costliest ops) last.
 #
 #   tools/gpu_check.sh OUTDIR        exit 0 only when every step passed
 #

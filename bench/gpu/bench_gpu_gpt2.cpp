@@ -16,6 +16,7 @@
 #include "trainer/cuda/cuda_adamw.hpp"
 #include "trainer/cuda/cuda_gpt.hpp"
 #include "trainer/cuda/device.hpp"
+#include "trainer/cuda/op_profile.hpp"
 #include "trainer/model/gpt.hpp"
 
 using namespace geoloco;
@@ -92,9 +93,13 @@ int main(int argc, char** argv) {
     }
     const double tokens_per_s = double(N) * done / elapsed;
     // One more step, phase by phase (each phase synchronised, so slightly slower in sum than
-    // a pipelined step): where the time goes, for the next optimisation.
+    // a pipelined step) and op by op (timing events between the ops: device time per op
+    // kind): where the time goes, for the next optimisation.
     auto now = [] { return std::chrono::steady_clock::now(); };
     auto ms = [](auto a, auto b) { return 1000.0 * std::chrono::duration<double>(b - a).count(); };
+    cuda::OpProfile profile(model.stream());
+    model.set_profile(&profile);
+    profile.mark("memset.grads");
     cuda::check_cuda(cudaMemsetAsync(grads.data(), 0, grads.size() * 4, model.stream()), "zero grads");
     const auto p0 = now();
     model.forward(params.span(), x.data(), y.data(), batch, T);  // ends with a synchronisation
@@ -102,9 +107,12 @@ int main(int argc, char** argv) {
     model.backward(params.span(), grads.span());
     cuda::check_cuda(cudaStreamSynchronize(model.stream()), "backward");
     const auto p2 = now();
+    profile.mark("adamw");
     opt.step(params.span(), grads.span(), ocfg.lr, model.stream());
     cuda::check_cuda(cudaStreamSynchronize(model.stream()), "optimizer");
     const auto p3 = now();
+    const cuda::OpTimes op_times = profile.stop();
+    model.set_profile(nullptr);
     size_t free_b = 0, total_b = 0;
     cuda::check_cuda(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
     const double flops_per_token =
@@ -131,6 +139,8 @@ int main(int argc, char** argv) {
     j["step_ms"] = 1000.0 * elapsed / done;
     j["last_loss"] = loss;
     j["phase_ms"] = {{"forward", ms(p0, p1)}, {"backward", ms(p1, p2)}, {"adamw", ms(p2, p3)}};
+    // Device time per op kind of that step, most expensive first, with its share of the step.
+    j["op_profile"] = op_times.to_json();
     j["device_memory_used_gib"] = double(total_b - free_b) / (1 << 30);
     j["device_bytes_model"] = model.device_bytes();
     j["tokens_per_s"] = tokens_per_s;

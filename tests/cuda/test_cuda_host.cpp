@@ -20,6 +20,7 @@
 #include "trainer/cuda/check_report.hpp"
 #include "trainer/cuda/cuda_error.hpp"
 #include "trainer/cuda/device_select.hpp"
+#include "trainer/cuda/op_times.hpp"
 #include "trainer/cuda/ordered_worker.hpp"
 #include "trainer/cuda/attention_choice.hpp"
 #include "trainer/cuda/precision.hpp"
@@ -287,6 +288,35 @@ TEST(CheckReport, OkOnlyWhenEverythingPassed) {
   EXPECT_FALSE(assemble_check_report({}, "g", parity, bench)["ok"].get<bool>());
 }
 
+// What a person (or the tail of a remote run's output) sees: the verdict, the figures and
+// the costliest ops, in order; absent parts are skipped.
+TEST(CheckReport, SummaryNamesTheFiguresAndTheCostliestOps) {
+  const std::string bench = R"({"tokens_per_s": 412345.6, "batch": 32, "precision": "bf16", "attention": "fused",
+    "step_ms": 79.47, "achieved_tflops": 353.21, "mfu": 0.357, "ratio": 0.8906,
+    "peer": {"tokens_per_s": 463000},
+    "op_profile": {"total_ms": 80.0, "ops": [
+      {"op": "matmul.fc.bwd", "ms": 10.25, "calls": 12, "share": 0.128125},
+      {"op": "attention.bwd", "ms": 9.5, "calls": 12, "share": 0.11875},
+      {"op": "adamw", "ms": 1.0, "calls": 1, "share": 0.0125}]}})";
+  const auto r = assemble_check_report({{"build", 0, 200.04}, {"bench", 0, 31.5}}, "NVIDIA H200", R"({"ok": true})",
+                                       bench);
+  const std::string s = summarize_check_report(r, 2);
+  EXPECT_EQ(s,
+            "gpu check: ok\n"
+            "  gpu: NVIDIA H200\n"
+            "  steps: build rc 0 (200.0 s), bench rc 0 (31.5 s)\n"
+            "  bench: 412.3k tokens/s (B 32, bf16, fused attention), step 79.47 ms, 353.2 TFLOP/s, MFU 0.357, "
+            "0.891x the peer (463k tokens/s)\n"
+            "  ops of one profiled step (80.00 ms of device time):\n"
+            "    matmul.fc.bwd           10.250 ms   12.8%  x12\n"
+            "    attention.bwd            9.500 ms   11.9%  x12\n"
+            "    ... 1 more\n");
+  const auto bad = assemble_check_report({{"build", 2, 10}}, "g", "", "");
+  EXPECT_EQ(summarize_check_report(bad),
+            "gpu check: FAILED\n  gpu: g\n  steps: build rc 2 (10.0 s)\n  bench: none\n"
+            "  problem: step build exited 2\n  problem: parity document missing\n  problem: bench document missing\n");
+}
+
 TEST(CheckReport, ToolWritesTheReportAndExitCode) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("geoloco_gpu_report_" + std::to_string(::getpid()));
@@ -466,4 +496,49 @@ TEST(TokenBuckets, RejectsIdsOutsideTheVocabularyNamingThePosition) {
 }
 
 }  // namespace
+}  // namespace geoloco::cuda
+
+namespace geoloco::cuda {
+
+// The op profile's host logic: intervals between marks go to the op each mark names,
+// summed per op kind, most expensive first; bad marks are errors, not silent numbers.
+TEST(OpTimes, IntervalsBetweenMarksSumPerOp) {
+  const std::vector<std::string> labels = {"a", "b", "a", "c", "b"};
+  const std::vector<double> times = {10.0, 11.5, 14.0, 14.25, 20.25, 20.5};
+  const OpTimes t = op_times_from_marks(labels, times);
+  EXPECT_DOUBLE_EQ(t.total_ms(), 10.5);
+  const auto rows = t.rows();
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0].op, "c");  // 6 ms in one call
+  EXPECT_DOUBLE_EQ(rows[0].ms, 6.0);
+  EXPECT_EQ(rows[1].op, "b");  // 2.5 + 0.25
+  EXPECT_DOUBLE_EQ(rows[1].ms, 2.75);
+  EXPECT_EQ(rows[1].calls, 2);
+  EXPECT_EQ(rows[2].op, "a");  // 1.5 + 0.25
+  EXPECT_DOUBLE_EQ(rows[2].ms, 1.75);
+  EXPECT_EQ(t.find("a")->calls, 2);
+  EXPECT_EQ(t.find("z"), nullptr);
+  const auto j = t.to_json();
+  EXPECT_DOUBLE_EQ(j["total_ms"].get<double>(), 10.5);
+  ASSERT_EQ(j["ops"].size(), 3u);
+  EXPECT_EQ(j["ops"][0]["op"], "c");
+  EXPECT_DOUBLE_EQ(j["ops"][0]["share"].get<double>(), 6.0 / 10.5);
+  EXPECT_EQ(j["ops"][2]["calls"].get<int>(), 2);
+  EXPECT_EQ(op_times_from_marks({}, std::vector<double>{0.0}).rows().size(), 0u);
+}
+
+TEST(OpTimes, BadMarksAreErrors) {
+  const std::vector<std::string> labels = {"a", "b"};
+  EXPECT_THROW(op_times_from_marks(labels, std::vector<double>{0.0, 1.0}), geoloco::Error);  // one time short
+  try {
+    op_times_from_marks(labels, std::vector<double>{0.0, 2.0, 1.0});
+    ADD_FAILURE() << "time going backwards was accepted";
+  } catch (const geoloco::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("time goes backwards at mark 2 ('b')"), std::string::npos) << e.what();
+  }
+  OpTimes t;
+  EXPECT_THROW(t.add("x", std::numeric_limits<double>::quiet_NaN()), geoloco::Error);
+  EXPECT_THROW(t.add("x", -1.0), geoloco::Error);
+}
+
 }  // namespace geoloco::cuda

@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 
 #include "gpu_test_util.hpp"
 #include "trainer/cuda/cuda_adamw.hpp"
 #include "trainer/cuda/cuda_gpt.hpp"
 #include "trainer/cuda/grad_overlap.hpp"
+#include "trainer/cuda/op_profile.hpp"
 #include "trainer/cuda/staging.hpp"
 #include "trainer/model/gpt.hpp"
 #include "trainer/optim/adamw.hpp"
@@ -184,6 +186,58 @@ INSTANTIATE_TEST_SUITE_P(Precisions, ModelParity,
                            return std::string(precision_name(info.param.p)) +
                                   (info.param.attention == AttentionKernel::Fused ? "_fused" : "");
                          });
+
+// The op profile of one training step marks every op: each op kind is counted as often as
+// the model runs it (L blocks), the marks do not change the result, and the times add up.
+TEST_P(ModelParity, OpProfileCountsEveryOpOfAStep) {
+  const auto cfg = small_model();
+  const int B = 2, T = 48, L = cfg.n_layer;
+  vector<float> params(size_t(trainer::ParamLayout(cfg).total()));
+  trainer::Gpt::init_params(trainer::ParamLayout(cfg), params, 3);
+  const auto x = tokens(B * T, 4, cfg.vocab_size), y = tokens(B * T, 5, cfg.vocab_size);
+  auto d_params = to_device<float>(params);
+  auto gpu_model = make(cfg);
+  CudaGpt& gpu = *gpu_model;
+  DeviceBuffer<float> plain(params.size()), profiled(params.size());
+  check_cuda(cudaMemset(plain.data(), 0, plain.size() * 4), "zero grads");
+  check_cuda(cudaMemset(profiled.data(), 0, profiled.size() * 4), "zero grads");
+  check_cuda(cudaDeviceSynchronize(), "zero grads");
+  const float loss = gpu.forward(d_params.span(), x.data(), y.data(), B, T);
+  gpu.backward(d_params.span(), plain.span());
+
+  OpProfile profile(gpu.stream());
+  gpu.set_profile(&profile);
+  const float profiled_loss = gpu.forward(d_params.span(), x.data(), y.data(), B, T);
+  int hooks = 0;
+  gpu.backward(d_params.span(), profiled.span(), 1.0f, [&](int, cudaStream_t) { ++hooks; });
+  const OpTimes t = profile.stop();
+  gpu.set_profile(nullptr);
+  EXPECT_EQ(profile.marks(), 0u);
+  EXPECT_EQ(std::bit_cast<uint32_t>(loss), std::bit_cast<uint32_t>(profiled_loss));
+  const auto a = download(plain.span()), b = download(profiled.span());
+  EXPECT_TRUE(std::memcmp(a.data(), b.data(), a.size() * 4) == 0) << "profiling changed the gradients";
+
+  std::map<std::string, int64_t> want = {
+      {"tokens.upload", 1}, {"encoder.fwd", 1}, {"layernorm.fwd", 2 * L + 1}, {"matmul.qkv.fwd", L},
+      {"attention.fwd", L}, {"matmul.attproj.fwd", L}, {"residual.fwd", 2 * L}, {"matmul.fc.fwd", L},
+      {"gelu.fwd", L}, {"matmul.fcproj.fwd", L}, {"lm_head.fwd", 1}, {"crossentropy.fwd", 1},
+      {"loss.to_host", 1}, {"crossentropy.bwd", 1}, {"lm_head.bwd", 1}, {"memset.bwd", 1},
+      {"layernorm.bwd", 2 * L + 1}, {"matmul.fcproj.bwd", L}, {"gelu.bwd", L}, {"matmul.fc.bwd", L},
+      {"matmul.attproj.bwd", L}, {"attention.bwd", L}, {"matmul.qkv.bwd", L}, {"grad_hook", L + 1},
+      {"encoder.bwd", 1}};
+  if (GetParam().p == Precision::Bf16) want["cast_bf16"] = 1;
+  std::map<std::string, int64_t> got;
+  double sum = 0;
+  for (const auto& r : t.rows()) {
+    got[r.op] = r.calls;
+    sum += r.ms;
+    EXPECT_GE(r.ms, 0.0) << r.op;
+  }
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(hooks, L + 1);
+  EXPECT_NEAR(sum, t.total_ms(), 1e-9 * std::max(1.0, sum));
+  EXPECT_GT(t.total_ms(), 0.0);
+}
 
 TEST(CudaModel, MisuseAndBadInputAreTypedErrors) {
   GEOLOCO_REQUIRE_GPU();

@@ -325,5 +325,36 @@ TEST(CudaEmulator, GemmFollowsCublasColumnMajorSemanticsForEveryTransposition) {
       << "lda below m";
 }
 
+// cudaEventElapsedTime's contract (what OpProfile relies on): both events recorded with
+// timing and completed; before a synchronisation the emulated device has not run them.
+TEST(CudaEmulator, EventElapsedTimeNeedsTimingEventsThatCompleted) {
+  GEOLOCO_REQUIRE_EMULATOR();
+  Stream s("s");
+  DeviceBuffer<float> d(8, "d");
+  Event a(/*timing=*/true), b(/*timing=*/true), plain;
+  float ms = -1;
+  EXPECT_EQ(cudaEventElapsedTime(&ms, a.get(), b.get()), cudaErrorInvalidResourceHandle);  // never recorded
+  (void)cudaGetLastError();
+  a.record(s.get());
+  GEOLOCO_LAUNCH(fill_k, 1, 32, 0, s.get())(d.data(), 1.0f, 8);
+  b.record(s.get());
+  EXPECT_EQ(cudaEventElapsedTime(&ms, a.get(), b.get()), cudaErrorNotReady);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "not ready is not an error state";
+  b.synchronize();
+  ASSERT_EQ(cudaEventElapsedTime(&ms, a.get(), b.get()), cudaSuccess);
+  EXPECT_GE(ms, 0.0f);
+  plain.record(s.get());
+  plain.synchronize();
+  EXPECT_EQ(cudaEventElapsedTime(&ms, a.get(), plain.get()), cudaErrorInvalidResourceHandle);  // timing disabled
+  EXPECT_EQ(cudaEventElapsedTime(nullptr, a.get(), b.get()), cudaErrorInvalidValue);
+  (void)cudaGetLastError();
+  // A pending record outlives its event: destroying it before the stream ran is safe.
+  {
+    Event gone(/*timing=*/true);
+    gone.record(s.get());
+  }
+  s.synchronize("s");
+}
+
 }  // namespace
 }  // namespace geoloco::cuda

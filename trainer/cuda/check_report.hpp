@@ -31,4 +31,10 @@ CheckStep parse_check_step(std::string_view text);
 nlohmann::json assemble_check_report(const std::vector<CheckStep>& steps, std::string_view gpu,
                                      std::string_view parity_text, std::string_view bench_text);
 
+// The report in a few lines for a person (and for the last lines of a remote run's output):
+// ok/FAILED, the GPU, each step's rc and seconds, the bench's tokens/s, step time, TFLOP/s,
+// MFU and ratio to the peer, the `top_ops` most expensive ops of the profiled step (ms, share,
+// calls), and every problem. Fields the report lacks are skipped, never an error.
+std::string summarize_check_report(const nlohmann::json& report, int top_ops = 12);
+
 }  // namespace geoloco::cuda

@@ -4,6 +4,7 @@
 
 #include "trainer/cuda/bf16.hpp"
 #include "trainer/cuda/handles.hpp"
+#include "trainer/cuda/op_profile.hpp"
 #include "trainer/cuda/ops.hpp"
 #include "trainer/cuda/token_buckets.hpp"
 
@@ -59,6 +60,7 @@ struct CudaGpt::Impl {
       std::memcpy(tokens_host.data() + 2 * N, packed.data(), packed.size_bytes());
       upload += static_cast<int64_t>(packed.size());
     }
+    mark("tokens.upload");
     check_cuda(cudaMemcpyAsync(tokens_dev.data(), tokens_host.data(), size_t(upload) * sizeof(int32_t),
                                cudaMemcpyHostToDevice, stream.get()),
                fmt::format("upload {} token ids", upload));
@@ -84,6 +86,11 @@ struct CudaGpt::Impl {
     return {tokens_dev.data() + 2 * int64_t(Bc) * Tc, buckets.rows(), buckets.groups()};
   }
 
+  // With a profile set, the stream's work from here to the next mark is `op`'s.
+  void mark(const char* op) const {
+    if (profile) profile->mark(op);
+  }
+
   trainer::ModelConfig cfg;
   trainer::ParamLayout layout;
   Precision precision;
@@ -98,6 +105,7 @@ struct CudaGpt::Impl {
   const float* forward_params = nullptr;
   bool backward_ready = false, have_probs = false;
   DeviceBuffer<float> losses;
+  OpProfile* profile = nullptr;
 
   OpContext ctx() const { return {stream.get(), blas.get(), const_cast<char*>(work.data()), work.size()}; }
 };
@@ -188,27 +196,45 @@ struct ModelT final : CudaGpt::Impl {
   float run_forward(const float* P, int B, int T) override {
     const OpContext c = ctx();
     const int N = B * T, C = cfg.n_embd, NH = cfg.n_head, V = cfg.vocab_size;
-    if constexpr (std::is_same_v<A, bf16>) cast_to_bf16(c, wcopy.data(), P, layout.total());
+    if constexpr (std::is_same_v<A, bf16>) {
+      mark("cast_bf16");
+      cast_to_bf16(c, wcopy.data(), P, layout.total());
+    }
+    mark("encoder.fwd");
     encoder_forward<A>(c, encoded, inputs_dev(), P + layout.wte(), P + layout.wpe(), B, T, C);
     const A* x = encoded;
     for (int l = 0; l < cfg.n_layer; ++l) {
       const BlockOffsets& o = layout.block(l);
       Layer& a = layers[size_t(l)];
+      mark("layernorm.fwd");
       layernorm_forward<A>(c, a.ln1, a.ln1_mean, a.ln1_rstd, x, P + o.ln1_w, P + o.ln1_b, N, C);
+      mark("matmul.qkv.fwd");
       matmul_forward<A>(c, a.qkv, a.ln1, W(P, o.attn_w), P + o.attn_b, N, C, 3 * C);
+      mark("attention.fwd");
       attention_fwd(c, a, B, T, C, NH);
+      mark("matmul.attproj.fwd");
       matmul_forward<A>(c, a.attproj, a.atty, W(P, o.proj_w), P + o.proj_b, N, C, C);
+      mark("residual.fwd");
       residual_forward<A>(c, a.res2, x, a.attproj, int64_t(N) * C);
+      mark("layernorm.fwd");
       layernorm_forward<A>(c, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, P + o.ln2_w, P + o.ln2_b, N, C);
+      mark("matmul.fc.fwd");
       matmul_forward<A>(c, a.fch, a.ln2, W(P, o.fc_w), P + o.fc_b, N, C, 4 * C);
+      mark("gelu.fwd");
       gelu_forward<A>(c, a.fch_gelu, a.fch, int64_t(N) * 4 * C);
+      mark("matmul.fcproj.fwd");
       matmul_forward<A>(c, a.fcproj, a.fch_gelu, W(P, o.fcproj_w), P + o.fcproj_b, N, 4 * C, C);
+      mark("residual.fwd");
       residual_forward<A>(c, a.res3, a.res2, a.fcproj, int64_t(N) * C);
       x = a.res3;
     }
+    mark("layernorm.fwd");
     layernorm_forward<A>(c, lnf, lnf_mean, lnf_rstd, x, P + layout.lnf_w(), P + layout.lnf_b(), N, C);
+    mark("lm_head.fwd");
     lm_head_forward<A>(c, probs, lnf, W(P, layout.wte()), N, C, V, Vp());
+    mark("crossentropy.fwd");
     crossentropy_forward<A>(c, probs, losses.data(), probs, targets_dev(), N, V, Vp());
+    mark("loss.to_host");
     return mean_loss_to_host(c, losses.data(), N);
   }
 
@@ -233,30 +259,49 @@ struct ModelT final : CudaGpt::Impl {
     const int B = Bc, T = Tc, N = B * T, C = cfg.n_embd, NH = cfg.n_head, V = cfg.vocab_size;
     const int64_t NC = int64_t(N) * C;
     A* dlogits = probs;  // the logits' gradient replaces the probabilities in place
+    mark("crossentropy.bwd");
     crossentropy_backward<A>(c, dlogits, probs, targets_dev(), loss_scale / float(N), N, V, Vp());
+    mark("lm_head.bwd");
     lm_head_backward<A>(c, dln, G + layout.wte(), dlogits, lnf, W(P, layout.wte()), N, C, V, Vp(), kOverwrite);
     const A* x_last = cfg.n_layer > 0 ? layers.back().res3 : encoded;
+    mark("memset.bwd");
     zero(dres, NC);
+    mark("layernorm.bwd");
     layernorm_backward<A>(c, dres, G + layout.lnf_w(), G + layout.lnf_b(), dln, x_last, P + layout.lnf_w(), lnf_mean,
                           lnf_rstd, N, C);
     for (int l = cfg.n_layer - 1; l >= 0; --l) {
       const BlockOffsets& o = layout.block(l);
       Layer& a = layers[size_t(l)];
       const A* x_in = l > 0 ? layers[size_t(l - 1)].res3 : encoded;
+      mark("matmul.fcproj.bwd");
       matmul_backward<A>(c, dfch_gelu, G + o.fcproj_w, G + o.fcproj_b, dres, a.fch_gelu, W(P, o.fcproj_w), N, 4 * C,
                          C, kOverwrite);
+      mark("gelu.bwd");
       gelu_backward<A>(c, dfch, a.fch, dfch_gelu, 4 * NC, kOverwrite);
+      mark("matmul.fc.bwd");
       matmul_backward<A>(c, dln, G + o.fc_w, G + o.fc_b, dfch, a.ln2, W(P, o.fc_w), N, C, 4 * C, kOverwrite);
+      mark("layernorm.bwd");
       layernorm_backward<A>(c, dres, G + o.ln2_w, G + o.ln2_b, dln, a.res2, P + o.ln2_w, a.ln2_mean, a.ln2_rstd, N,
                             C);
+      mark("matmul.attproj.bwd");
       matmul_backward<A>(c, datty, G + o.proj_w, G + o.proj_b, dres, a.atty, W(P, o.proj_w), N, C, C, kOverwrite);
+      mark("attention.bwd");
       attention_bwd(c, a, B, T, C, NH);
+      mark("matmul.qkv.bwd");
       matmul_backward<A>(c, dln, G + o.attn_w, G + o.attn_b, dqkv, a.ln1, W(P, o.attn_w), N, C, 3 * C, kOverwrite);
+      mark("layernorm.bwd");
       layernorm_backward<A>(c, dres, G + o.ln1_w, G + o.ln1_b, dln, x_in, P + o.ln1_w, a.ln1_mean, a.ln1_rstd, N, C);
-      if (hook) hook(l, stream.get());
+      if (hook) {
+        mark("grad_hook");
+        hook(l, stream.get());
+      }
     }
+    mark("encoder.bwd");
     encoder_backward<A>(c, G + layout.wte(), G + layout.wpe(), dres, buckets_dev(), B, T, C);
-    if (hook) hook(-1, stream.get());
+    if (hook) {
+      mark("grad_hook");
+      hook(-1, stream.get());
+    }
   }
 
   std::vector<float> probs_host() const override {
@@ -315,6 +360,7 @@ const trainer::ParamLayout& CudaGpt::layout() const { return impl_->layout; }
 Precision CudaGpt::precision() const { return impl_->precision; }
 bool CudaGpt::fused_attention() const { return impl_->fused; }
 cudaStream_t CudaGpt::stream() const { return impl_->stream.get(); }
+void CudaGpt::set_profile(OpProfile* profile) { impl_->profile = profile; }
 
 float CudaGpt::forward(std::span<const float> params, const int32_t* inputs, const int32_t* targets, int B, int T) {
   return impl_->forward(params, inputs, targets, B, T, true);

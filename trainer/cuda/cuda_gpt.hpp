@@ -32,6 +32,8 @@
 
 namespace geoloco::cuda {
 
+class OpProfile;
+
 // Called on the host during backward() once the gradients of transformer block `block` (its
 // [begin, end) range of the layout) are final on stream `s`, in the order L-1 ... 0, then
 // once with block -1 when wte, wpe and ln_f are final (the whole buffer is then done).
@@ -70,6 +72,11 @@ class CudaGpt {
 
   // Bytes of device memory this model holds now (activations, scratch, bf16 weight copy).
   size_t device_bytes() const;
+
+  // Marks every op of forward()/evaluate()/backward() in `profile` (op_profile.hpp: names
+  // like "matmul.qkv.fwd", "attention.bwd"); nullptr (the default) marks nothing. The
+  // profile must outlive its use and be on stream().
+  void set_profile(OpProfile* profile);
 
   struct Impl;
 

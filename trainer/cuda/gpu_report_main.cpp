@@ -41,8 +41,7 @@ int main(int argc, char** argv) {
       std::cerr << "cannot write " << out << "\n";
       return 1;
     }
-    std::cout << "gpu check: " << (report["ok"].get<bool>() ? "ok" : "FAILED") << "\n";
-    for (const auto& p : report["problems"]) std::cout << "  problem: " << p.get<std::string>() << "\n";
+    std::cout << geoloco::cuda::summarize_check_report(report);
     return report["ok"].get<bool>() ? 0 : 1;
   } catch (const std::exception& e) {
     std::cerr << e.what() << "\n";

@@ -16,6 +16,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -52,6 +53,11 @@ struct CUevent_st {
   CUstream_st* stream = nullptr;
   uint64_t seq = 0;
   bool recorded = false;
+  bool timing = true;  // created without cudaEventDisableTiming
+  // A timing event's record is an op that stamps the host clock (ms) when the stream reaches
+  // it: NaN until then. Shared with that op, so destroying a pending event is safe, and each
+  // record gets its own stamp (a re-record does not inherit the old one's).
+  std::shared_ptr<double> stamp_ms;
 };
 
 namespace geoloco::cuda::emu {

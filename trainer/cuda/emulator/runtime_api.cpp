@@ -5,6 +5,8 @@
 // memsets are asynchronous, cudaMemset is asynchronous too, cudaFree synchronises.
 #include <cuda_runtime_api.h>
 
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -381,6 +383,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
   GEOLOCO_EMU_ENTER(d);
   if (!e || (flags & ~unsigned(cudaEventDisableTiming | cudaEventBlockingSync))) return ret(cudaErrorInvalidValue);
   *e = new CUevent_st();
+  (*e)->timing = (flags & cudaEventDisableTiming) == 0;
   return cudaSuccess;
 }
 
@@ -396,8 +399,29 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   GEOLOCO_EMU_ENTER(d);
   if (!e || !d.valid(s)) return ret(cudaErrorInvalidResourceHandle);
   e->stream = d.resolve(s);
-  e->seq = e->stream->last;
   e->recorded = true;
+  if (!e->timing) {
+    e->seq = e->stream->last;  // ordering only: the work enqueued so far
+    return cudaSuccess;
+  }
+  auto stamp = std::make_shared<double>(std::nan(""));
+  e->stamp_ms = stamp;
+  e->seq = d.enqueue(e->stream, "cudaEventRecord", [stamp] {
+    *stamp = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  });
+  return cudaSuccess;
+}
+
+// Host time between the two stamps: meaningless as GPU time, but the call's contract holds
+// (both recorded with timing, both completed: cudaErrorNotReady before a synchronisation).
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  GEOLOCO_EMU_ENTER(d);
+  if (!ms) return ret(cudaErrorInvalidValue);
+  if (!start || !end || !start->timing || !end->timing || !start->recorded || !end->recorded)
+    return ret(cudaErrorInvalidResourceHandle);
+  // Not an error state (as cudaEventQuery's): cudaGetLastError is not set.
+  if (std::isnan(*start->stamp_ms) || std::isnan(*end->stamp_ms)) return cudaErrorNotReady;
+  *ms = static_cast<float>(*end->stamp_ms - *start->stamp_ms);
   return cudaSuccess;
 }
 
