@@ -2,6 +2,8 @@
 // tensor with expected vs found shapes.
 #include <gtest/gtest.h>
 
+#include <bit>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -140,7 +142,7 @@ TEST(ModelCheckpoint, MissingExtraAndWrongDtypeTensors) {
     const auto path = dir.file("f64.safetensors");
     write_safetensors(path, t, {});
     EXPECT_EQ(file_error([&] { load_model(path, L, q); }),
-              path + ": tensor 'transformer.ln_f.weight' is F64, expected F32");
+              path + ": tensor 'transformer.ln_f.weight' is F64, expected F32 (or BF16/F16, widened exactly)");
   }
 }
 
@@ -256,4 +258,44 @@ TEST(ModelCheckpoint, FindModelFileResolvesFileStepDirAndLatest) {
   fs::create_directories(dir.path() / "empty");
   EXPECT_EQ(file_error([&] { find_model_file(dir.file("empty")); }),
             dir.file("empty") + ": directory has no model.safetensors, no 'latest' checkpoint pointer and no site checkpoints");
+}
+
+// Half-precision exports (bf16 and fp16 safetensors, as Hugging Face often ships them) load
+// as their exact float values; a file may mix dtypes.
+TEST(ModelCheckpoint, Bf16AndF16TensorsWidenExactly) {
+  TempDir dir;
+  ParamLayout L(small());
+  std::vector<float> p(static_cast<size_t>(L.total()));
+  for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<float>(i % 200) * 0.5f - 50.0f;  // exact in both
+  p[size_t(L.views()[1].offset)] = 0x1p-20f;  // an fp16 subnormal (view 1 is stored as fp16 below)
+  auto t = model_tensors(L, p);
+  std::vector<std::vector<uint8_t>> storage;
+  storage.reserve(t.size());  // the tensors point into it
+  for (size_t k = 0; k < t.size(); ++k) {
+    const bool bf16 = k % 2 == 0;  // alternate: one file, both dtypes
+    const auto& v = L.views()[k];
+    std::vector<uint8_t> bytes(size_t(v.numel) * 2);
+    for (int64_t i = 0; i < v.numel; ++i) {
+      const float x = p[size_t(v.offset + i)];
+      const uint16_t h = bf16 ? static_cast<uint16_t>(std::bit_cast<uint32_t>(x) >> 16) : [&] {
+        // x is an exact fp16 value: build its bits directly.
+        if (x == 0) return uint16_t(0);
+        int e = 0;
+        const float m = std::frexp(std::fabs(x), &e);  // x = m 2^e, m in [0.5, 1)
+        const uint16_t sign = x < 0 ? 0x8000 : 0;
+        if (e - 1 < -14) return static_cast<uint16_t>(sign | static_cast<uint16_t>(std::ldexp(std::fabs(x), 24)));
+        return static_cast<uint16_t>(sign | ((e - 1 + 15) << 10) | static_cast<uint16_t>((m * 2 - 1) * 1024));
+      }();
+      bytes[size_t(2 * i)] = static_cast<uint8_t>(h & 0xff);
+      bytes[size_t(2 * i + 1)] = static_cast<uint8_t>(h >> 8);
+    }
+    storage.push_back(std::move(bytes));
+    t[k].dtype = bf16 ? Dtype::BF16 : Dtype::F16;
+    t[k].bytes = storage.back();
+  }
+  const auto path = dir.file("half.safetensors");
+  write_safetensors(path, t, {});
+  std::vector<float> q(p.size());
+  load_model(path, L, q);
+  EXPECT_EQ(q, p);
 }

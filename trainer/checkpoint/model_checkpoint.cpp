@@ -1,6 +1,7 @@
 #include "trainer/checkpoint/model_checkpoint.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <charconv>
 #include <filesystem>
 #include <fstream>
@@ -9,6 +10,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "compression/half.hpp"
 #include "trainer/core/error.hpp"
 
 namespace geoloco::trainer {
@@ -120,8 +122,9 @@ void check_model(const SafetensorsFile& f, const ParamLayout& layout) {
     if (name.empty()) throw FileError(f.path(), fmt::format("missing tensor '{}' (expected shape {})", v.name,
                                                             shape_string(v.shape)));
     const auto& t = f.info(name);
-    if (t.dtype != Dtype::F32)
-      throw FileError(f.path(), fmt::format("tensor '{}' is {}, expected F32", name, dtype_name(t.dtype)));
+    if (t.dtype != Dtype::F32 && t.dtype != Dtype::BF16 && t.dtype != Dtype::F16)
+      throw FileError(f.path(), fmt::format("tensor '{}' is {}, expected F32 (or BF16/F16, widened exactly)", name,
+                                            dtype_name(t.dtype)));
     if (t.shape != v.shape)
       throw FileError(f.path(), fmt::format("tensor '{}' has the wrong shape: expected {}, found {}", name,
                                             shape_string(v.shape), shape_string(t.shape)));
@@ -137,9 +140,21 @@ void load_model(const SafetensorsFile& f, const ParamLayout& layout, std::span<f
   GEOLOCO_CHECK(params.size() == static_cast<size_t>(layout.total()), "params hold {} floats, the layout {}",
                 params.size(), layout.total());
   check_model(f, layout);
-  for (const auto& v : layout.views())
-    f.copy_f32(stored_name(f, v.name), v.shape,
-               params.subspan(static_cast<size_t>(v.offset), static_cast<size_t>(v.numel)));
+  for (const auto& v : layout.views()) {
+    const std::string name = stored_name(f, v.name);
+    const auto out = params.subspan(static_cast<size_t>(v.offset), static_cast<size_t>(v.numel));
+    const Dtype dtype = f.info(name).dtype;
+    if (dtype == Dtype::F32) {
+      f.copy_f32(name, v.shape, out);
+      continue;
+    }
+    // Half-precision exports (bf16 / fp16): every value widens to float exactly.
+    const auto b = f.bytes(name);
+    for (size_t i = 0; i < out.size(); ++i) {
+      const uint16_t h = static_cast<uint16_t>(b[2 * i] | (b[2 * i + 1] << 8));  // little-endian
+      out[i] = dtype == Dtype::BF16 ? std::bit_cast<float>(uint32_t{h} << 16) : compression::float_from_half(h);
+    }
+  }
 }
 
 std::string find_model_file(const std::string& path) {

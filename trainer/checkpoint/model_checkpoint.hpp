@@ -34,8 +34,9 @@ std::map<std::string, std::string> model_metadata(const ModelConfig& cfg,
 void save_model(const std::string& path, const ParamLayout& layout, std::span<const float> params,
                 const std::map<std::string, std::string>& metadata = {});
 
-// Fills `params` (layout.total() floats). FileError naming the file and the tensor when a
-// tensor is missing, has another dtype or shape ("expected [128, 384], found [128, 256]"),
+// Fills `params` (layout.total() floats); BF16 and F16 tensors (half-precision exports) are
+// widened exactly. FileError naming the file and the tensor when a tensor is missing, has
+// another dtype or shape ("expected [128, 384], found [128, 256]"),
 // when the file holds a tensor the layout does not have (a deeper model), or when its
 // hyperparameter metadata disagrees with the layout. Files without geoloco metadata (e.g.
 // exported by Hugging Face) load when their tensors match; names without the
