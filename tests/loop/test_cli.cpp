@@ -112,6 +112,13 @@ TEST(Cli, TrainThenEvalPrintsJson) {
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["tokens"].get<int>(), 320);
   EXPECT_LT(j["loss"].get<double>(), std::log(256.0));  // learned something
+  // The run's directory names its latest model: the same figures.
+  auto by_dir = run("eval --checkpoint " + (d.path() / "out").string() + " --data " + (d.path() / "corpus.txt").string() +
+                    " --tokens 320");
+  ASSERT_EQ(by_dir.code, 0) << by_dir.out;
+  auto jd = nlohmann::json::parse(by_dir.out);
+  EXPECT_EQ(jd["checkpoint"].get<std::string>(), ckpt);
+  EXPECT_EQ(jd["loss"].get<double>(), j["loss"].get<double>());
 
   // A flipped bit in a weight: exit 2, the file and the tensor named.
   flip_bit_near_end(ckpt);

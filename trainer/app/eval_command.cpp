@@ -36,7 +36,9 @@ bool looks_like_shard(const std::string& path) {
 
 void run_eval(const EvalArgs& a) {
   using namespace trainer;
-  auto file = SafetensorsFile::read(a.checkpoint);
+  // A file, or a step / site / one-site run directory: its latest model (as train.init_from).
+  const std::string path = find_model_file(a.checkpoint);
+  auto file = SafetensorsFile::read(path);
   const ModelConfig mc = read_model_config(file);
   Gpt model(mc);
   std::vector<float> params(static_cast<size_t>(model.layout().total()));
@@ -49,7 +51,7 @@ void run_eval(const EvalArgs& a) {
   } else {
     if (mc.vocab_size < kByteVocab)
       throw InputError(fmt::format("{}: raw bytes need vocab_size >= 256, but {} has vocab_size {}", a.data,
-                                   a.checkpoint, mc.vocab_size));
+                                   path, mc.vocab_size));
     stream = open_text_stream(a.data);
   }
   StreamDataset ds(stream);
@@ -81,7 +83,7 @@ void run_eval(const EvalArgs& a) {
                       {"seq_len", T},
                       {"perplexity", std::exp(loss)},
                       {"bits_per_token", loss / std::log(2.0)},
-                      {"checkpoint", a.checkpoint},
+                      {"checkpoint", path},
                       {"data", a.data}};
   fmt::print("{}\n", j.dump());
 }
@@ -91,7 +93,8 @@ void run_eval(const EvalArgs& a) {
 void add_eval_command(CLI::App& app) {
   auto args = std::make_shared<EvalArgs>();
   auto* cmd = app.add_subcommand("eval", "Evaluate a checkpoint on a data file; prints one JSON line (loss, tokens, ...)");
-  cmd->add_option("--checkpoint", args->checkpoint, "model.safetensors written by geoloco")->required();
+  cmd->add_option("--checkpoint", args->checkpoint, "model.safetensors written by geoloco, or a checkpoint step, site or one-site run directory (its latest model)")
+      ->required();
   cmd->add_option("--data", args->data, "a text file (byte tokens) or an llm.c token shard")->required();
   cmd->add_option("--tokens", args->tokens, "evaluate at most this many tokens (default: the whole file)")
       ->check(CLI::NonNegativeNumber);
