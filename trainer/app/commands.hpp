@@ -18,6 +18,7 @@ void register_commands(CLI::App& app);
 // One file per command group.
 void add_train_commands(CLI::App& app);   // train, worker, launch, validate
 void add_eval_command(CLI::App& app);     // eval
+void add_sample_command(CLI::App& app);   // sample
 void add_worker_commands(CLI::App& app);  // worker, launch
 
 }  // namespace geoloco::app

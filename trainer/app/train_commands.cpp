@@ -89,6 +89,7 @@ void register_commands(CLI::App& app) {
   add_train_commands(app);
   add_worker_commands(app);
   add_eval_command(app);
+  add_sample_command(app);
   planner::add_budget_command(app);
   planner::add_topo_command(app);
   probe::add_probe_command(app);
