@@ -125,17 +125,8 @@ TEST(RunConfig, HashFollowsTheContent) {
 // file is a config error with the key's location, before any rank starts.
 TEST(RunConfig, InitFromIsResolvedAgainstTheConfigAndCheckedAtLoad) {
   geoloco::testing::TempDir d;
-  auto model_of = [](int n_layer) {
-    ModelConfig m;
-    m.n_layer = n_layer;
-    m.n_head = 2;
-    m.n_embd = 32;
-    m.block_size = 16;
-    m.vocab_size = 64;
-    return m;
-  };
   std::filesystem::create_directories(d.path() / "warm" / "step_00000100");
-  const ParamLayout two(model_of(2));
+  const ParamLayout two(ModelConfig{.n_layer = 2, .n_head = 2, .n_embd = 32, .block_size = 16, .vocab_size = 64});  // kBase's
   std::vector<float> p(static_cast<size_t>(two.total()), 0.5f);
   const std::string file = (d.path() / "warm" / "step_00000100" / "model.safetensors").string();
   save_model(file, two, p);

@@ -60,12 +60,7 @@ TEST(Sampling, BadOptionsAreInputErrors) {
 }
 
 TEST(Sampling, GenerateIsDeterministicAndWindowsLongPrompts) {
-  ModelConfig c;
-  c.n_layer = 1;
-  c.n_head = 2;
-  c.n_embd = 16;
-  c.block_size = 8;
-  c.vocab_size = 11;
+  const ModelConfig c{.n_layer = 1, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 11};
   Gpt m(c);
   std::vector<float> params(size_t(m.layout().total()));
   Gpt::init_params(m.layout(), params, 5);
