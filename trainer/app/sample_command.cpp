@@ -1,7 +1,6 @@
 // geoloco sample: text from a checkpoint, to see what a run's model learned.
 #include <fmt/format.h>
 
-#include <charconv>
 #include <nlohmann/json.hpp>
 
 #include "trainer/app/commands.hpp"
@@ -18,29 +17,13 @@ namespace {
 struct SampleArgs {
   std::string checkpoint;
   std::string prompt;
-  std::string prompt_ids;  // "12,7,99" for models that are not byte-level
+  std::vector<int32_t> prompt_ids;  // --prompt-ids 12,7,99: for models that are not byte-level
   int tokens = 200;
   trainer::SamplingOptions sampling;
   uint64_t seed = 1;
   int threads = 1;
   bool json = false;
 };
-
-std::vector<int32_t> parse_ids(const std::string& text) {
-  std::vector<int32_t> ids;
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    const size_t comma = std::min(text.find(',', pos), text.size());
-    const std::string_view item(text.data() + pos, comma - pos);
-    int32_t id = 0;
-    const auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), id);
-    if (item.empty() || ec != std::errc() || p != item.data() + item.size())
-      throw InputError(fmt::format("--prompt-ids: '{}' is not a token id (expected comma-separated integers)", item));
-    ids.push_back(id);
-    pos = comma + 1;
-  }
-  return ids;
-}
 
 void run_sample(const SampleArgs& a) {
   using namespace trainer;
@@ -53,14 +36,12 @@ void run_sample(const SampleArgs& a) {
   Gpt::set_num_threads(a.threads);
   const bool bytes = mc.vocab_size == kByteVocab;
   if (!a.prompt.empty() && !a.prompt_ids.empty()) throw InputError("give --prompt or --prompt-ids, not both");
-  std::vector<int32_t> prompt;
-  if (!a.prompt_ids.empty()) {
-    prompt = parse_ids(a.prompt_ids);
-  } else if (!bytes) {
-    throw InputError(fmt::format("{} has vocab_size {}, not a byte-level model: give the prompt as --prompt-ids "
-                                 "(geoloco has no tokenizer for other vocabularies)",
-                                 path, mc.vocab_size));
-  } else {
+  std::vector<int32_t> prompt = a.prompt_ids;
+  if (prompt.empty()) {
+    if (!bytes)
+      throw InputError(fmt::format("{} has vocab_size {}, not a byte-level model: give the prompt as --prompt-ids "
+                                   "(geoloco has no tokenizer for other vocabularies)",
+                                   path, mc.vocab_size));
     const std::string text = a.prompt.empty() ? std::string("\n") : a.prompt;
     for (unsigned char c : text) prompt.push_back(c);
   }
@@ -91,7 +72,8 @@ void add_sample_command(CLI::App& app) {
                   "model.safetensors, or a checkpoint step, site or one-site run directory (its latest model)")
       ->required();
   cmd->add_option("--prompt", a->prompt, "text to continue (byte-level models; default: a newline)");
-  cmd->add_option("--prompt-ids", a->prompt_ids, "token ids to continue, comma-separated (any vocabulary)");
+  cmd->add_option("--prompt-ids", a->prompt_ids, "token ids to continue, comma-separated (any vocabulary)")
+      ->delimiter(',');
   cmd->add_option("--tokens", a->tokens, "tokens to generate")->check(CLI::Range(1, 100000));
   cmd->add_option("--temperature", a->sampling.temperature, "0: the most likely token; < 1 sharper, > 1 flatter")
       ->check(CLI::Range(0.0, 100.0));
