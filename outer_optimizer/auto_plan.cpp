@@ -1,3 +1,4 @@
+// outer.plan: auto, the pure parts: the decision, its wire form, recalibration, drift (auto_plan.hpp).
 #include "outer_optimizer/auto_plan.hpp"
 
 #include <fmt/format.h>
@@ -5,7 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "tools/planner/budget.hpp"
+#include "outer_optimizer/planner/budget.hpp"
 #include "trainer/core/error.hpp"
 
 namespace geoloco::outer {
@@ -141,7 +142,8 @@ planner::BudgetInput budget_input(const PlanRequest& req) {
 
 PlanDecision choose_plan(const PlanRequest& req) {
   if (!req.outer) throw Error("choose_plan: no outer config");
-  if (!(req.step_time_s > 0)) throw Error(fmt::format("outer plan: measured step time {} s is not positive", req.step_time_s));
+  if (!(req.step_time_s > 0))
+    throw Error(fmt::format("outer plan: measured step time {} s is not positive", req.step_time_s));
   if (!(req.path.path_Bps > 0) || !(req.path.per_connection_Bps > 0))
     throw Error("outer plan: the probe measured no throughput");
   const OuterConfig& o = *req.outer;
@@ -167,10 +169,12 @@ PlanDecision choose_plan(const PlanRequest& req) {
     more.search_lanes = {std::max(1, req.transport_lanes) * 4};
     const planner::HSearch m = planner::smallest_h(more);
     if (m.found && (!s.found || m.best.H < e.H))
-      lanes_note = fmt::format(" With transport.lanes: {} the same target would need H = {}.", more.search_lanes[0], m.best.H);
+      lanes_note =
+          fmt::format(" With transport.lanes: {} the same target would need H = {}.", more.search_lanes[0], m.best.H);
   }
   d.reason = fmt::format(
-      "Measured: RTT {:.2f} ms (p99 {:.2f} ms), {:.0f} Mbit/s on one connection, {:.0f} Mbit/s on {} lanes{}, inner step "
+      "Measured: RTT {:.2f} ms (p99 {:.2f} ms), {:.0f} Mbit/s on one connection, {:.0f} Mbit/s on {} lanes{}, inner "
+      "step "
       "{:.1f} ms (slowest site), {:.3g}M parameters, {} sites x {} ranks. Chose H = {}, {} fragment(s), {} ({} bits), "
       "{} lane(s), overlap {} steps: one fragment sync is predicted at {:.1f} ms against {:.1f} ms of compute per "
       "period, utilization {:.4f} {} target {:.3f}{}.{}",

@@ -1,3 +1,4 @@
+// The outer loop's checked envelope around frames and control messages (envelope.hpp).
 #include "outer_optimizer/envelope.hpp"
 
 #include <fmt/format.h>
@@ -37,9 +38,11 @@ Envelope read_envelope(std::span<const uint8_t> in, EnvelopeKind kind, uint64_t 
   auto fail = [&](const std::string& what) -> Envelope {
     throw EnvelopeError(fmt::format("outer round {}: message from {} rejected: {}", round, who, what));
   };
-  if (in.size() < kEnvelopeBytes) return fail(fmt::format("{} bytes, shorter than the {}-byte envelope", in.size(), kEnvelopeBytes));
+  if (in.size() < kEnvelopeBytes)
+    return fail(fmt::format("{} bytes, shorter than the {}-byte envelope", in.size(), kEnvelopeBytes));
   if (std::memcmp(in.data(), kEnvelopeMagic, 4) != 0) return fail("bad magic");
-  if (auto v = get<uint16_t>(in, 4); v != kEnvelopeVersion) return fail(fmt::format("version {} (expected {})", v, kEnvelopeVersion));
+  if (auto v = get<uint16_t>(in, 4); v != kEnvelopeVersion)
+    return fail(fmt::format("version {} (expected {})", v, kEnvelopeVersion));
   if (auto k = get<uint16_t>(in, 6); k != static_cast<uint16_t>(kind))
     return fail(fmt::format("kind {} (expected {})", k, static_cast<uint16_t>(kind)));
   Envelope e;
@@ -50,9 +53,11 @@ Envelope read_envelope(std::span<const uint8_t> in, EnvelopeKind kind, uint64_t 
   e.value = get<uint64_t>(in, 24);
   const uint64_t body = get<uint64_t>(in, 32);
   if (e.round != round) return fail(fmt::format("round {} (expected {}: replayed or out of order)", e.round, round));
-  if (e.site != site || e.rank != rank) return fail(fmt::format("claims site {} rank {} (expected site {} rank {})", e.site, e.rank, site, rank));
+  if (e.site != site || e.rank != rank)
+    return fail(fmt::format("claims site {} rank {} (expected site {} rank {})", e.site, e.rank, site, rank));
   if (body > max_body) return fail(fmt::format("body of {} bytes exceeds the {} this round allows", body, max_body));
-  if (body != in.size() - kEnvelopeBytes) return fail(fmt::format("body length {} but {} bytes arrived", body, in.size() - kEnvelopeBytes));
+  if (body != in.size() - kEnvelopeBytes)
+    return fail(fmt::format("body length {} but {} bytes arrived", body, in.size() - kEnvelopeBytes));
   e.body = in.subspan(kEnvelopeBytes);
   return e;
 }

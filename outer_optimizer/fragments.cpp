@@ -1,3 +1,4 @@
+// Streaming fragments: the partition of the parameters and the staggered schedule (fragments.hpp).
 #include "outer_optimizer/fragments.hpp"
 
 #include <fmt/format.h>
@@ -48,13 +49,15 @@ std::vector<FragmentPlan> plan_fragments(const trainer::ParamLayout& layout, int
   const auto& mc = layout.config();
   if (F < 1) throw ConfigError(fmt::format("outer.fragments: got {}, expected at least 1", F));
   if (F > mc.n_layer)
-    throw ConfigError(fmt::format("outer.fragments: got {}, but the model has {} transformer blocks (a fragment holds "
-                                  "at least one block)",
-                                  F, mc.n_layer));
+    throw ConfigError(
+        fmt::format("outer.fragments: got {}, but the model has {} transformer blocks (a fragment holds "
+                    "at least one block)",
+                    F, mc.n_layer));
   if (F > interval)
-    throw ConfigError(fmt::format("outer.fragments: got {}, but outer.interval is {} (fragments sync at distinct steps "
-                                  "of each period)",
-                                  F, interval));
+    throw ConfigError(
+        fmt::format("outer.fragments: got {}, but outer.interval is {} (fragments sync at distinct steps "
+                    "of each period)",
+                    F, interval));
   std::vector<FragmentPlan> plans(static_cast<size_t>(F));
   const int64_t C = mc.n_embd;
   for (int f = 0; f < F; ++f) {

@@ -1,3 +1,4 @@
+// The `outer:` config section (outer_config.hpp).
 #include "outer_optimizer/outer_config.hpp"
 
 #include <fmt/format.h>
@@ -33,7 +34,8 @@ OuterConfig OuterConfig::from_yaml(const config::Node& n) {
   c.check_hash = n.get<bool>("check_hash", c.check_hash);
   c.fragments = static_cast<int>(n.get_int("fragments", c.fragments, 1, 1 << 20));
   if (c.fragments > c.interval)
-    n.fail_value("fragments", fmt::format("an integer from 1 to interval ({}): fragments sync at distinct steps", c.interval));
+    n.fail_value("fragments",
+                 fmt::format("an integer from 1 to interval ({}): fragments sync at distinct steps", c.interval));
   c.overlap_steps = n.get_int("overlap_steps", c.overlap_steps, 0, int64_t{1} << 40);
   // tau >= H would put two rounds of one shard in flight: their snapshots would overlap.
   if (c.overlap_steps >= c.interval)
@@ -54,7 +56,8 @@ OuterConfig OuterConfig::from_yaml(const config::Node& n) {
     c.plan_bits = n.get<std::vector<int>>("plan_bits", {});
     if (c.plan_bits.empty()) n.fail_value("plan_bits", "a non-empty list of 32, 16, 8, 4, 2");
     for (int b : c.plan_bits)
-      if (b != 32 && b != 16 && b != 8 && b != 4 && b != 2) n.fail_value("plan_bits", "a non-empty list of 32, 16, 8, 4, 2");
+      if (b != 32 && b != 16 && b != 8 && b != 4 && b != 2)
+        n.fail_value("plan_bits", "a non-empty list of 32, 16, 8, 4, 2");
   }
   if (c.auto_plan() && c.overlap_steps + 1 > c.plan_h_max)
     n.fail("plan_h_max", fmt::format("must exceed overlap_steps ({})", c.overlap_steps));
@@ -63,8 +66,9 @@ OuterConfig OuterConfig::from_yaml(const config::Node& n) {
   if (c.auto_plan() && c.inner_state == "reset")
     n.fail("plan", "auto may choose fragments > 1, which excludes inner_state: reset");
   if (c.fragments > 1 && c.inner_state == "reset")
-    n.fail("inner_state", "reset needs fragments: 1 (a fragment's sync covers only part of the model, the AdamW state "
-                          "covers all of it)");
+    n.fail("inner_state",
+           "reset needs fragments: 1 (a fragment's sync covers only part of the model, the AdamW state "
+           "covers all of it)");
   n.finish();
   return c;
 }

@@ -1,3 +1,4 @@
+// Outer optimizers on a shard of the global weights: SGD, Nesterov, Adam (outer_optimizer.hpp).
 #include "outer_optimizer/outer_optimizer.hpp"
 
 #include <cmath>
@@ -23,7 +24,8 @@ void OuterOptimizer::step(std::span<float> global, std::span<const float> delta)
   float* __restrict p = global.data();
   const float* __restrict d = delta.data();
   if (cfg_.kind == "adam") {
-    const float b1 = static_cast<float>(cfg_.beta1), b2 = static_cast<float>(cfg_.beta2), eps = static_cast<float>(cfg_.eps);
+    const float b1 = static_cast<float>(cfg_.beta1), b2 = static_cast<float>(cfg_.beta2),
+                eps = static_cast<float>(cfg_.eps);
     const float bc1 = static_cast<float>(1.0 - std::pow(cfg_.beta1, double(t_)));
     const float bc2 = static_cast<float>(1.0 - std::pow(cfg_.beta2, double(t_)));
     float* __restrict m = a_.data();

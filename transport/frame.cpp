@@ -1,3 +1,4 @@
+// The data frame header: encoding, the chunking rule, header validation (frame.hpp).
 #include "transport/frame.hpp"
 
 #include <fmt/format.h>
@@ -43,9 +44,8 @@ std::optional<FrameHeader> FrameHeader::decode(std::span<const uint8_t> in) {
   if (in.size() != kFrameHeaderBytes) return std::nullopt;
   wire::Reader r(in);
   FrameHeader h;
-  bool ok = r.u32(h.magic) && r.u16(h.version) && r.u16(h.kind) && r.u64(h.round) &&
-            r.u32(h.shard) && r.u32(h.flags) && r.u64(h.offset) && r.u64(h.length) &&
-            r.u64(h.total_length) && r.u64(h.checksum);
+  bool ok = r.u32(h.magic) && r.u16(h.version) && r.u16(h.kind) && r.u64(h.round) && r.u32(h.shard) && r.u32(h.flags) &&
+            r.u64(h.offset) && r.u64(h.length) && r.u64(h.total_length) && r.u64(h.checksum);
   if (!ok) return std::nullopt;
   return h;
 }
@@ -55,8 +55,7 @@ uint64_t chunk_count(uint64_t total, uint64_t chunk_bytes) {
   return (total + chunk_bytes - 1) / chunk_bytes;
 }
 
-std::string validate_header(const FrameHeader& h, uint64_t data_length, uint64_t chunk_bytes,
-                            uint64_t max_total) {
+std::string validate_header(const FrameHeader& h, uint64_t data_length, uint64_t chunk_bytes, uint64_t max_total) {
   if (h.magic != kFrameMagic) return fmt::format("magic: got {:#010x}, expected {:#010x}", h.magic, kFrameMagic);
   if (h.version != kFrameVersion) return fmt::format("version: got {}, expected {}", h.version, kFrameVersion);
   if (!is_valid_kind(h.kind)) return fmt::format("kind: got {}, not a known frame kind", h.kind);
@@ -74,8 +73,7 @@ std::string validate_header(const FrameHeader& h, uint64_t data_length, uint64_t
     return fmt::format("length: got {}, expected {} at offset {} of {}", h.length, expected_len, h.offset,
                        h.total_length);
   if (data_length != h.length)
-    return fmt::format("length: header says {} bytes, message carried {} (truncated or padded)", h.length,
-                       data_length);
+    return fmt::format("length: header says {} bytes, message carried {} (truncated or padded)", h.length, data_length);
   return {};
 }
 

@@ -1,3 +1,4 @@
+// Handshake messages (encode, bounds-checked decode), nonces, HMAC-SHA256 transcript MACs (handshake.hpp).
 #include "transport/handshake.hpp"
 
 #include <fmt/format.h>
@@ -85,9 +86,7 @@ HsDecoded decode_handshake(std::span<const uint8_t> in, uint16_t expected_versio
     case HsType::kAuth: ok = r.bytes(m.mac); break;
     case HsType::kAuthOk: ok = r.u32(m.port); break;
     case HsType::kBye: break;
-    default:
-      out.error = fmt::format("unknown handshake message type {}", type);
-      return out;
+    default: out.error = fmt::format("unknown handshake message type {}", type); return out;
   }
   if (!ok || r.left() != 0) {
     out.error = fmt::format("malformed handshake message (type {}, {} bytes)", type, in.size());

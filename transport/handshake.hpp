@@ -24,13 +24,15 @@
 namespace geoloco::transport {
 
 inline constexpr uint32_t kHandshakeMagic = 0x53484C47;  // "GLHS"
-inline constexpr uint16_t kProtocolVersion = 2;  // 2: eager window credits (frame version 2)
+inline constexpr uint16_t kProtocolVersion = 2;          // 2: eager window credits (frame version 2)
 inline constexpr size_t kMaxHandshakeBytes = 1024;
 inline constexpr size_t kMaxSiteBytes = 64;
 inline constexpr size_t kMaxRunIdBytes = 128;
 inline constexpr size_t kMaxReasonBytes = 256;
 inline constexpr size_t kNonceBytes = 32;
 inline constexpr size_t kMacBytes = 32;
+// The transcript lane of the gate's handshake (so its MACs are not valid on any UCX lane).
+inline constexpr uint16_t kGateLane = 0xFFFF;
 
 using Nonce = std::array<uint8_t, kNonceBytes>;
 using Mac = std::array<uint8_t, kMacBytes>;

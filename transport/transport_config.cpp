@@ -1,3 +1,4 @@
+// The `transport:` config section and its key file (transport_config.hpp).
 #include "transport/transport_config.hpp"
 
 #include <fmt/format.h>
@@ -12,7 +13,8 @@ namespace geoloco::transport {
 
 std::vector<uint8_t> read_psk_file(const std::string& path) {
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) throw FileError(path, "key file does not exist or is not a regular file");
+  if (!std::filesystem::is_regular_file(path, ec))
+    throw FileError(path, "key file does not exist or is not a regular file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw FileError(path, fmt::format("cannot open key file: {}", std::strerror(errno)));
   std::vector<uint8_t> key;
@@ -27,8 +29,7 @@ std::vector<uint8_t> read_psk_file(const std::string& path) {
   // Only sizes are reported, never the key bytes.
   if (key.size() < kMinPskBytes)
     throw FileError(path, fmt::format("key is {} bytes, need at least {}", key.size(), kMinPskBytes));
-  if (key.size() > kMaxPskBytes)
-    throw FileError(path, fmt::format("key is longer than {} bytes", kMaxPskBytes));
+  if (key.size() > kMaxPskBytes) throw FileError(path, fmt::format("key is longer than {} bytes", kMaxPskBytes));
   return key;
 }
 
@@ -68,7 +69,8 @@ TransportConfig TransportConfig::from_yaml(const config::Node& node, const std::
 
 void TransportConfig::validate() const {
   auto bad = [](const std::string& m) { throw ConfigError("transport: " + m); };
-  if (psk.size() < kMinPskBytes) bad(fmt::format("pre-shared key has {} bytes, need at least {}", psk.size(), kMinPskBytes));
+  if (psk.size() < kMinPskBytes)
+    bad(fmt::format("pre-shared key has {} bytes, need at least {}", psk.size(), kMinPskBytes));
   if (!(connect_timeout_s > 0) || !(handshake_timeout_s > 0) || !(transfer_timeout_s > 0)) bad("timeouts must be > 0");
   if (lanes < 1 || lanes > 64) bad(fmt::format("lanes {} not in [1, 64]", lanes));
   if (chunk_bytes < 1 || chunk_bytes > (1ull << 30)) bad(fmt::format("chunk_bytes {} not in [1, 1 GiB]", chunk_bytes));

@@ -1,9 +1,8 @@
 // geoloco::transport errors. All are run-time failures (geoloco::Error, CLI exit 1): a peer
-// died, timed out, was refused at the handshake or sent a malformed frame. Messages always
-// name the peer (site/rank host:port) and the operation; the key bytes are never included.
+// died, timed out, was refused at the handshake or sent a malformed frame, or the caller
+// cancelled the operation. Messages always name the peer (site/rank host:port) and the
+// operation; the key bytes are never included.
 #pragma once
-
-#include <ucs/type/status.h>
 
 #include <string>
 
@@ -36,8 +35,11 @@ class TimeoutError : public TransportError {
   using TransportError::TransportError;
 };
 
-// Throws TransportError("<what>: <ucs status string>") unless status is UCS_OK (or
-// UCS_INPROGRESS, which is not a failure). `what` carries the context.
-void check_ucs(ucs_status_t status, const std::string& what);
+// The caller cancelled the operation (OpHandle::cancel, Transport::cancel) before it
+// completed; the peer may be perfectly healthy.
+class CancelledError : public TransportError {
+ public:
+  using TransportError::TransportError;
+};
 
 }  // namespace geoloco::transport

@@ -14,7 +14,11 @@
 # into a budget YAML, asks `geoloco budget --json` for the prediction, and compares it with
 # the point's measured syncs and utilization. No prediction uses a point's own sync times.
 #
-#   bench/budget/run.sh [path/to/geoloco]            (default: build/geoloco)
+#   bench/budget/run.sh [--allow-load] [path/to/geoloco]            (default: build/geoloco)
+#
+# Its peer is a prediction, not a second program, so each point runs once; but measured sync
+# and step times are load-sensitive, so the load gate of bench/lib.sh applies: it refuses to
+# start above load average 1.0 unless --allow-load (then "loaded": true in the JSON).
 #
 # Prints ONE JSON document on stdout (progress on stderr); docs/planning.md ("Predicted vs
 # measured") explains every figure.
@@ -26,6 +30,9 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
+source "$root/bench/lib.sh"
+bench_init "$@"
+set -- "${bench_args[@]}"
 geoloco="$(readlink -f "${1:-$root/build/geoloco}")"
 [[ -x "$geoloco" ]] || { echo "run.sh: no geoloco binary at $geoloco (build it, or pass its path)" >&2; exit 2; }
 
@@ -83,6 +90,7 @@ for sched in "${schedules[@]}"; do
   done
 done
 load_after="$(cut -d' ' -f1-3 /proc/loadavg)"
+bench_finish
 
 /usr/bin/python3 "$here/summarize.py" --geoloco "$geoloco" --steps "$steps" --cal-steps "$cal_steps" \
   --interval "$interval" --nproc "$(nproc)" --load-before "$load_before" --load-after "$load_after" "${args[@]}"

@@ -42,6 +42,8 @@ import statistics
 import subprocess
 import sys
 
+import benchlib
+
 
 def fail(msg):
     print(f"summarize.py: {msg}", file=sys.stderr)
@@ -267,7 +269,7 @@ def main():
     def worst(metric):
         return max((abs(r["ratio"][metric] - 1) for r in rows), default=None)
 
-    print(json.dumps({
+    doc = {
         "benchmark": "budget",
         "model": "configs/demo.yaml (GPT 4 x 128, 0.84M params, int8/b128 + error feedback + zstd 3), 2 sites x 1 rank",
         "steps": a.steps,
@@ -286,7 +288,9 @@ def main():
             "worst_abs_error_fragment_sync": worst("fragment_sync"),
             "worst_abs_error_utilization": worst("utilization"),
         },
-    }, indent=2))
+    }
+    doc.update(benchlib.load_record(runs=1))  # bench/lib.sh's load gate; one run per point
+    print(json.dumps(doc, indent=2))
 
 
 if __name__ == "__main__":

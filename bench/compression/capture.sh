@@ -41,7 +41,7 @@ mkdir -p "$out/capture"
 # 2 ranks x 2 rounds already exceed 64 MiB; the newest rounds are used. Short sequences and
 # micro-batches keep a step cheap on 2 cores. Everything else is configs/demo.yaml.
 echo "capture.sh: $steps steps, H=$interval, 2 sites x 2 ranks, capture in $out/capture" >&2
-GEOLOCO_CAPTURE_PSEUDOGRAD="$out/capture" "$geoloco" launch "$repo/configs/demo.yaml" \
+"$geoloco" launch "$repo/configs/demo.yaml" --capture-pseudograd "$out/capture" \
   --set run.output_dir="$out/run" --set run.name=capture \
   --set model.n_layer=6 --set model.n_embd=256 --set model.n_head=8 --set model.block_size=64 \
   --set train.micro_batch=4 --set train.steps="$steps" --set train.eval_every=0 \

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Concatenates pseudo-gradient shards captured by geoloco (GEOLOCO_CAPTURE_PSEUDOGRAD=<dir>:
+"""Concatenates pseudo-gradient shards captured by geoloco (geoloco launch --capture-pseudograd <dir>:
 files pseudograd.<site>.r<rank>.round<k>.safetensors, tensor "delta", F32) into one raw
 little-endian .f32 file of exactly --mib MiB, the input bench_codecs --real reads.
 

@@ -8,7 +8,11 @@
 # itself. Every run sets eval_every 0 and checkpoint_every 0 (one evaluation at the end) so
 # utilization measures what the outer loop costs, not what evaluation costs.
 #
-#   bench/overlap/run.sh [path/to/geoloco]            (default: build/geoloco)
+#   bench/overlap/run.sh [--allow-load] [path/to/geoloco]            (default: build/geoloco)
+#
+# The discipline of bench/lib.sh: refuses to start above load average 1.0 unless --allow-load
+# (then "loaded": true); the whole grid runs BENCH_RUNS (5) times in turn, so every point
+# alternates with its peer; each figure is the median over the repeats, with min and max.
 #
 # Prints ONE JSON document on stdout (progress on stderr): per grid point the steady-state
 # compute utilization (every outer period but the last, whose blocking end-of-run sync no
@@ -16,10 +20,14 @@
 # the ratios to the named peer: the blocking run (F 1, tau 0) on the same link.
 #
 # Environment: GRID (space-separated F:tau:delayed:delay_ms:rate_mbit points; default below),
-# STEPS (300), INTERVAL (50), PORT_BASE (29700), KEEP=1 keeps the runs (path on stderr).
+# STEPS (300), INTERVAL (50), BENCH_RUNS (5), PORT_BASE (29700; run i takes PORT_BASE + 20 i and
+# + 10), KEEP=1 keeps the runs (path on stderr).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
+source "$root/bench/lib.sh"
+bench_init "$@"
+set -- "${bench_args[@]}"
 geoloco="$(readlink -f "${1:-$root/build/geoloco}")"
 [[ -x "$geoloco" ]] || { echo "run.sh: no geoloco binary at $geoloco (build it, or pass its path)" >&2; exit 2; }
 
@@ -34,9 +42,9 @@ out="$(mktemp -d /tmp/geoloco-bench-overlap.XXXXXX)"
 cleanup() { if [[ "${KEEP:-0}" == 1 ]]; then echo "run.sh: kept $out" >&2; else rm -rf "$out"; fi; }
 trap cleanup EXIT
 
-load_before="$(cut -d' ' -f1-3 /proc/loadavg)"
 runs=()
 i=0
+for ((rep = 0; rep < BENCH_RUNS; rep++)); do
 for point in "${grid[@]}"; do
   IFS=: read -r F tau delayed delay rate <<<"$point"
   [[ -n "$rate" ]] || { echo "run.sh: grid point '$point' is not F:tau:delayed:delay_ms:rate_mbit" >&2; exit 2; }
@@ -45,7 +53,7 @@ for point in "${grid[@]}"; do
   i=$((i + 1))
   delayed_bool=false
   [[ "$delayed" == 1 ]] && delayed_bool=true
-  echo "run.sh: F=$F tau=$tau delayed=$delayed_bool delay=${delay}ms rate=${rate}Mbit/s (port $port)" >&2
+  echo "run.sh: round $rep: F=$F tau=$tau delayed=$delayed_bool delay=${delay}ms rate=${rate}Mbit/s (port $port)" >&2
   if ! "$geoloco" launch "$root/configs/demo.yaml" \
         --set "sites.0.ranks=1" --set "sites.1.ranks=1" \
         --set "sites.0.port=$port" --set "sites.1.port=$((port + 10))" \
@@ -60,7 +68,7 @@ for point in "${grid[@]}"; do
   fi
   runs+=("$point" "$dir")
 done
-load_after="$(cut -d' ' -f1-3 /proc/loadavg)"
+done
+bench_finish
 
-/usr/bin/python3 "$here/summarize.py" --steps "$steps" --interval "$interval" --nproc "$(nproc)" \
-  --load-before "$load_before" --load-after "$load_after" -- "${runs[@]}"
+/usr/bin/python3 "$here/summarize.py" --steps "$steps" --interval "$interval" -- "${runs[@]}"

@@ -1,8 +1,10 @@
 #!/usr/bin/python3
 """Reads the overlap-benchmark runs and prints one JSON document.
 
-Arguments after `--` come in pairs: POINT RUN_DIR, POINT = F:tau:delayed:delay_ms:rate_mbit.
-Per point:
+Arguments after `--` come in pairs: POINT RUN_DIR, POINT = F:tau:delayed:delay_ms:rate_mbit;
+a point appears once per repeat (bench/lib.sh: the grid ran BENCH_RUNS times in turn). Every
+figure is the median over the point's repeats; `runs` gives median, min, max and every value
+of each. Per point:
 
   steady_utilization   sum(period_compute_s) / sum(period_wall_s) over every outer period of
                        global rank 0's metrics.jsonl but the last (the end-of-run blocking
@@ -15,7 +17,13 @@ Per point:
 """
 import argparse
 import json
+import statistics
 import sys
+
+import benchlib
+
+FIGURES = ("steady_utilization", "run_utilization", "exposed_wait_s", "steady_exposed_wait_s", "val_loss",
+           "final_loss", "sync_seconds_mean", "wall_s")
 
 
 def fail(msg):
@@ -69,15 +77,25 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("--interval", type=int, required=True)
-    ap.add_argument("--nproc", type=int, required=True)
-    ap.add_argument("--load-before", required=True)
-    ap.add_argument("--load-after", required=True)
     ap.add_argument("rest", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     rest = a.rest[1:] if a.rest and a.rest[0] == "--" else a.rest
     if len(rest) % 2:
         fail("arguments after -- must come in pairs POINT RUN_DIR")
-    rows = [load(rest[i], rest[i + 1], a.steps) for i in range(0, len(rest), 2)]
+    by_point = {}
+    for i in range(0, len(rest), 2):
+        by_point.setdefault(rest[i], []).append(load(rest[i], rest[i + 1], a.steps))
+    rows = []
+    for reps in by_point.values():
+        row = dict(reps[0])
+        row["repeats"] = len(reps)
+        row["runs"] = {}
+        for k in FIGURES:
+            vals = [r[k] for r in reps if r.get(k) is not None]
+            row[k] = statistics.median(vals) if vals else None
+            if vals:
+                row["runs"][k] = benchlib.spread(vals)
+        rows.append(row)
     for r in rows:
         peer = next((p for p in rows if p["fragments"] == 1 and p["overlap_steps"] == 0 and not p["delayed_update"]
                      and p["delay_ms"] == r["delay_ms"] and p["rate_mbit"] == r["rate_mbit"]), None)
@@ -89,15 +107,16 @@ def main():
             "run_utilization": r["run_utilization"] / peer["run_utilization"],
             "val_loss": (r["val_loss"] / peer["val_loss"]) if r["val_loss"] and peer["val_loss"] else None,
         }
-    print(json.dumps({
+    doc = {
         "benchmark": "overlap",
         "model": "configs/demo.yaml (GPT 4 x 128, 0.84M params), 2 sites x 1 rank",
         "steps": a.steps,
         "interval": a.interval,
         "peer": "blocking outer loop (fragments 1, overlap_steps 0) on the same emulated link",
-        "machine": {"nproc": a.nproc, "loadavg_before": a.load_before, "loadavg_after": a.load_after},
         "points": rows,
-    }, indent=2))
+    }
+    doc.update(benchlib.load_record())
+    print(json.dumps(doc, indent=2))
 
 
 if __name__ == "__main__":

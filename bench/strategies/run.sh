@@ -6,35 +6,38 @@
 # rank sent per step over the site's collectives, memory per rank, and every figure's ratio to
 # ddp with the same rank count (the named peer).
 #
-#   bench/strategies/run.sh [path/to/geoloco]        (default: build/geoloco)
+#   bench/strategies/run.sh [--allow-load] [path/to/geoloco]        (default: build/geoloco)
 #
-# Environment: STRATEGIES ("ddp zero1 zero2 fsdp"), RANKS ("2 4"), STEPS (40),
-# REPEATS (1; the fastest repeat is reported, since the machine may be shared),
+# The discipline of bench/lib.sh: refuses to start above load average 1.0 unless --allow-load
+# (then "loaded": true); for each rank count, BENCH_RUNS (5) rounds of every strategy in turn
+# (the peer ddp alternating with the others); step times are medians with min and max.
+# Environment: STRATEGIES ("ddp zero1 zero2 fsdp"), RANKS ("2 4"), STEPS (40), BENCH_RUNS (5),
 # PORT_BASE (31400; run i uses PORT_BASE + 10 i .. + 10 i + ranks),
 # KEEP=1 keeps the runs' output directory (path printed on stderr).
 # Progress goes to stderr; stdout is only the JSON document. Measured figures: README.md.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
+source "$root/bench/lib.sh"
+bench_init "$@"
+set -- "${bench_args[@]}"
 geoloco="$(readlink -f "${1:-$root/build/geoloco}")"
 [[ -x "$geoloco" ]] || { echo "run.sh: no geoloco binary at $geoloco (build it, or pass its path)" >&2; exit 2; }
 
 strategies=(${STRATEGIES:-ddp zero1 zero2 fsdp})
 ranks_list=(${RANKS:-2 4})
 steps="${STEPS:-40}"
-repeats="${REPEATS:-1}"
 port_base="${PORT_BASE:-31400}"
 
 out="$(mktemp -d /tmp/geoloco-bench-strategies.XXXXXX)"
 cleanup() { if [[ "${KEEP:-0}" == 1 ]]; then echo "run.sh: kept $out" >&2; else rm -rf "$out"; fi; }
 trap cleanup EXIT
 
-load_before="$(cut -d' ' -f1-3 /proc/loadavg)"
 i=0
 runs=()
 for n in "${ranks_list[@]}"; do
-  for s in "${strategies[@]}"; do
-    for ((rep = 0; rep < repeats; rep++)); do
+  for ((rep = 0; rep < BENCH_RUNS; rep++)); do
+    for s in "${strategies[@]}"; do
       dir="$out/${s}_r${n}_${rep}"
       port=$((port_base + 10 * i))
       i=$((i + 1))
@@ -50,7 +53,6 @@ for n in "${ranks_list[@]}"; do
     done
   done
 done
-load_after="$(cut -d' ' -f1-3 /proc/loadavg)"
+bench_finish
 
-/usr/bin/python3 "$here/summarize.py" --steps "$steps" --nproc "$(nproc)" \
-  --load-before "$load_before" --load-after "$load_after" -- "${runs[@]}"
+/usr/bin/python3 "$here/summarize.py" --steps "$steps" -- "${runs[@]}"

@@ -1,12 +1,14 @@
 #!/usr/bin/python3
 """Reads the summary.json of each strategy-benchmark run and prints one JSON document.
 
-Arguments after `--` come in fours: STRATEGY RANKS REPEAT SUMMARY_JSON. For every
-(strategy, ranks) the repeat with the smallest wall_s is kept (the machine may be shared, and
-interference only ever adds time). Figures per (strategy, ranks):
+Arguments after `--` come in fours: STRATEGY RANKS REPEAT SUMMARY_JSON. Every (strategy,
+ranks) ran BENCH_RUNS times, alternating with the others (bench/lib.sh); times are the median
+over the repeats with min and max, the other figures come from the median run (bytes and
+memory are deterministic). Figures per (strategy, ranks):
 
-  step_time_s                   wall_s / steps of global rank 0 (includes start-up, the final
-                                evaluation and checkpoint, amortized over the steps)
+  step_time_s                   median wall_s / steps of global rank 0 (includes start-up, the
+                                final evaluation and checkpoint, amortized over the steps);
+                                step_time_runs_s: median, min, max and every repeat
   bytes_moved_per_step_per_rank bytes each rank sent over the site's collectives per step
                                 (summary `site_bytes_per_step`), mean and max over ranks
   ring_model_bytes_per_step     what ring collectives should send per rank and step:
@@ -20,7 +22,10 @@ interference only ever adds time). Figures per (strategy, ranks):
 """
 import argparse
 import json
+import statistics
 import sys
+
+import benchlib
 
 RING_FACTOR = {"ddp": 2, "zero1": 3, "zero2": 2, "fsdp": 2}
 MEMORY_KEYS = ("param_bytes", "grad_bytes", "grad_shard_bytes", "optimizer_bytes", "peak_transient_bytes")
@@ -84,23 +89,25 @@ def figures(s, per_rank, strategy, ranks, steps):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, required=True)
-    ap.add_argument("--nproc", type=int, required=True)
-    ap.add_argument("--load-before", default="")
-    ap.add_argument("--load-after", default="")
     ap.add_argument("runs", nargs="*")
     a = ap.parse_args()
     if len(a.runs) % 4 != 0 or not a.runs:
         fail("expected STRATEGY RANKS REPEAT SUMMARY_JSON quadruples")
 
-    best = {}
+    repeats = {}
     for i in range(0, len(a.runs), 4):
         strategy, ranks, path = a.runs[i], int(a.runs[i + 1]), a.runs[i + 3]
-        s, per_rank = load(path, strategy, ranks, a.steps)
-        key = (strategy, ranks)
-        if key not in best or s["wall_s"] < best[key][0]["wall_s"]:
-            best[key] = (s, per_rank)
+        repeats.setdefault((strategy, ranks), []).append(load(path, strategy, ranks, a.steps))
 
-    results = [figures(s, pr, k[0], k[1], a.steps) for k, (s, pr) in best.items()]
+    results = []
+    for (strategy, ranks), runs in repeats.items():
+        walls = [s["wall_s"] for s, _ in runs]
+        s, pr = sorted(runs, key=lambda r: r[0]["wall_s"])[(len(runs) - 1) // 2]  # the (lower) median run
+        r = figures(s, pr, strategy, ranks, a.steps)
+        r["step_time_s"] = statistics.median(walls) / a.steps
+        r["step_time_runs_s"] = benchlib.spread([w / a.steps for w in walls])
+        r["tokens_per_s"] = statistics.median(x["tokens_per_s"] for x, _ in runs)
+        results.append(r)
     peers = {r["ranks"]: r for r in results if r["strategy"] == "ddp"}
     for r in results:
         p = peers.get(r["ranks"])
@@ -118,9 +125,9 @@ def main():
         "bench": "strategies",
         "what": "intra-site strategies on CPU (Gloo over loopback), one site, 1 thread per rank",
         "peer": "ddp with the same rank count",
-        "machine": {"nproc": a.nproc, "loadavg_before": a.load_before, "loadavg_after": a.load_after},
         "results": results,
     }
+    doc.update(benchlib.load_record())
     json.dump(doc, sys.stdout, indent=2)
     sys.stdout.write("\n")
 

@@ -21,7 +21,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 
 #include "trainer/core/log.hpp"
-#include "transport/transport.hpp"
+#include "transport/ucx/ucx_transport.hpp"
 
 using namespace geoloco::transport;
 using Clock = std::chrono::steady_clock;
@@ -75,7 +75,7 @@ std::pair<std::string, int> host_port(const std::string& s) {
 // Runs one side. Returns per-size seconds (only meaningful on "a"). Loopback mode exchanges
 // the kernel-picked ports over the pipes; network mode takes --listen/--peer.
 std::vector<std::vector<double>> run_side(bool is_a, const Options& o, int read_fd, int write_fd) {
-  Transport t(make_config(o), ident(is_a ? "a" : "b"));
+  ucx::UcxTransport t(make_config(o), ident(is_a ? "a" : "b"));
   PeerInfo peer{is_a ? "b" : "a", 0, "127.0.0.1", 0};
   if (o.role.empty()) {
     int port = t.listen("127.0.0.1", 0);
@@ -89,39 +89,44 @@ std::vector<std::vector<double>> run_side(bool is_a, const Options& o, int read_
   t.connect({peer});
   const auto sizes = sizes_bytes(o);
   const size_t max_bytes = *std::max_element(sizes.begin(), sizes.end());
-  std::vector<uint8_t> payload(max_bytes), dest(max_bytes);
-  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<uint8_t>(i * 2654435761u >> 24);
+  std::vector<uint8_t> pattern(max_bytes);
+  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<uint8_t>(i * 2654435761u >> 24);
+  const auto one = make_payload({1});
   std::vector<std::vector<double>> secs;
   uint64_t round = 0;
-  uint8_t one = 1, got = 0;
   for (const size_t n : sizes) {
     secs.emplace_back();
+    // One payload per size, and one receive buffer moved into every receive and taken back.
+    const auto data =
+        make_payload(std::vector<uint8_t>(pattern.begin(), pattern.begin() + static_cast<std::ptrdiff_t>(n)));
+    std::vector<uint8_t> into(n);
     for (int r = -1; r < o.reps; ++r, ++round) {  // r == -1: warm-up
-      auto data = std::span<const uint8_t>(payload.data(), n);
-      auto into = std::span<uint8_t>(dest.data(), n);
       if (is_a) {
-        t.recv(0, FrameKind::kControl, round, 0, std::span<uint8_t>(&got, 1)).wait();  // b is ready
+        t.recv(0, FrameKind::kControl, round, 0, size_t{1}).wait();  // b is ready
         if (o.gap_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.gap_ms));
         auto t0 = Clock::now();
         RecvHandle back;
-        if (o.exchange) back = t.recv(0, FrameKind::kPseudoGradient, round, 0, into);
+        if (o.exchange) back = t.recv(0, FrameKind::kPseudoGradient, round, 0, std::move(into));
         auto s = t.send(0, FrameKind::kPseudoGradient, round, 0, data);
-        auto done = t.recv(0, FrameKind::kControl, round, 1, std::span<uint8_t>(&got, 1));
+        auto done = t.recv(0, FrameKind::kControl, round, 1, size_t{1});
         s.wait();
         if (o.exchange) back.wait();
         done.wait();
         double dt = std::chrono::duration<double>(Clock::now() - t0).count();
         if (r >= 0) secs.back().push_back(dt);
+        if (o.exchange) into = back.take();
       } else {
-        auto rh = t.recv(0, FrameKind::kPseudoGradient, round, 0, into);
-        t.send(0, FrameKind::kControl, round, 0, std::span<const uint8_t>(&one, 1)).wait();
+        auto rh = t.recv(0, FrameKind::kPseudoGradient, round, 0, std::move(into));
+        t.send(0, FrameKind::kControl, round, 0, one).wait();
         SendHandle s;
         if (o.exchange) s = t.send(0, FrameKind::kPseudoGradient, round, 0, data);
         rh.wait();
         if (o.exchange) s.wait();
-        t.send(0, FrameKind::kControl, round, 1, std::span<const uint8_t>(&one, 1)).wait();
-        if (!std::equal(data.begin(), data.end(), into.begin())) throw std::runtime_error("payload mismatch");
+        t.send(0, FrameKind::kControl, round, 1, one).wait();
+        into = rh.take();
+        if (into != *data) throw std::runtime_error("payload mismatch");
       }
+      into.resize(n);
     }
   }
   return secs;

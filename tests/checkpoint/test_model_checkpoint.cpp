@@ -9,7 +9,8 @@
 #include <fstream>
 #include <functional>
 
-#include "tests/data/temp_dir.hpp"
+#include "tests/checkpoint/checkpoint_test_util.hpp"
+#include "tests/support/temp_dir.hpp"
 #include "trainer/checkpoint/model_checkpoint.hpp"
 #include "trainer/core/error.hpp"
 
@@ -29,21 +30,8 @@ ModelConfig small(int n_layer = 2, int n_embd = 8) {
   return c;
 }
 
-// Exactly representable values, distinct per position, so Python can recompute them bit-exactly.
-std::vector<float> filled(const ParamLayout& L) {
-  std::vector<float> p(static_cast<size_t>(L.total()));
-  for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<float>(i % 4093) * 0.125f - 100.0f;
-  return p;
-}
-
-std::string file_error(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const FileError& e) {
-    return e.what();
-  }
-  return "<no FileError>";
-}
+using trainer::test::file_error;
+using trainer::test::filled;
 
 }  // namespace
 
@@ -66,8 +54,9 @@ TEST(ModelCheckpoint, RoundTripIsBitExactWithHfNamesShapesAndMetadata) {
   EXPECT_EQ(f.info("transformer.wpe.weight").shape, (std::vector<int64_t>{16, 8}));
   EXPECT_EQ(f.info("transformer.ln_f.bias").shape, (std::vector<int64_t>{8}));
   EXPECT_FALSE(f.has("lm_head.weight"));  // tied to wte
-  EXPECT_EQ(f.meta("format"), "geoloco-gpt2");
-  EXPECT_EQ(f.meta("format_version"), "1");
+  EXPECT_EQ(f.meta("format"), "pt");      // what transformers requires
+  EXPECT_EQ(f.meta("geoloco.format"), "geoloco-gpt2");
+  EXPECT_EQ(f.meta("geoloco.format_version"), "1");
   EXPECT_EQ(f.meta("n_positions"), "16");
   EXPECT_EQ(f.meta("step"), "1200");
   EXPECT_EQ(f.meta("run"), "abc");
@@ -85,17 +74,18 @@ TEST(ModelCheckpoint, HyperparameterMismatchIsNamed) {
   save_model(path, L, filled(L));
   ParamLayout wide(small(2, 16));
   std::vector<float> q(static_cast<size_t>(wide.total()));
-  EXPECT_EQ(file_error([&] { load_model(path, wide, q); }),
-            path + ": checkpoint has n_embd = 8, this model has 16");
+  EXPECT_EQ(file_error([&] { load_model(path, wide, q); }), path + ": checkpoint has n_embd = 8, this model has 16");
   ParamLayout deep(small(3, 8));
   std::vector<float> r(static_cast<size_t>(deep.total()));
   EXPECT_EQ(file_error([&] { load_model(path, deep, r); }), path + ": checkpoint has n_layer = 2, this model has 3");
 }
 
 TEST(ModelCheckpoint, ShapeMismatchNamesTensorExpectedAndFound) {
-  // No metadata (as a foreign exporter might write): the per-tensor checks catch it.
+  // No metadata (as a foreign exporter might write; hyperparameters in config.json): the
+  // per-tensor checks catch it.
   TempDir dir;
   ParamLayout L(small());
+  dir.file("config.json", hf_config_json(small()));
   const auto p = filled(L);
   auto t = model_tensors(L, p);
   const auto& v = L.find("transformer.h.1.mlp.c_fc.weight");  // [8, 32]
@@ -111,6 +101,7 @@ TEST(ModelCheckpoint, ShapeMismatchNamesTensorExpectedAndFound) {
 TEST(ModelCheckpoint, MissingExtraAndWrongDtypeTensors) {
   TempDir dir;
   ParamLayout L(small());
+  dir.file("config.json", hf_config_json(small()));
   const auto p = filled(L);
   std::vector<float> q(p.size());
   {
@@ -120,14 +111,15 @@ TEST(ModelCheckpoint, MissingExtraAndWrongDtypeTensors) {
     write_safetensors(path, t, {});
     EXPECT_EQ(file_error([&] { load_model(path, L, q); }),
               path + ": missing tensor '" + L.views()[5].name + "' (expected shape [" +
-                  std::to_string(L.views()[5].shape[0]) + (L.views()[5].shape.size() > 1 ? ", " + std::to_string(L.views()[5].shape[1]) : "") + "])");
+                  std::to_string(L.views()[5].shape[0]) +
+                  (L.views()[5].shape.size() > 1 ? ", " + std::to_string(L.views()[5].shape[1]) : "") + "])");
   }
   {
     auto t = model_tensors(L, p);
     const float extra[8] = {};
     t.push_back(f32_tensor("transformer.h.2.ln_1.weight", {8}, extra));
     const auto path = dir.file("extra.safetensors");
-    write_safetensors(path, t, {});
+    write_safetensors(path, t, model_metadata(L.config(), {}));  // (config.json would name the extra block)
     EXPECT_EQ(file_error([&] { load_model(path, L, q); }),
               path + ": unexpected tensor 'transformer.h.2.ln_1.weight' [8] (not part of this model)");
   }
@@ -146,25 +138,6 @@ TEST(ModelCheckpoint, MissingExtraAndWrongDtypeTensors) {
   }
 }
 
-TEST(ModelCheckpoint, HfGpt2ModelNamesAndBuffersLoad) {
-  // GPT2Model saves without the "transformer." prefix and may carry the causal-mask buffers.
-  TempDir dir;
-  ParamLayout L(small());
-  const auto p = filled(L);
-  auto t = model_tensors(L, p);
-  for (auto& w : t) w.name = w.name.substr(std::string("transformer.").size());
-  const float mask[4] = {1, 0, 1, 1};
-  t.push_back(f32_tensor("h.0.attn.bias", {1, 1, 2, 2}, mask));
-  t.push_back(f32_tensor("lm_head.weight", {2, 2}, mask));
-  const auto path = dir.file("hf.safetensors");
-  write_safetensors(path, t, {{"format", "pt"}});
-  std::vector<float> q(p.size());
-  load_model(path, L, q);
-  EXPECT_EQ(q, p);
-  EXPECT_NE(file_error([&] { read_model_config(path); }).find("format 'pt' is not a geoloco-gpt2 model"),
-            std::string::npos);
-}
-
 TEST(ModelCheckpoint, MetadataIsValidated) {
   TempDir dir;
   ParamLayout L(small());
@@ -180,7 +153,7 @@ TEST(ModelCheckpoint, MetadataIsValidated) {
   EXPECT_EQ(file_error([&] { read_model_config(path); }),
             path + ": __metadata__ 'n_head' is 'two', expected a positive integer");
   meta = model_metadata(L.config(), {});
-  meta["format_version"] = "2";
+  meta["geoloco.format_version"] = "2";
   write_safetensors(path, model_tensors(L, p), meta);
   EXPECT_EQ(file_error([&] { read_model_config(path); }),
             path + ": model format_version '2' is not supported (expected 1)");
@@ -208,6 +181,7 @@ TEST(ModelCheckpoint, CheckModelRefusesWhatLoadModelRefuses) {
   const auto values = filled(L);
   auto t = model_tensors(L, values);
   t.pop_back();
+  dir.file("config.json", hf_config_json(small()));
   const auto partial = dir.file("partial.safetensors");
   write_safetensors(partial, t, {});
   EXPECT_EQ(file_error([&] { check_model(read_safetensors(partial), L); }),
@@ -257,7 +231,8 @@ TEST(ModelCheckpoint, FindModelFileResolvesFileStepDirAndLatest) {
   EXPECT_EQ(file_error([&] { find_model_file(missing); }), missing + ": no such file or directory");
   fs::create_directories(dir.path() / "empty");
   EXPECT_EQ(file_error([&] { find_model_file(dir.file("empty")); }),
-            dir.file("empty") + ": directory has no model.safetensors, no 'latest' checkpoint pointer and no site checkpoints");
+            dir.file("empty") +
+                ": directory has no model.safetensors, no 'latest' checkpoint pointer and no site checkpoints");
 }
 
 // Half-precision exports (bf16 and fp16 safetensors, as Hugging Face often ships them) load
@@ -295,6 +270,7 @@ TEST(ModelCheckpoint, Bf16AndF16TensorsWidenExactly) {
   }
   const auto path = dir.file("half.safetensors");
   write_safetensors(path, t, {});
+  dir.file("config.json", hf_config_json(small()));
   std::vector<float> q(p.size());
   load_model(path, L, q);
   EXPECT_EQ(q, p);

@@ -5,8 +5,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <limits>
 
-#include "tests/data/temp_dir.hpp"
+#include "tests/support/temp_dir.hpp"
 #include "trainer/checkpoint/atomic_file.hpp"
 #include "trainer/checkpoint/safetensors.hpp"
 #include "trainer/core/error.hpp"
@@ -31,10 +33,10 @@ TEST(Safetensors, BytesMatchTheFormatExactly) {
   std::vector<TensorWrite> t = {f32_tensor("a", {2}, a), i64_tensor("b", {1, 1}, b)};
   const auto bytes = encode_safetensors(t, {{"k", "v"}});
   const std::string sums = hex64(hash64(a, 8)) + "," + hex64(hash64(b, 8));
-  const std::string json =
-      R"({"__metadata__":{"k":"v","geoloco.tensor_xxh3_64":")" + sums + R"("},)"
-      R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-      R"("b":{"dtype":"I64","shape":[1,1],"data_offsets":[8,16]}})";
+  const std::string json = R"({"__metadata__":{"k":"v","geoloco.tensor_xxh3_64":")" + sums +
+                           R"("},)"
+                           R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                           R"("b":{"dtype":"I64","shape":[1,1],"data_offsets":[8,16]}})";
   // 8 + N must be a multiple of 8: the JSON is padded with spaces.
   std::string header = json + std::string((8 - json.size() % 8) % 8, ' ');
   std::vector<uint8_t> want;
@@ -42,7 +44,7 @@ TEST(Safetensors, BytesMatchTheFormatExactly) {
   for (int i = 0; i < 8; ++i) want.push_back(static_cast<uint8_t>(n >> (8 * i)));  // little-endian
   want.insert(want.end(), header.begin(), header.end());
   for (uint8_t x : {0x00, 0x00, 0x80, 0x3f, 0x00, 0x00, 0x00, 0xc0}) want.push_back(x);  // 1.0f, -2.0f
-  for (uint8_t x : {0x02, 0x01, 0, 0, 0, 0, 0, 0}) want.push_back(x);                   // 258
+  for (uint8_t x : {0x02, 0x01, 0, 0, 0, 0, 0, 0}) want.push_back(x);                    // 258
   EXPECT_EQ(bytes, want);
   EXPECT_EQ((8 + header.size()) % 8, 0u);
 }
@@ -86,8 +88,7 @@ TEST(Safetensors, ChecksumsCatchCorruptDataAndAreOptional) {
     return std::string("<parsed>");
   };
   const std::string in_w = flipped(data + 100);
-  EXPECT_NE(in_w.find("f.st: tensor 'w' (data bytes [0, 256)) fails its checksum: stored "), std::string::npos)
-      << in_w;
+  EXPECT_NE(in_w.find("f.st: tensor 'w' (data bytes [0, 256)) fails its checksum: stored "), std::string::npos) << in_w;
   EXPECT_NE(in_w.find("the file is corrupt"), std::string::npos) << in_w;
   EXPECT_NE(flipped(data + 256).find("tensor 'step' (data bytes [256, 264))"), std::string::npos);
   for (size_t at = data; at < good.size(); ++at) EXPECT_NE(flipped(at), "<parsed>") << "data byte " << at;
@@ -188,6 +189,73 @@ TEST(Safetensors, TypedAccessChecksDtypeShapeAndName) {
     EXPECT_EQ(std::string(e.what()), path + ": tensor 'n' has shape [2], expected [1, 2]");
   }
   EXPECT_THROW(f.meta("absent"), FileError);
+}
+
+// Typed metadata: the whole value is one number in range, or a FileError naming the file,
+// the key and the value (std::stoll would take "12abc" as 12 and throw "stoll" on "abc").
+TEST(Safetensors, TypedMetadataParsesWholeValuesInRange) {
+  const std::map<std::string, std::string> meta = {{"step", "1200"},
+                                                   {"neg", "-7"},
+                                                   {"junk", "abc"},
+                                                   {"trailing", "12abc"},
+                                                   {"space", " 12"},
+                                                   {"plus", "+12"},
+                                                   {"empty", ""},
+                                                   {"big", "9223372036854775808"},
+                                                   {"u64max", "18446744073709551615"},
+                                                   {"u64over", "18446744073709551616"},
+                                                   {"hex", "0x10"},
+                                                   {"wall", "12.5"},
+                                                   {"exp", "1e-05"},
+                                                   {"inf", "inf"},
+                                                   {"nan", "nan"},
+                                                   {"dbig", "1e999"},
+                                                   {"dtrail", "1.5s"},
+                                                   {"i64min", "-9223372036854775808"}};
+  const auto f = SafetensorsFile::parse(encode_safetensors({}, meta), "m.st");
+  auto error = [](const std::function<void()>& fn) -> std::string {
+    try {
+      fn();
+    } catch (const FileError& e) {
+      return e.what();
+    }
+    return "<no error>";
+  };
+  EXPECT_EQ(f.meta_int("step", 0, 10000), 1200);
+  EXPECT_EQ(f.meta_int("neg"), -7);
+  EXPECT_EQ(f.meta_int("i64min"), std::numeric_limits<int64_t>::min());
+  EXPECT_EQ(f.meta_uint("u64max"), std::numeric_limits<uint64_t>::max());
+  EXPECT_EQ(f.meta_uint("step", 1200, 1200), 1200u);
+  EXPECT_DOUBLE_EQ(f.meta_double("wall", 0, 100), 12.5);
+  EXPECT_DOUBLE_EQ(f.meta_double("exp"), 1e-05);
+  EXPECT_DOUBLE_EQ(f.meta_double("step"), 1200.0);
+
+  EXPECT_EQ(error([&] { f.meta_int("junk", 0); }), "m.st: __metadata__ 'junk': got 'abc', expected an integer >= 0");
+  EXPECT_EQ(error([&] { f.meta_int("trailing"); }), "m.st: __metadata__ 'trailing': got '12abc', expected an integer");
+  EXPECT_EQ(error([&] { f.meta_int("space"); }), "m.st: __metadata__ 'space': got ' 12', expected an integer");
+  EXPECT_EQ(error([&] { f.meta_int("plus"); }), "m.st: __metadata__ 'plus': got '+12', expected an integer");
+  EXPECT_EQ(error([&] { f.meta_int("hex"); }), "m.st: __metadata__ 'hex': got '0x10', expected an integer");
+  EXPECT_EQ(error([&] { f.meta_int("empty"); }), "m.st: __metadata__ 'empty': got '', expected an integer");
+  EXPECT_EQ(error([&] { f.meta_int("big"); }),  // INT64_MAX + 1: overflow, not a wrap
+            "m.st: __metadata__ 'big': got '9223372036854775808', expected an integer");
+  EXPECT_EQ(error([&] { f.meta_int("step", 0, 1000); }),
+            "m.st: __metadata__ 'step': got '1200', expected an integer in [0, 1000]");
+  EXPECT_EQ(error([&] { f.meta_int("neg", 0); }), "m.st: __metadata__ 'neg': got '-7', expected an integer >= 0");
+  EXPECT_EQ(error([&] { f.meta_uint("neg"); }), "m.st: __metadata__ 'neg': got '-7', expected a non-negative integer");
+  EXPECT_EQ(error([&] { f.meta_uint("u64over"); }),
+            "m.st: __metadata__ 'u64over': got '18446744073709551616', expected a non-negative integer");
+  EXPECT_EQ(error([&] { f.meta_uint("step", 0, 99); }),
+            "m.st: __metadata__ 'step': got '1200', expected a non-negative integer <= 99");
+  EXPECT_EQ(error([&] { f.meta_double("inf"); }), "m.st: __metadata__ 'inf': got 'inf', expected a finite number");
+  EXPECT_EQ(error([&] { f.meta_double("nan"); }), "m.st: __metadata__ 'nan': got 'nan', expected a finite number");
+  EXPECT_EQ(error([&] { f.meta_double("dbig"); }), "m.st: __metadata__ 'dbig': got '1e999', expected a finite number");
+  EXPECT_EQ(error([&] { f.meta_double("dtrail", 0); }),
+            "m.st: __metadata__ 'dtrail': got '1.5s', expected a finite number >= 0");
+  EXPECT_EQ(error([&] { f.meta_double("empty"); }), "m.st: __metadata__ 'empty': got '', expected a finite number");
+  EXPECT_EQ(error([&] { f.meta_double("wall", 0, 10); }),
+            "m.st: __metadata__ 'wall': got '12.5', expected a finite number in [0, 10]");
+  EXPECT_EQ(error([&] { f.meta_int("absent"); }), "m.st: __metadata__ has no 'absent'");
+  EXPECT_EQ(error([&] { f.meta_double("absent"); }), "m.st: __metadata__ has no 'absent'");
 }
 
 TEST(Safetensors, UnalignedDataIsReadCorrectly) {

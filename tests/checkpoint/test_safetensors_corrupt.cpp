@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "tests/data/temp_dir.hpp"
+#include "tests/support/temp_dir.hpp"
 #include "trainer/checkpoint/safetensors.hpp"
 #include "trainer/core/error.hpp"
 
@@ -78,8 +78,11 @@ TEST(SafetensorsCorrupt, HeaderOverTheSizeCapIsRefused) {
 TEST(SafetensorsCorrupt, Json) {
   EXPECT_EQ(problem("{\"a\": ", 0).find("header is not valid JSON: "), 0u);
   EXPECT_EQ(problem("{} trailing", 0).find("header is not valid JSON: "), 0u);
-  EXPECT_EQ(problem(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})", 2),
-            "header has a duplicate key 'a'");
+  EXPECT_EQ(
+      problem(
+          R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})",
+          2),
+      "header has a duplicate key 'a'");
   EXPECT_EQ(problem(R"({"a":{"dtype":"U8","dtype":"F32","shape":[1],"data_offsets":[0,1]}})", 1),
             "header has a duplicate key 'dtype'");
   EXPECT_EQ(problem(R"({"__metadata__":[1]})", 0), "__metadata__ is not an object");
@@ -92,7 +95,8 @@ TEST(SafetensorsCorrupt, TensorEntries) {
             "tensor 'a': unexpected key 'x'");
   EXPECT_EQ(problem(R"({"a":{"shape":[1],"data_offsets":[0,1]}})", 1), "tensor 'a': missing or non-string dtype");
   EXPECT_EQ(problem(R"({"a":{"dtype":"F31","shape":[1],"data_offsets":[0,1]}})", 1), "tensor 'a': unknown dtype 'F31'");
-  EXPECT_EQ(problem(R"({"a":{"dtype":"U8","shape":3,"data_offsets":[0,3]}})", 3), "tensor 'a': missing or non-array shape");
+  EXPECT_EQ(problem(R"({"a":{"dtype":"U8","shape":3,"data_offsets":[0,3]}})", 3),
+            "tensor 'a': missing or non-array shape");
   EXPECT_EQ(problem(R"({"a":{"dtype":"U8","shape":[-1],"data_offsets":[0,1]}})", 1),
             "tensor 'a': shape entry -1 is not a non-negative integer");
   EXPECT_EQ(problem(R"({"a":{"dtype":"U8","shape":[1.5],"data_offsets":[0,1]}})", 1),
@@ -116,16 +120,26 @@ TEST(SafetensorsCorrupt, OffsetsAgainstShapesAndData) {
   EXPECT_EQ(problem(R"({"a":{"dtype":"F64","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8),
             "tensor 'a': shape [4294967296, 4294967296] overflows");
   // Two tensors over the same bytes.
-  EXPECT_EQ(problem(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[2],"data_offsets":[2,4]}})", 4),
-            "tensors 'a' [0, 4) and 'b' [2, 4) overlap");
+  EXPECT_EQ(
+      problem(
+          R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[2],"data_offsets":[2,4]}})",
+          4),
+      "tensors 'a' [0, 4) and 'b' [2, 4) overlap");
   // A hole between tensors.
-  EXPECT_EQ(problem(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"U8","shape":[2],"data_offsets":[3,5]}})", 5),
-            "1 unreferenced bytes before tensor 'b' at offset 2");
+  EXPECT_EQ(
+      problem(
+          R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"U8","shape":[2],"data_offsets":[3,5]}})",
+          5),
+      "1 unreferenced bytes before tensor 'b' at offset 2");
   // Bytes nobody owns after the last tensor.
-  EXPECT_EQ(problem(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})", 7), "5 trailing bytes after the last tensor");
+  EXPECT_EQ(problem(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})", 7),
+            "5 trailing bytes after the last tensor");
   // Fine when consistent, in any key order.
-  EXPECT_EQ(problem(R"({"b":{"dtype":"U8","shape":[2],"data_offsets":[2,4]},"a":{"data_offsets":[0,2],"shape":[2],"dtype":"U8"}})", 4),
-            "<parsed>");
+  EXPECT_EQ(
+      problem(
+          R"({"b":{"dtype":"U8","shape":[2],"data_offsets":[2,4]},"a":{"data_offsets":[0,2],"shape":[2],"dtype":"U8"}})",
+          4),
+      "<parsed>");
 }
 
 TEST(SafetensorsCorrupt, EveryTruncationIsAFileError) {

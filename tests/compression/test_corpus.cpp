@@ -2,6 +2,9 @@
 //   valid/      must decode;
 //   malformed/  must fail with the fault its name starts with ("<fault>-...");
 //   fuzz/       inputs the fuzzer found interesting: any outcome but a crash or a non-FrameError.
+// The folders are committed (GEOLOCO_FRAME_CORPUS is this source tree's corpus/, so CI's clone
+// has them); a missing or empty folder fails the test naming it, since replaying nothing
+// would pass without testing anything.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -20,9 +23,11 @@ std::vector<uint8_t> read_file(const fs::path& p) {
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
 }
 
+fs::path corpus_dir(const std::string& sub) { return fs::path(GEOLOCO_FRAME_CORPUS) / sub; }
+
 std::vector<fs::path> files_in(const std::string& sub) {
   std::vector<fs::path> out;
-  const fs::path dir = fs::path(GEOLOCO_FRAME_CORPUS) / sub;
+  const fs::path dir = corpus_dir(sub);
   if (!fs::exists(dir)) return out;
   for (const auto& e : fs::directory_iterator(dir))
     if (e.is_regular_file()) out.push_back(e.path());
@@ -58,10 +63,11 @@ TEST(FrameCorpus, MalformedFramesFailWithTheirFault) {
 }
 
 TEST(FrameCorpus, FuzzFindingsNeverCrash) {
-  size_t seen = 0;
-  for (const auto& f : files_in("fuzz")) {
-    EXPECT_NO_THROW(fuzz::run_frame_input(read_file(f))) << f.filename();
-    ++seen;
-  }
-  RecordProperty("fuzz_inputs", static_cast<int>(seen));
+  const fs::path dir = corpus_dir("fuzz");
+  ASSERT_TRUE(fs::is_directory(dir)) << dir.string()
+                                     << ": missing; it holds the committed fuzz findings this test replays";
+  const auto files = files_in("fuzz");
+  ASSERT_FALSE(files.empty()) << dir.string() << ": no inputs to replay (the committed fuzz findings are gone)";
+  for (const auto& f : files) EXPECT_NO_THROW(fuzz::run_frame_input(read_file(f))) << f.filename();
+  RecordProperty("fuzz_inputs", static_cast<int>(files.size()));
 }

@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "tests/support/temp_dir.hpp"
 #include "trainer/cuda/bf16.hpp"
 #include "trainer/cuda/check_report.hpp"
 #include "trainer/cuda/cuda_error.hpp"
@@ -175,7 +176,7 @@ TEST(CudaErrors, ThrowsTheTypedClassWithContext) {
 
 TEST(DeviceSelect, LocalRankTakesItsGpu) {
   for (int r = 0; r < 8; ++r) EXPECT_EQ(device_for_local_rank(r, 8, 8), r);
-  EXPECT_EQ(device_for_local_rank(1, 2, 8), 1);  // fewer ranks than GPUs is fine
+  EXPECT_EQ(device_for_local_rank(1, 2, 8), 1);     // fewer ranks than GPUs is fine
   EXPECT_EQ(device_for_local_rank(0, 4, 8, 5), 5);  // pinned
 }
 
@@ -237,11 +238,30 @@ TEST(Compare, ZerosNanAndSizes) {
 }
 
 TEST(Tolerance, TableCoversEveryOpAndBf16IsLooser) {
-  const char* ops[] = {"encoder_forward", "encoder_backward", "layernorm_forward", "layernorm_backward",
-                       "matmul_forward", "matmul_backward", "attention_forward", "attention_backward",
-                       "gelu_forward", "gelu_backward", "residual_forward", "residual_backward",
-                       "lm_head_forward", "lm_head_backward", "crossentropy_forward", "crossentropy_backward",
-                       "adamw", "cast_bf16", "grad_norm", "model.loss", "model.grads", "model.probs", "train.loss", "staging"};
+  const char* ops[] = {"encoder_forward",
+                       "encoder_backward",
+                       "layernorm_forward",
+                       "layernorm_backward",
+                       "matmul_forward",
+                       "matmul_backward",
+                       "attention_forward",
+                       "attention_backward",
+                       "gelu_forward",
+                       "gelu_backward",
+                       "residual_forward",
+                       "residual_backward",
+                       "lm_head_forward",
+                       "lm_head_backward",
+                       "crossentropy_forward",
+                       "crossentropy_backward",
+                       "adamw",
+                       "cast_bf16",
+                       "grad_norm",
+                       "model.loss",
+                       "model.grads",
+                       "model.probs",
+                       "train.loss",
+                       "staging"};
   for (const char* op : ops) {
     EXPECT_GE(tolerance(op, Precision::Bf16), tolerance(op, Precision::Fp32)) << op;
     EXPECT_LT(tolerance(op, Precision::Bf16), 0.1) << op;  // a loose table would hide bugs
@@ -298,8 +318,8 @@ TEST(CheckReport, SummaryNamesTheFiguresAndTheCostliestOps) {
       {"op": "matmul.fc.bwd", "ms": 10.25, "calls": 12, "share": 0.128125},
       {"op": "attention.bwd", "ms": 9.5, "calls": 12, "share": 0.11875},
       {"op": "adamw", "ms": 1.0, "calls": 1, "share": 0.0125}]}})";
-  const auto r = assemble_check_report({{"build", 0, 200.04}, {"bench", 0, 31.5}}, "NVIDIA H200", R"({"ok": true})",
-                                       bench);
+  const auto r =
+      assemble_check_report({{"build", 0, 200.04}, {"bench", 0, 31.5}}, "NVIDIA H200", R"({"ok": true})", bench);
   const std::string s = summarize_check_report(r, 2);
   EXPECT_EQ(s,
             "gpu check: ok\n"
@@ -318,9 +338,8 @@ TEST(CheckReport, SummaryNamesTheFiguresAndTheCostliestOps) {
 }
 
 TEST(CheckReport, ToolWritesTheReportAndExitCode) {
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("geoloco_gpu_report_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const geoloco::test::TempDir tmp("geoloco-gpu-report");
+  const std::filesystem::path& dir = tmp.path();
   std::ofstream(dir / "parity.json") << R"({"ok": true})";
   std::ofstream(dir / "bench.json") << R"({"tokens_per_s": 5})";
   const std::string tool = std::string(GEOLOCO_BINARY_DIR) + "/trainer/cuda/geoloco_gpu_report";
@@ -336,7 +355,6 @@ TEST(CheckReport, ToolWritesTheReportAndExitCode) {
   EXPECT_FALSE(nlohmann::json::parse(std::ifstream(dir / "report.json"))["ok"].get<bool>());
   rc = std::system((base + " --step nonsense > /dev/null 2>&1").c_str());
   EXPECT_EQ(WEXITSTATUS(rc), 2);
-  fs::remove_all(dir);
 }
 
 // ---- ordered worker ---------------------------------------------------------------

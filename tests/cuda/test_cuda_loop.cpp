@@ -8,12 +8,12 @@
 // two ranks of one communicator on one device); NCCL inside the loop runs on one GPU through
 // 1-rank sites given a real 1-rank communicator; the 2-rank NCCL site runs only with >= 2 GPUs.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <fstream>
-#include <thread>
 
 #include "../loop/test_util.hpp"
+#include "tests/support/ports.hpp"
+#include "tests/support/threads.hpp"
 #include "gpu_test_util.hpp"
 #include "thread_device_collective.hpp"
 #include "trainer/app/rank_runner.hpp"
@@ -27,7 +27,8 @@
 namespace geoloco::cuda::testing {
 namespace {
 
-using geoloco::testing::TempDir;
+using geoloco::test::fresh_port;
+using geoloco::test::TempDir;
 
 #define REQUIRE_GPU_OR_SKIP()                                                          \
   do {                                                                                 \
@@ -42,20 +43,18 @@ using geoloco::testing::TempDir;
 #define REQUIRE_NCCL_DEVICE_OR_SKIP() REQUIRE_GPU_OR_SKIP()
 #endif
 
-int fresh_port() {
-  static int n = 0;
-  return 22000 + (getpid() * 37) % 5000 + 40 * (n++);  // below the ephemeral range
-}
-
 // 2 layers, 64 wide, context 32: small enough for seconds, large enough for real GEMMs.
 std::string config(const std::filesystem::path& out, const std::string& device, const std::string& precision,
                    const std::string& strategy, int ranks, int steps, const std::string& extra_train = "") {
-  return "run: {name: g, seed: 17, output_dir: " + out.string() + "}\n"
+  return "run: {name: g, seed: 17, output_dir: " + out.string() +
+         "}\n"
          "model: {n_layer: 2, n_head: 4, n_embd: 64, block_size: 32, vocab_size: 64}\n"
          "data:\n  train: {kind: synthetic, vocab: 64, branching: 3, seed: 5, tokens: 400000}\n"
-         "train:\n  steps: " + std::to_string(steps) + "\n  micro_batch: 4\n  grad_accum: 2\n  log_every: 1\n"
-         "  precision: " + precision + "\n  optimizer: {lr: 3.0e-3}\n  schedule: {kind: cosine, warmup_steps: 3}\n" +
-         extra_train +
+         "train:\n  steps: " +
+         std::to_string(steps) +
+         "\n  micro_batch: 4\n  grad_accum: 2\n  log_every: 1\n"
+         "  precision: " +
+         precision + "\n  optimizer: {lr: 3.0e-3}\n  schedule: {kind: cosine, warmup_steps: 3}\n" + extra_train +
          "sites: [{name: s, ranks: " + std::to_string(ranks) + ", port: " + std::to_string(fresh_port()) +
          ", strategy: " + strategy + ", device: " + device + "}]\n";
 }
@@ -70,43 +69,31 @@ std::vector<nlohmann::json> run_site(const trainer::RunConfig& cfg, int64_t stop
   const int R = sc.ranks;
   const bool gpu = sc.device == "cuda";
   auto board = std::make_shared<ThreadBoard>(R);
-  std::vector<nlohmann::json> out(static_cast<size_t>(R));
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(R));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < R; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        std::unique_ptr<parallel::Collective> coll;
-        if (gpu) check_cuda(cudaSetDevice(0), "cudaSetDevice(0)");
-        if (R > 1) {
-          if (gpu) {
-            coll = std::make_unique<ThreadDeviceCollective>(board, r, sc.name);
-          } else {
-            parallel::RendezvousOptions ro;
-            ro.site = sc.name;
-            ro.rank = r;
-            ro.size = R;
-            ro.store_port = sc.port + R;
-            coll = parallel::make_gloo(ro);
-          }
-        }
-        trainer::TrainerOptions o;
-        o.rank = r;
-        o.collective = coll.get();
-        o.progress = false;
-        o.stop_at_step = stop_at;
-        o.resume = resume;
-        o.cuda_device = gpu ? 0 : -1;
-        trainer::Trainer t(cfg, o);
-        out[static_cast<size_t>(r)] = t.run();
-      } catch (...) {
-        errors[static_cast<size_t>(r)] = std::current_exception();
+  return test::run_ranks(R, [&](int r) {
+    std::unique_ptr<parallel::Collective> coll;
+    if (gpu) check_cuda(cudaSetDevice(0), "cudaSetDevice(0)");
+    if (R > 1) {
+      if (gpu) {
+        coll = std::make_unique<ThreadDeviceCollective>(board, r, sc.name);
+      } else {
+        parallel::RendezvousOptions ro;
+        ro.site = sc.name;
+        ro.rank = r;
+        ro.size = R;
+        ro.store_port = sc.port + R;
+        coll = parallel::make_gloo(ro);
       }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-  return out;
+    }
+    trainer::TrainerOptions o;
+    o.rank = r;
+    o.collective = coll.get();
+    o.progress = false;
+    o.stop_at_step = stop_at;
+    o.resume = resume;
+    o.cuda_device = gpu ? 0 : -1;
+    trainer::Trainer t(cfg, o);
+    return t.run();
+  });
 }
 
 // The site's per-step training loss from sites/<site>/metrics.jsonl (log_every: 1).
@@ -196,34 +183,28 @@ TEST(CudaLoopDiloco, TwoSitesEndBitIdentical) {
   d.file("k.psk", "0123456789abcdef-test-key");
   const int port = fresh_port();
   const std::string yaml =
-      "run: {name: dl, seed: 3, output_dir: " + (d.path() / "out").string() + "}\n"
+      "run: {name: dl, seed: 3, output_dir: " + (d.path() / "out").string() +
+      "}\n"
       "model: {n_layer: 2, n_head: 4, n_embd: 64, block_size: 32, vocab_size: 64}\n"
       "data:\n  train: {kind: synthetic, vocab: 64, branching: 3, seed: 5, tokens: 400000}\n"
       "train: {steps: 12, micro_batch: 4, log_every: 4, precision: bf16, optimizer: {lr: 3.0e-3}}\n"
       "outer: {interval: 4}\n"
       "site: {device: cuda}\n"
-      "sites:\n  - {name: paris, ranks: 1, port: " + std::to_string(port) + "}\n"
-      "  - {name: lyon, ranks: 1, port: " + std::to_string(port + 10) + "}\n"
+      "sites:\n  - {name: paris, ranks: 1, port: " +
+      std::to_string(port) +
+      "}\n"
+      "  - {name: lyon, ranks: 1, port: " +
+      std::to_string(port + 10) +
+      "}\n"
       "transport: {psk_file: k.psk, timeout_s: 30}\n";
   auto cfg = load(d, "c.yaml", yaml);
-  std::vector<nlohmann::json> out(2);
-  std::vector<std::exception_ptr> errors(2);
-  std::vector<std::thread> threads;
-  for (int s = 0; s < 2; ++s)
-    threads.emplace_back([&, s] {
-      try {
-        app::RankOptions o;
-        o.site = s;
-        o.progress = false;
-        o.cuda_device = 0;  // one GPU shared by the two sites
-        out[size_t(s)] = app::run_rank(cfg, o);
-      } catch (...) {
-        errors[size_t(s)] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  test::run_ranks(2, [&](int s) {
+    app::RankOptions o;
+    o.site = s;
+    o.progress = false;
+    o.cuda_device = 0;  // one GPU shared by the two sites
+    return app::run_rank(cfg, o);
+  });
   // Global rank 0 returns the run summary; every rank's own summary is in rank0.json.
   auto rank_summary = [&](const char* site) {
     return nlohmann::json::parse(std::ifstream(d.path() / "out" / "sites" / site / "rank0.json"));
@@ -271,22 +252,12 @@ TEST(CudaLoopNccl, TwoGpuSiteTracksTheCpuRun) {
   TempDir d;
   auto gcfg = load(d, "g.yaml", config(d.path() / "gpu", "cuda", "fp32", "zero2", 2, 12));
   auto ccfg = load(d, "c.yaml", config(d.path() / "cpu", "cpu", "fp32", "zero2", 2, 12));
-  std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(2);
-  for (int r = 0; r < 2; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        app::RankOptions o;
-        o.rank = r;
-        o.progress = false;
-        app::run_rank(gcfg, o);
-      } catch (...) {
-        errors[size_t(r)] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  test::run_ranks(2, [&](int r) {
+    app::RankOptions o;
+    o.rank = r;
+    o.progress = false;
+    app::run_rank(gcfg, o);
+  });
   run_site(ccfg);
   const ErrorStats s = compare(loss_curve(gcfg), loss_curve(ccfg));
   EXPECT_TRUE(within(s, tolerance("train.loss", Precision::Fp32))) << s.rel_l2;

@@ -2,7 +2,7 @@
 // against the config directory, and the held-out validation split.
 #include <gtest/gtest.h>
 
-#include "tests/data/temp_dir.hpp"
+#include "tests/support/temp_dir.hpp"
 #include "trainer/core/error.hpp"
 #include "trainer/data/open_data.hpp"
 
@@ -38,8 +38,9 @@ TEST(DataConfig, ParsesTrainAndVal) {
 }
 
 TEST(DataConfig, SyntheticKeysAndDefaults) {
-  auto c = parse("data:\n  train: {kind: synthetic, vocab: 97, branching: 5, seed: 42, tokens: 1000}\n"
-                 "  val_fraction: 0.2\n");
+  auto c = parse(
+      "data:\n  train: {kind: synthetic, vocab: 97, branching: 5, seed: 42, tokens: 1000}\n"
+      "  val_fraction: 0.2\n");
   EXPECT_EQ(c.train.kind, DataSourceConfig::Kind::Synthetic);
   EXPECT_EQ(c.train.vocab, 97);
   EXPECT_EQ(c.train.branching, 5);
@@ -85,7 +86,7 @@ TEST(OpenData, RelativePathsResolveAgainstBaseDirAndHoldOutTheTail) {
   std::filesystem::create_directory(dir.path() / "corpus");
   std::string text(100, '\0');
   for (size_t i = 0; i < text.size(); ++i) text[i] = static_cast<char>(i);
-  dir.write("corpus/all.bin", text);
+  dir.file("corpus/all.bin", text);
   auto cfg = parse("data: {train: {kind: text, path: corpus/all.bin}, val_fraction: 0.25}\n");
   auto s = open_data(cfg, dir.path(), 256);
   auto* tr = dynamic_cast<const StreamDataset*>(s.train.get());
@@ -120,7 +121,7 @@ TEST(OpenData, RelativePathsResolveAgainstBaseDirAndHoldOutTheTail) {
 
 TEST(OpenData, ByteTokensNeedAVocabOf256) {
   TempDir dir;
-  dir.write("t.txt", "abc");
+  dir.file("t.txt", "abc");
   auto cfg = parse("data: {train: {kind: text, path: t.txt}}\n");
   EXPECT_THROW(open_data(cfg, dir.path(), 100), InputError);
   EXPECT_NO_THROW(open_data(cfg, dir.path(), 256));

@@ -6,7 +6,7 @@
 #include <fstream>
 #include <numeric>
 
-#include "tests/data/temp_dir.hpp"
+#include "tests/support/temp_dir.hpp"
 #include "trainer/core/error.hpp"
 #include "trainer/data/shard_source.hpp"
 #include "trainer/data/text_source.hpp"
@@ -51,7 +51,7 @@ void put_i32(const std::string& path, size_t index, int32_t value) {
 
 TEST(TextSource, WindowsAreBytesEveryTTokens) {
   TempDir dir;
-  const auto p = dir.write("t.txt", "hello world");
+  const auto p = dir.file("t.txt", "hello world");
   StreamDataset d(open_text_stream(p));
   EXPECT_EQ(d.vocab_size(), 256);
   EXPECT_EQ(d.num_windows(3), 3u);  // (11 - 1) / 3
@@ -65,14 +65,14 @@ TEST(TextSource, WindowsAreBytesEveryTTokens) {
 
 TEST(TextSource, HighBytesAreTokensAbove127) {
   TempDir dir;
-  const auto p = dir.write("b.bin", std::string("\xff\x80\x00\x01", 4));
+  const auto p = dir.file("b.bin", std::string("\xff\x80\x00\x01", 4));
   StreamDataset d(open_text_stream(p));
   EXPECT_EQ(window_of(d, 0, 3), (std::vector<int32_t>{255, 128, 0, 1}));
 }
 
 TEST(TextSource, EmptyFileHasNoWindowsAndMissingFileIsFileError) {
   TempDir dir;
-  StreamDataset d(open_text_stream(dir.write("e.txt", "")));
+  StreamDataset d(open_text_stream(dir.file("e.txt", "")));
   EXPECT_EQ(d.num_windows(1), 0u);
   const auto missing = dir.file("nope.txt");
   auto msg = file_error([&] { open_text_stream(missing); }, missing);
@@ -85,8 +85,8 @@ TEST(TextSource, DirectoryConcatenatesRegularFilesInOrder) {
   TempDir dir;
   std::filesystem::create_directory(dir.path() / "d");
   std::filesystem::create_directory(dir.path() / "empty");
-  dir.write("d/b.txt", "def");
-  dir.write("d/a.txt", "abc");
+  dir.file("d/b.txt", "def");
+  dir.file("d/a.txt", "abc");
   std::filesystem::create_symlink("a.txt", dir.path() / "d" / "c-link.txt");
   StreamDataset d(open_text_stream((dir.path() / "d").string()));
   EXPECT_EQ(d.num_tokens(), 6u);
@@ -144,7 +144,7 @@ TEST(ShardSource, TruncatedTokensAreFileError) {
 
 TEST(ShardSource, TruncatedHeaderIsFileError) {
   TempDir dir;
-  const auto p = dir.write("h.bin", std::string(100, '\0'));
+  const auto p = dir.file("h.bin", std::string(100, '\0'));
   auto msg = file_error([&] { open_shard_stream(p, 1000); }, p);
   EXPECT_NE(msg.find("truncated header: 100 bytes"), std::string::npos) << msg;
 }
@@ -227,7 +227,7 @@ TEST(ShardSource, RandomGarbageNeverCrashes) {
       const int32_t h[2] = {kShardMagic, kShardVersion};
       std::memcpy(bytes.data(), h, 8);
     }
-    dir.write("g.bin", bytes);
+    dir.file("g.bin", bytes);
     EXPECT_THROW(open_shard_stream(p, 300), FileError) << "trial " << trial;
   }
 }

@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "tests/support/temp_dir.hpp"
 #include "trainer/core/error.hpp"
 #include "trainer/launch/launcher.hpp"
 
@@ -217,16 +218,15 @@ class LauncherSignal : public ::testing::TestWithParam<int> {};
 
 TEST_P(LauncherSignal, StopsEveryRankAndReturnsTheDocumentedCode) {
   const int sig = GetParam();
-  char dir_template[] = "/tmp/geoloco_launch_test_XXXXXX";
-  ASSERT_NE(::mkdtemp(dir_template), nullptr);
-  const std::string dir = dir_template;
+  const geoloco::test::TempDir tmp("geoloco-launch-test");
+  const std::string dir = tmp.str();
   pid_t helper = ::fork();
   if (helper == 0) {
     std::vector<ProcessSpec> procs;
     for (int r = 0; r < 3; ++r)
-      procs.push_back(sh("x/" + std::to_string(r), "echo $$ > " + dir + "/" + std::to_string(r) +
-                                                       ".tmp && mv " + dir + "/" + std::to_string(r) + ".tmp " + dir +
-                                                       "/" + std::to_string(r) + "; exec sleep 100"));
+      procs.push_back(sh("x/" + std::to_string(r), "echo $$ > " + dir + "/" + std::to_string(r) + ".tmp && mv " + dir +
+                                                       "/" + std::to_string(r) + ".tmp " + dir + "/" +
+                                                       std::to_string(r) + "; exec sleep 100"));
     LaunchOptions o;
     o.grace = 2s;
     o.out_fd = o.err_fd = ::open("/dev/null", O_WRONLY);
@@ -255,7 +255,6 @@ TEST_P(LauncherSignal, StopsEveryRankAndReturnsTheDocumentedCode) {
   EXPECT_LT(Clock::now() - t0, 3s);
   // The launcher reaped them before exiting: gone at once, not even zombies.
   for (pid_t p : kids) EXPECT_TRUE(gone(p)) << "child " << p << " survived the launcher";
-  std::filesystem::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Signals, LauncherSignal, ::testing::Values(SIGTERM, SIGINT),
@@ -298,7 +297,8 @@ TEST(Launcher, RanksDieWhenTheLauncherIsKilled) {
   pid_t helper = ::fork();
   if (helper == 0) {
     ::close(ready[0]);
-    std::vector<ProcessSpec> procs = {sh("k/0", "echo $$ >&3; exec sleep 100"), sh("k/1", "echo $$ >&3; exec sleep 100")};
+    std::vector<ProcessSpec> procs = {sh("k/0", "echo $$ >&3; exec sleep 100"),
+                                      sh("k/1", "echo $$ >&3; exec sleep 100")};
     // Hand the children the pipe as fd 3 so they can report their pids.
     ::dup2(ready[1], 3);
     LaunchOptions o;

@@ -9,9 +9,13 @@
 #include <nlohmann/json.hpp>
 
 #include "test_util.hpp"
+#include "tests/checkpoint/hf_export.hpp"
+#include "tests/support/ports.hpp"
+#include "trainer/checkpoint/model_checkpoint.hpp"
 #include "trainer/parallel/gpu.hpp"
 
-using geoloco::testing::TempDir;
+using geoloco::test::fresh_port;
+using geoloco::test::TempDir;
 using geoloco::testing::tiny_config;
 
 namespace {
@@ -67,10 +71,54 @@ TEST(Cli, ValidateOkAndBadConfigExitCodes) {
   EXPECT_EQ(r.code, 2);
 }
 
+// An error about a key given with --set names the override, not the file it overrides (the
+// key has no line in it): exit 2, one line. Keys from the file keep file:line:col.
+TEST(Cli, SetOverrideErrorsNameTheOverride) {
+  TempDir d;
+  auto good = d.file("good.yaml", tiny_config(d.path() / "out"));
+  auto first_line = [](const std::string& out) { return out.substr(0, out.find('\n')); };
+
+  // Unknown key: a section the override created (the key itself is the typo).
+  auto r = run("validate " + good + " --set modle.n_layer=2");
+  EXPECT_EQ(r.code, 2) << r.out;
+  const std::string unknown =
+      "geoloco: error: (--set modle.n_layer=2): modle: unknown key (did you mean 'model'?); allowed keys: ";
+  EXPECT_EQ(first_line(r.out).substr(0, unknown.size()), unknown) << r.out;
+  EXPECT_EQ(r.out.find(good), std::string::npos) << r.out;  // the file is not where it came from
+  // Unknown key inside a section of the file.
+  r = run("validate " + good + " --set train.warmup=3");
+  EXPECT_EQ(r.code, 2) << r.out;
+  const std::string inner = "geoloco: error: (--set train.warmup=3): train.warmup: unknown key";
+  EXPECT_EQ(first_line(r.out).substr(0, inner.size()), inner) << r.out;
+
+  // A bad value and a wrong type: the exact message.
+  r = run("validate " + good + " --set train.micro_batch=-1");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_EQ(r.out,
+            "geoloco: error: (--set train.micro_batch=-1): train.micro_batch: got '-1', expected an "
+            "integer in [1, 1048576]\n");
+  r = run("validate " + good + " --set train.steps=ten");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_EQ(r.out, "geoloco: error: (--set train.steps=ten): train.steps: got 'ten', expected an integer\n");
+  // Inside a mapping given as the value: the override, not a line of its value text.
+  const std::string model = "model={n_layer: 2, n_head: 2, n_embd: 32, block_size: 16, vocab_size: 32, layers: 3}";
+  r = run("validate " + good + " --set '" + model + "'");
+  EXPECT_EQ(r.code, 2) << r.out;
+  const std::string in_value = "geoloco: error: (--set " + model + "): model.layers: unknown key";
+  EXPECT_EQ(first_line(r.out).substr(0, in_value.size()), in_value) << r.out;
+
+  // The same mistakes in the file name the file's line and column.
+  auto bad = d.file("bad.yaml", tiny_config(d.path() / "out") + "modle: {n_layer: 2}\n");
+  r = run("validate " + bad);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find(bad + ":12:1: modle: unknown key"), std::string::npos) << r.out;
+}
+
 TEST(Cli, MissingDataFileIsBadInput) {
   TempDir d;
-  auto cfg = d.file("c.yaml", "model: {n_layer: 1, n_head: 1, n_embd: 8, block_size: 8}\n"
-                              "data: {train: {kind: text, path: missing.txt}}\n");
+  auto cfg = d.file("c.yaml",
+                    "model: {n_layer: 1, n_head: 1, n_embd: 8, block_size: 8}\n"
+                    "data: {train: {kind: text, path: missing.txt}}\n");
   auto r = run("train " + cfg);
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("missing.txt"), std::string::npos) << r.out;
@@ -82,10 +130,11 @@ std::string text_run(const TempDir& d, const std::string& out = "out") {
   std::string text;
   for (int i = 0; i < 400; ++i) text += "the quick brown fox jumps over the lazy dog. ";
   d.file("corpus.txt", text);
-  return d.file(out + ".yaml", "run: {name: e, output_dir: " + (d.path() / out).string() + "}\n"
-                               "model: {n_layer: 1, n_head: 2, n_embd: 16, block_size: 16, vocab_size: 256}\n"
-                               "data: {train: {kind: text, path: corpus.txt}}\n"
-                               "train: {steps: 30, micro_batch: 4, optimizer: {lr: 1.0e-2}}\n");
+  return d.file(out + ".yaml", "run: {name: e, output_dir: " + (d.path() / out).string() +
+                                   "}\n"
+                                   "model: {n_layer: 1, n_head: 2, n_embd: 16, block_size: 16, vocab_size: 256}\n"
+                                   "data: {train: {kind: text, path: corpus.txt}}\n"
+                                   "train: {steps: 30, micro_batch: 4, optimizer: {lr: 1.0e-2}}\n");
 }
 
 void flip_bit_near_end(const std::string& file) {
@@ -113,8 +162,8 @@ TEST(Cli, TrainThenEvalPrintsJson) {
   EXPECT_EQ(j["tokens"].get<int>(), 320);
   EXPECT_LT(j["loss"].get<double>(), std::log(256.0));  // learned something
   // The run's directory names its latest model: the same figures.
-  auto by_dir = run("eval --checkpoint " + (d.path() / "out").string() + " --data " + (d.path() / "corpus.txt").string() +
-                    " --tokens 320");
+  auto by_dir = run("eval --checkpoint " + (d.path() / "out").string() + " --data " +
+                    (d.path() / "corpus.txt").string() + " --tokens 320");
   ASSERT_EQ(by_dir.code, 0) << by_dir.out;
   auto jd = nlohmann::json::parse(by_dir.out);
   EXPECT_EQ(jd["checkpoint"].get<std::string>(), ckpt);
@@ -170,6 +219,50 @@ TEST(Cli, InitFromAnotherRunsCheckpoint) {
   }
 }
 
+// A Hugging Face export (save_pretrained's layout: format "pt", config.json beside it, mask
+// buffers, the tied lm_head) of a trained model: eval gives the loss of the model it came
+// from, exactly; train.init_from takes it; a bad config.json is exit 2 naming it. And the
+// trainer's step directories carry the config.json that makes them such a directory.
+TEST(Cli, EvalAndInitFromAHuggingFaceExport) {
+  using namespace geoloco::trainer;
+  TempDir d;
+  const auto cfg = text_run(d);
+  ASSERT_EQ(run("train " + cfg).code, 0);
+  const auto step = d.path() / "out" / "checkpoints" / "local" / "step_00000030";
+  ASSERT_TRUE(std::filesystem::exists(step / "config.json"));
+  const ModelConfig mc = read_model_config((step / "model.safetensors").string());
+  const ParamLayout layout(mc);
+  std::vector<float> params(static_cast<size_t>(layout.total()));
+  load_model((step / "model.safetensors").string(), layout, params);
+  const auto hf = d.path() / "hf";
+  geoloco::test::write_hf_export(hf, layout, params, {.lm_head = true});
+
+  const std::string data = " --data " + (d.path() / "corpus.txt").string() + " --tokens 320";
+  auto ours = run("eval --checkpoint " + step.string() + data);
+  auto theirs = run("eval --checkpoint " + hf.string() + data);
+  ASSERT_EQ(ours.code, 0) << ours.out;
+  ASSERT_EQ(theirs.code, 0) << theirs.out;
+  const auto a = nlohmann::json::parse(ours.out), b = nlohmann::json::parse(theirs.out);
+  EXPECT_EQ(b["checkpoint"].get<std::string>(), (hf / "model.safetensors").string());
+  EXPECT_EQ(b["loss"].get<double>(), a["loss"].get<double>());
+  EXPECT_LT(b["loss"].get<double>(), std::log(256.0));
+
+  auto r = run("validate " + cfg + " --set train.init_from=" + hf.string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  r = run("train " + text_run(d, "warm") + " --set train.steps=3 --set train.init_from=" + hf.string());
+  EXPECT_EQ(r.code, 0) << r.out;
+
+  std::ofstream(hf / "config.json", std::ios::trunc) << "{\"n_layer\": 1}";
+  r = run("eval --checkpoint " + hf.string() + data);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find((hf / "config.json").string() + ": missing key 'n_head'"), std::string::npos) << r.out;
+  r = run("validate " + cfg + " --set train.init_from=" + hf.string());
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("train.init_from: " + (hf / "config.json").string() + ": missing key 'n_head'"),
+            std::string::npos)
+      << r.out;
+}
+
 // geoloco sample: a trained byte-level model continues a prompt; same seed, same text; the
 // JSON carries the tokens; bad input exits 2 naming it.
 TEST(Cli, SampleFromATrainedModel) {
@@ -193,8 +286,8 @@ TEST(Cli, SampleFromATrainedModel) {
   ASSERT_EQ(plain.code, 0) << plain.out;
   EXPECT_EQ(plain.out, "the quick" + j["text"].get<std::string>() + "\n");
 
-  for (const std::string& bad : {std::string("--prompt-ids 1,x"), std::string("--prompt-ids 300"),
-                                 std::string("--prompt a --prompt-ids 1")}) {
+  for (const std::string& bad :
+       {std::string("--prompt-ids 1,x"), std::string("--prompt-ids 300"), std::string("--prompt a --prompt-ids 1")}) {
     auto r = run("sample --checkpoint " + run_dir + " " + bad);
     EXPECT_EQ(r.code, 2) << bad << ": " << r.out;
   }
@@ -208,7 +301,8 @@ TEST(Cli, SampleFromATrainedModel) {
 
 TEST(Cli, TrainRefusesAMultiRankConfig) {
   TempDir d;
-  auto cfg = d.file("c.yaml", tiny_config(d.path() / "out", "", "sites: [{name: a, ranks: 2, port: 31000}]\n"));
+  const std::string sites = "sites: [{name: a, ranks: 2, port: " + std::to_string(fresh_port()) + "}]\n";
+  auto cfg = d.file("c.yaml", tiny_config(d.path() / "out", "", sites));
   auto r = run("train " + cfg);
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("use `geoloco launch"), std::string::npos) << r.out;
@@ -245,12 +339,11 @@ TEST(Cli, DeviceCudaWithoutCudaInTheBuildIsAConfigError) {
     EXPECT_NE(r.out.find("site.device: cuda, but this geoloco binary was built without CUDA"), std::string::npos)
         << cmd << r.out;
   }
-  auto two = d.file("two.yaml", tiny_config(d.path() / "out", "",
-                                            "sites: [{name: a, ranks: 2, port: 31020, device: cuda}]\n"));
+  const std::string sites = "sites: [{name: a, ranks: 2, port: " + std::to_string(fresh_port()) + ", device: cuda}]\n";
+  auto two = d.file("two.yaml", tiny_config(d.path() / "out", "", sites));
   auto r = run("launch " + two);
   EXPECT_EQ(r.code, 2) << r.out;
-  EXPECT_NE(r.out.find("device: cuda, but this geoloco binary was built without CUDA"), std::string::npos)
-      << r.out;
+  EXPECT_NE(r.out.find("device: cuda, but this geoloco binary was built without CUDA"), std::string::npos) << r.out;
 }
 
 TEST(Cli, Bf16OnACpuSiteIsAConfigError) {
@@ -273,15 +366,14 @@ TEST(Cli, DeviceCudaWithoutAGpuFailsEachRankWithTheRuntimesReason) {
   r = run("train " + one);
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_EQ(count_lines_with(r.out, "geoloco: failed: "), 1) << r.out;
-  EXPECT_NE(r.out.find("geoloco: failed: site local rank 0: site.device: cuda, but CUDA error in "),
-            std::string::npos)
+  EXPECT_NE(r.out.find("geoloco: failed: site local rank 0: site.device: cuda, but CUDA error in "), std::string::npos)
       << r.out;
   // The runtime's own reason is in the line (e.g. "no CUDA-capable device is detected").
   const std::string reason = geoloco::parallel::gpu_unavailable_reason();
   EXPECT_FALSE(reason.empty());
 
-  auto two = d.file("two.yaml", tiny_config(d.path() / "out2", "",
-                                            "sites: [{name: a, ranks: 2, port: 31040, device: cuda}]\n"));
+  const std::string sites = "sites: [{name: a, ranks: 2, port: " + std::to_string(fresh_port()) + ", device: cuda}]\n";
+  auto two = d.file("two.yaml", tiny_config(d.path() / "out2", "", sites));
   r = run("launch " + two);
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("site a rank "), std::string::npos) << r.out;

@@ -14,7 +14,7 @@
 
 using namespace geoloco;
 using namespace geoloco::trainer;
-using geoloco::testing::TempDir;
+using geoloco::test::TempDir;
 using geoloco::testing::tiny_config;
 
 TEST(DevicePlan, SizesPerStrategy) {
@@ -69,13 +69,13 @@ TEST(DevicePlan, SizesPerStrategy) {
 TEST(DevicePlan, LocalRankCountsEveryRankOnTheSameHost) {
   TempDir d;
   d.file("k.psk", "0123456789abcdef-test-key");
-  auto cfg = load_run_config(d.file(
-      "c.yaml", tiny_config(d.path() / "out", "",
-                            "sites:\n"
-                            "  - {name: a, ranks: 2, host: 10.0.0.1, port: 31100}\n"
-                            "  - {name: b, ranks: 2, host: 10.0.0.1, port: 31110}\n"
-                            "  - {name: c, ranks: 2, hosts: [10.0.0.2, 10.0.0.3], port: 31120}\n"
-                            "transport: {psk_file: k.psk}\n")));
+  auto cfg =
+      load_run_config(d.file("c.yaml", tiny_config(d.path() / "out", "",
+                                                   "sites:\n"
+                                                   "  - {name: a, ranks: 2, host: 10.0.0.1, port: 31100}\n"
+                                                   "  - {name: b, ranks: 2, host: 10.0.0.1, port: 31110}\n"
+                                                   "  - {name: c, ranks: 2, hosts: [10.0.0.2, 10.0.0.3], port: 31120}\n"
+                                                   "transport: {psk_file: k.psk}\n")));
   auto lr = local_rank_of(cfg, 0, 1);
   EXPECT_EQ(lr.rank, 1);
   EXPECT_EQ(lr.ranks, 4);

@@ -70,11 +70,13 @@ TEST(RunConfig, MultiSiteNeedsATransportAndEqualRanks) {
 
 // Each class of config error: message and location.
 TEST(RunConfig, UnknownKeyAnywhereIsAnError) {
-  EXPECT_EQ(error_of(std::string(kBase) + "train: {stpes: 3}\n"),
-            "run.yaml:4:9: train.stpes: unknown key (did you mean 'steps'?); allowed keys: attention, checkpoint_every, "
-            "eval_batches, eval_every, grad_accum, grad_clip, init_from, keep_checkpoints, log_every, lr_scaling, "
-            "micro_batch, optimizer, precision, schedule, seq_len, steps, threads");
-  EXPECT_NE(error_of(std::string(kBase) + "trian: {steps: 3}\n").find("run.yaml:4:1: trian: unknown key (did you mean 'train'?)"),
+  EXPECT_EQ(
+      error_of(std::string(kBase) + "train: {stpes: 3}\n"),
+      "run.yaml:4:9: train.stpes: unknown key (did you mean 'steps'?); allowed keys: attention, checkpoint_every, "
+      "eval_batches, eval_every, grad_accum, grad_clip, init_from, keep_checkpoints, log_every, lr_scaling, "
+      "micro_batch, optimizer, precision, schedule, seq_len, steps, threads");
+  EXPECT_NE(error_of(std::string(kBase) + "trian: {steps: 3}\n")
+                .find("run.yaml:4:1: trian: unknown key (did you mean 'train'?)"),
             std::string::npos);
 }
 
@@ -85,13 +87,15 @@ TEST(RunConfig, WrongTypeRangeAndChoice) {
             "run.yaml:4:22: train.micro_batch: got '0', expected an integer in [1, 1048576]");
   EXPECT_EQ(error_of(std::string(kBase) + "site: {strategy: zero3}\n"),
             "run.yaml:4:18: site.strategy: got 'zero3', expected one of ddp | zero1 | zero2 | fsdp");
-  EXPECT_EQ(error_of(std::string(kBase) + "train: {optimizer: {betas: [0.9]}}\n"),
-            "run.yaml:4:28: train.optimizer.betas: got a list, expected a list of two numbers in [0, 1), e.g. [0.9, 0.95]");
+  EXPECT_EQ(
+      error_of(std::string(kBase) + "train: {optimizer: {betas: [0.9]}}\n"),
+      "run.yaml:4:28: train.optimizer.betas: got a list, expected a list of two numbers in [0, 1), e.g. [0.9, 0.95]");
 }
 
 TEST(RunConfig, CrossFieldChecks) {
-  EXPECT_NE(error_of("model: {n_embd: 30, n_head: 4}\n").find("model.n_embd: got 30, expected a multiple of n_head (4)"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of("model: {n_embd: 30, n_head: 4}\n").find("model.n_embd: got 30, expected a multiple of n_head (4)"),
+      std::string::npos);
   EXPECT_NE(error_of(std::string(kBase) + "train: {seq_len: 17}\n").find("expected at most model.block_size (16)"),
             std::string::npos);
   EXPECT_NE(error_of(std::string(kBase) + "sites: [{name: a, port: 30000}, {name: a, port: 31000}]\n")
@@ -100,7 +104,8 @@ TEST(RunConfig, CrossFieldChecks) {
   EXPECT_NE(error_of(std::string(kBase) + "sites: [{name: a, ranks: 4, port: 30000}, {name: b, port: 30003}]\n")
                 .find("sites[1].port: port range 30003..30004 on 127.0.0.1 overlaps another site's"),
             std::string::npos);
-  EXPECT_NE(error_of(std::string(kBase) + "train: {lr_scaling: {kind: linear}}\n").find("train.lr_scaling.base_batch: missing"),
+  EXPECT_NE(error_of(std::string(kBase) + "train: {lr_scaling: {kind: linear}}\n")
+                .find("train.lr_scaling.base_batch: missing"),
             std::string::npos);
 }
 
@@ -124,9 +129,10 @@ TEST(RunConfig, HashFollowsTheContent) {
 // the model file it found, and is checked against the model when the config loads: a wrong
 // file is a config error with the key's location, before any rank starts.
 TEST(RunConfig, InitFromIsResolvedAgainstTheConfigAndCheckedAtLoad) {
-  geoloco::testing::TempDir d;
+  geoloco::test::TempDir d;
   std::filesystem::create_directories(d.path() / "warm" / "step_00000100");
-  const ParamLayout two(ModelConfig{.n_layer = 2, .n_head = 2, .n_embd = 32, .block_size = 16, .vocab_size = 64});  // kBase's
+  const ParamLayout two(
+      ModelConfig{.n_layer = 2, .n_head = 2, .n_embd = 32, .block_size = 16, .vocab_size = 64});  // kBase's
   std::vector<float> p(static_cast<size_t>(two.total()), 0.5f);
   const std::string file = (d.path() / "warm" / "step_00000100" / "model.safetensors").string();
   save_model(file, two, p);

@@ -1,27 +1,21 @@
 // Site strategies on 1, 2 and 3 ranks (threads over Gloo on loopback).
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
-#include <thread>
 
 #include "test_util.hpp"
+#include "tests/support/ports.hpp"
+#include "tests/support/threads.hpp"
 #include "trainer/loop/run_config.hpp"
 #include "trainer/loop/trainer.hpp"
 #include "trainer/parallel/gloo_collective.hpp"
 
 using namespace geoloco;
 using namespace geoloco::trainer;
-using geoloco::testing::TempDir;
+using geoloco::test::TempDir;
 using geoloco::testing::tiny_config;
 
 namespace {
-
-int next_port() {
-  static int offset = 0;
-  offset += 10;
-  return 20000 + (getpid() * 37) % 8000 + offset;  // below the ephemeral range (32768+)
-}
 
 struct RunResult {
   std::vector<float> params;
@@ -31,45 +25,36 @@ struct RunResult {
 // Runs one site of `ranks` ranks (threads) with `strategy`.
 RunResult run_site(const std::string& strategy, int ranks, int micro_batch, const std::string& extra_sets = "") {
   TempDir d;
-  const int port = next_port();
-  std::string yaml = tiny_config(d.path() / "out", "", "site: {strategy: " + strategy + "}\nsites: [{name: s, ranks: " +
-                                                       std::to_string(ranks) + ", port: " + std::to_string(port) + "}]\n");
+  const int port = test::fresh_port();
+  std::string yaml =
+      tiny_config(d.path() / "out", "",
+                  "site: {strategy: " + strategy + "}\nsites: [{name: s, ranks: " + std::to_string(ranks) +
+                      ", port: " + std::to_string(port) + "}]\n");
   std::vector<std::string> sets = {"train.micro_batch=" + std::to_string(micro_batch), "train.steps=12"};
   if (!extra_sets.empty()) sets.push_back(extra_sets);
   auto cfg = load_run_config(d.file("run.yaml", yaml), sets);
   RunResult res;
   res.summaries.resize(static_cast<size_t>(ranks));
   std::vector<std::vector<float>> params(static_cast<size_t>(ranks));
-  std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(ranks));
-  for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        std::unique_ptr<parallel::Collective> coll;
-        if (ranks > 1) {
-          parallel::RendezvousOptions ro;
-          ro.site = "s";
-          ro.rank = r;
-          ro.size = ranks;
-          ro.store_port = port + ranks;
-          ro.timeout = std::chrono::milliseconds(20000);
-          coll = parallel::make_gloo(ro);
-        }
-        TrainerOptions o;
-        o.progress = false;
-        o.rank = r;
-        o.collective = coll.get();
-        Trainer t(cfg, o);
-        res.summaries[static_cast<size_t>(r)] = t.run();
-        params[static_cast<size_t>(r)] = t.parameters();
-      } catch (...) {
-        errors[static_cast<size_t>(r)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  test::run_ranks(ranks, [&](int r) {
+    std::unique_ptr<parallel::Collective> coll;
+    if (ranks > 1) {
+      parallel::RendezvousOptions ro;
+      ro.site = "s";
+      ro.rank = r;
+      ro.size = ranks;
+      ro.store_port = port + ranks;
+      ro.timeout = std::chrono::milliseconds(20000);
+      coll = parallel::make_gloo(ro);
+    }
+    TrainerOptions o;
+    o.progress = false;
+    o.rank = r;
+    o.collective = coll.get();
+    Trainer t(cfg, o);
+    res.summaries[static_cast<size_t>(r)] = t.run();
+    params[static_cast<size_t>(r)] = t.parameters();
+  });
   for (int r = 1; r < ranks; ++r) EXPECT_EQ(params[0], params[static_cast<size_t>(r)]) << "rank " << r << " diverged";
   res.params = params[0];
   return res;
@@ -106,7 +91,8 @@ TEST(Strategies, AllStrategiesTrainTheSameModelWithClipping) {
   for (const char* s : {"zero1", "zero2", "fsdp"}) {
     auto other = run_site(s, 3, 2, "train.grad_clip=0.5");
     EXPECT_LT(max_abs_diff(ddp.params, other.params), 1e-5) << s;
-    EXPECT_NEAR(ddp.summaries[0]["final_loss"].get<double>(), other.summaries[0]["final_loss"].get<double>(), 1e-5) << s;
+    EXPECT_NEAR(ddp.summaries[0]["final_loss"].get<double>(), other.summaries[0]["final_loss"].get<double>(), 1e-5)
+        << s;
   }
 }
 

@@ -14,7 +14,7 @@
 
 using namespace geoloco;
 using namespace geoloco::trainer;
-using geoloco::testing::TempDir;
+using geoloco::test::TempDir;
 using geoloco::testing::tiny_config;
 
 namespace {
@@ -46,11 +46,13 @@ TEST(Trainer, LearnsAndWritesOutputs) {
   auto lines = read_jsonl(d.path() / "out" / "metrics.jsonl");
   ASSERT_EQ(lines.size(), 8u);  // every 5 steps
   EXPECT_LT(lines.back()["loss"].get<double>(), lines.front()["loss"].get<double>() - 0.5);
-  for (const char* k : {"step", "loss", "lr", "grad_norm", "tokens_per_s", "tokens"}) EXPECT_TRUE(lines[0].contains(k)) << k;
+  for (const char* k : {"step", "loss", "lr", "grad_norm", "tokens_per_s", "tokens"})
+    EXPECT_TRUE(lines[0].contains(k)) << k;
   EXPECT_TRUE(lines.back().contains("val_loss"));
   EXPECT_EQ(s["tokens"].get<int64_t>(), 40 * 4 * 2 * 16);
   EXPECT_EQ(s["params"].get<int64_t>(), cfg.model.num_params());
-  EXPECT_TRUE(std::filesystem::exists(d.path() / "out" / "checkpoints" / "local" / "step_00000040" / "model.safetensors"));
+  EXPECT_TRUE(
+      std::filesystem::exists(d.path() / "out" / "checkpoints" / "local" / "step_00000040" / "model.safetensors"));
   EXPECT_TRUE(std::filesystem::exists(d.path() / "out" / "sites" / "local" / "rank0.json"));
 }
 
@@ -136,8 +138,9 @@ std::string resume_error_after(const std::function<void(const std::filesystem::p
 }  // namespace
 
 TEST(Trainer, CorruptCheckpointOnResumeIsAFileError) {
-  const std::string w = resume_error_after(
-      [](const std::filesystem::path& state) { std::filesystem::resize_file(state, std::filesystem::file_size(state) / 2); });
+  const std::string w = resume_error_after([](const std::filesystem::path& state) {
+    std::filesystem::resize_file(state, std::filesystem::file_size(state) / 2);
+  });
   EXPECT_NE(w.find("state.r0.safetensors"), std::string::npos) << w;
 }
 
@@ -156,6 +159,26 @@ TEST(Trainer, BitFlipInACheckpointOnResumeIsAFileError) {
   EXPECT_NE(w.find("fails its checksum"), std::string::npos) << w;
 }
 
+// A damaged metadata value (here: bytes of the header rewritten in place, same length, so
+// the file still parses and every tensor checksum holds) is a FileError naming the file,
+// the key and the value, not std::stoll's "stoll" with exit 1.
+
+TEST(Trainer, DamagedCheckpointMetadataOnResumeIsAFileErrorNamingTheKey) {
+  std::string state;
+  std::string w = resume_error_after([&](const std::filesystem::path& p) {
+    state = p.string();
+    geoloco::testing::damage_metadata(p, "geoloco_step", [](size_t n) { return std::string(n, 'x'); });
+  });
+  EXPECT_EQ(w, state + ": __metadata__ 'geoloco_step': got 'x', expected an integer >= 0");
+  w = resume_error_after([&](const std::filesystem::path& p) {
+    state = p.string();
+    geoloco::testing::damage_metadata(p, "wall_s",
+                                      [](size_t n) { return "1" + std::string(n - 1, '#'); });  // trailing junk
+  });
+  EXPECT_NE(w.find(state + ": __metadata__ 'wall_s': got '1#"), std::string::npos) << w;
+  EXPECT_NE(w.find("', expected a finite number >= 0"), std::string::npos) << w;
+}
+
 TEST(Trainer, ResumeRefusesAnotherStrategy) {
   TempDir d;
   {
@@ -166,10 +189,12 @@ TEST(Trainer, ResumeRefusesAnotherStrategy) {
   auto cfg = load(d, tiny_config(d.path() / "out"), {"train.steps=8", "site.strategy=zero2"});
   auto o = quiet();
   o.resume = true;
-  EXPECT_THROW({
-    Trainer t(cfg, o);
-    t.run();
-  }, FileError);
+  EXPECT_THROW(
+      {
+        Trainer t(cfg, o);
+        t.run();
+      },
+      FileError);
 }
 
 // Gradient accumulation: k micro-batches of b rows give the gradient of one batch of k*b.

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "../loop/test_util.hpp"
+#include "tests/support/ports.hpp"
 #include "multisite_util.hpp"
 #include "outer_optimizer/auto_plan.hpp"
 #include "trainer/core/config_node.hpp"
@@ -15,14 +16,10 @@
 #include "trainer/loop/run_config.hpp"
 
 using namespace geoloco;
-using geoloco::testing::TempDir;
+using geoloco::test::fresh_port;
+using geoloco::test::TempDir;
 
 namespace {
-
-int fresh_port() {
-  static int n = 0;
-  return 25000 + (getpid() * 53) % 1800 + 40 * (n++);  // below the ephemeral range (32768+)
-}
 
 outer::OuterConfig outer_from(const std::string& yaml) {
   auto doc = config::load_string(yaml, "o.yaml");
@@ -55,14 +52,18 @@ trainer::RunConfig load(TempDir& d, const std::string& yaml) {
   return trainer::load_run_config(d.file("c.yaml", yaml));
 }
 
-std::string run_yaml(const std::filesystem::path& out, int steps, const std::string& outer, const std::string& sites_yaml,
-                     const std::string& emulate) {
-  return "run: {name: ap, seed: 3, output_dir: " + out.string() + "}\n"
+std::string run_yaml(const std::filesystem::path& out, int steps, const std::string& outer,
+                     const std::string& sites_yaml, const std::string& emulate) {
+  return "run: {name: ap, seed: 3, output_dir: " + out.string() +
+         "}\n"
          "model: {n_layer: 4, n_head: 2, n_embd: 32, block_size: 16, vocab_size: 32}\n"
          "data:\n  train: {kind: synthetic, vocab: 32, branching: 3, seed: 5, tokens: 400000}\n"
-         "train: {steps: " + std::to_string(steps) + ", micro_batch: 4, log_every: 5, optimizer: {lr: 3.0e-3}}\n"
-         "outer: {" + outer + "}\n" + sites_yaml +
-         "transport: {psk_file: k.psk, timeout_s: 30, lanes: 2, emulate: {" + emulate + "}}\n";
+         "train: {steps: " +
+         std::to_string(steps) +
+         ", micro_batch: 4, log_every: 5, optimizer: {lr: 3.0e-3}}\n"
+         "outer: {" +
+         outer + "}\n" + sites_yaml + "transport: {psk_file: k.psk, timeout_s: 30, lanes: 2, emulate: {" + emulate +
+         "}}\n";
 }
 
 // Every rank's plans, as JSON text, must be the same.
@@ -129,8 +130,9 @@ TEST(AutoPlan, ChoosesTheSmallestIntervalThatMeetsTheTarget) {
 // default 8 MiB (0.5 RTT); with eager_bytes 0 they pay the rendezvous (1.5 RTT), so the same
 // plan predicts a sync one RTT longer and never needs a smaller H; emulation pins 0.5.
 TEST(AutoPlan, LatencyFollowsTheTransportsEagerSize) {
-  auto o = outer_from("outer: {plan: auto, target_utilization: 0.95, plan_h_min: 1, plan_h_max: 100000, "
-                      "plan_bits: [8]}\n");
+  auto o = outer_from(
+      "outer: {plan: auto, target_utilization: 0.95, plan_h_min: 1, plan_h_max: 100000, "
+      "plan_bits: [8]}\n");
   auto small = request(o, 100, 1000, 300);
   small.params = 1e6;  // 1 MB per site at 8 bits, 125 KB per rank: fits
   const auto eager = outer::choose_plan(small);
@@ -154,7 +156,8 @@ TEST(AutoPlan, LatencyFollowsTheTransportsEagerSize) {
 TEST(AutoPlan, PicksTheFewestLanesThatReachTheTarget) {
   // A window-bound path: one connection carries 1/8 of the link. At the H floor more lanes
   // are what reaches the target; on a path one connection fills, one lane suffices.
-  auto o = outer_from("outer: {plan: auto, target_utilization: 0.95, plan_h_min: 50, plan_h_max: 50, plan_bits: [8]}\n");
+  auto o =
+      outer_from("outer: {plan: auto, target_utilization: 0.95, plan_h_min: 50, plan_h_max: 50, plan_bits: [8]}\n");
   auto req = request(o, 100, 8000, 200);
   req.ranks = 1;  // one connection per lane between the sites
   req.transport_lanes = 8;
@@ -169,7 +172,8 @@ TEST(AutoPlan, PicksTheFewestLanesThatReachTheTarget) {
 }
 
 TEST(AutoPlan, UnreachableTargetSaysWhy) {
-  auto o = outer_from("outer: {plan: auto, target_utilization: 0.999, plan_h_min: 1, plan_h_max: 10, plan_bits: [16]}\n");
+  auto o =
+      outer_from("outer: {plan: auto, target_utilization: 0.999, plan_h_min: 1, plan_h_max: 10, plan_bits: [16]}\n");
   auto d = outer::choose_plan(request(o, 500, 10, 100));
   EXPECT_FALSE(d.target_met);
   EXPECT_LE(d.interval, 10);
@@ -269,16 +273,14 @@ TEST(AutoPlan, EverySiteAndRankRunsTheSamePlan) {
 // period ahead, so the reaction takes up to three periods: the run is long enough.
 TEST(AutoPlan, DriftReplansOnEverySiteAtTheSameStep) {
   TempDir d;
-  ::setenv("GEOLOCO_PLAN_TEST_DRIFT", "20:200", 1);
-  struct Unset {
-    ~Unset() { ::unsetenv("GEOLOCO_PLAN_TEST_DRIFT"); }
-  } unset;
+  geoloco::testing::RankSetup setup;
+  setup.hooks.drift = outer::OuterHooks::Drift{20, 200};
   auto cfg = load(d, run_yaml(d.path() / "out", 400,
                               "plan: auto, plan_measure_steps: 4, plan_probe_seconds: 0.1, plan_h_min: 5, "
                               "plan_h_max: 150, target_utilization: 0.9, replan_threshold: 0.5, plan_bits: [16], "
                               "compression: {codec: fp32}",
                               sites(2, 1, "ddp"), "delay_ms: 1"));
-  auto ranks = geoloco::testing::run_ranks(cfg);
+  auto ranks = geoloco::testing::run_ranks(cfg, 0, false, setup);
   auto& s = ranks[0];
   expect_same_plans(ranks);
   ASSERT_GE(s["plans"].size(), 2u) << s["plans"].dump();

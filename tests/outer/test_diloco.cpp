@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "../loop/test_util.hpp"
+#include "tests/support/ports.hpp"
 #include "multisite_util.hpp"
 #include "trainer/app/rank_runner.hpp"
 #include "trainer/checkpoint/model_checkpoint.hpp"
@@ -17,20 +18,18 @@
 #include "trainer/loop/trainer.hpp"
 
 using namespace geoloco;
-using geoloco::testing::TempDir;
+using geoloco::test::fresh_port;
+using geoloco::test::TempDir;
 
 namespace {
 
-int fresh_port() {
-  static int n = 0;
-  return 21000 + (getpid() * 53) % 5000 + 40 * (n++);  // below the ephemeral range (32768+)
-}
-
 std::string base(const std::filesystem::path& out, int steps) {
-  return "run: {name: d, seed: 3, output_dir: " + out.string() + "}\n"
+  return "run: {name: d, seed: 3, output_dir: " + out.string() +
+         "}\n"
          "model: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 16, vocab_size: 32}\n"
          "data:\n  train: {kind: synthetic, vocab: 32, branching: 3, seed: 5, tokens: 400000}\n"
-         "train: {steps: " + std::to_string(steps) + ", micro_batch: 4, log_every: 5, optimizer: {lr: 3.0e-3}}\n";
+         "train: {steps: " +
+         std::to_string(steps) + ", micro_batch: 4, log_every: 5, optimizer: {lr: 3.0e-3}}\n";
 }
 
 std::string sites(int count, int ranks) { return geoloco::testing::sites_yaml(count, ranks, fresh_port()); }
@@ -59,8 +58,10 @@ std::string psk(const TempDir& d) { return d.file("k.psk", "0123456789abcdef-tes
 TEST(Diloco, OneSiteH1SgdLr1EqualsPlainTraining) {
   TempDir a, b;
   auto plain = trainer::load_run_config(a.file("c.yaml", base(a.path() / "out", 20)));
-  auto outer = trainer::load_run_config(b.file("c.yaml", base(b.path() / "out", 20) +
-      "outer: {interval: 1, optimizer: {kind: sgd, lr: 1.0, momentum: 0.0}, compression: {codec: fp32}}\n"));
+  auto outer = trainer::load_run_config(
+      b.file("c.yaml",
+             base(b.path() / "out", 20) +
+                 "outer: {interval: 1, optimizer: {kind: sgd, lr: 1.0, momentum: 0.0}, compression: {codec: fp32}}\n"));
   auto pa = run_all(plain).summaries[0];
   auto pb = run_all(outer).summaries[0];
   EXPECT_EQ(pb["outer_steps"].get<int>(), 20);
@@ -79,15 +80,16 @@ TEST(Diloco, OneSiteH1SgdLr1EqualsPlainTraining) {
 TEST(Diloco, NSitesOnIdenticalDataEqualOneSite) {
   const std::string outer = "outer: {interval: 4, compression: {codec: fp32}}\n";
   TempDir a;
-  auto one = trainer::load_run_config(a.file("c.yaml", base(a.path() / "out", 16) + outer), {"data.across_sites=identical"});
+  auto one =
+      trainer::load_run_config(a.file("c.yaml", base(a.path() / "out", 16) + outer), {"data.across_sites=identical"});
   auto s1 = run_all(one).summaries[0];
   EXPECT_EQ(s1["outer_steps"].get<int>(), 4);
   for (int n : {2, 3}) {
     TempDir b;
     psk(b);
-    auto many = trainer::load_run_config(
-        b.file("c.yaml", base(b.path() / "out", 16) + outer + sites(n, 1) + "transport: {psk_file: k.psk, timeout_s: 30}\n"),
-        {"data.across_sites=identical"});
+    auto many = trainer::load_run_config(b.file("c.yaml", base(b.path() / "out", 16) + outer + sites(n, 1) +
+                                                              "transport: {psk_file: k.psk, timeout_s: 30}\n"),
+                                         {"data.across_sites=identical"});
     auto sn = run_all(many).summaries;
     for (auto& s : sn) {
       if (n == 2) {
@@ -106,9 +108,11 @@ TEST(Diloco, NSitesOnIdenticalDataEqualOneSite) {
 TEST(Diloco, CrossSiteBitIdentityOverManyOuterSteps) {
   TempDir d;
   psk(d);
-  auto cfg = trainer::load_run_config(d.file("c.yaml", base(d.path() / "out", 24) +
-      "outer: {interval: 3, compression: {codec: int4, block: 64, error_feedback: true, zstd_level: 1}}\n" +
-      sites(2, 2) + "transport: {psk_file: k.psk, timeout_s: 30}\n"));
+  auto cfg = trainer::load_run_config(
+      d.file("c.yaml",
+             base(d.path() / "out", 24) +
+                 "outer: {interval: 3, compression: {codec: int4, block: 64, error_feedback: true, zstd_level: 1}}\n" +
+                 sites(2, 2) + "transport: {psk_file: k.psk, timeout_s: 30}\n"));
   auto out = run_all(cfg);
   ASSERT_EQ(out.summaries.size(), 4u);
   auto& s0 = out.summaries[0];
@@ -138,10 +142,10 @@ TEST(Diloco, ShardedStrategiesSyncAcrossSites) {
   for (const char* strategy : {"zero2", "fsdp"}) {
     TempDir d;
     psk(d);
-    auto cfg = trainer::load_run_config(
-        d.file("c.yaml", base(d.path() / "out", 8) + "site: {strategy: " + strategy + "}\n" +
-                             "outer: {interval: 4, compression: {codec: int8}}\n" + sites(2, 2) +
-                             "transport: {psk_file: k.psk, timeout_s: 30}\n"));
+    auto cfg =
+        trainer::load_run_config(d.file("c.yaml", base(d.path() / "out", 8) + "site: {strategy: " + strategy + "}\n" +
+                                                      "outer: {interval: 4, compression: {codec: int8}}\n" +
+                                                      sites(2, 2) + "transport: {psk_file: k.psk, timeout_s: 30}\n"));
     auto out = run_all(cfg);
     std::set<std::string> params;
     for (auto& r : out.summaries[0]["ranks"]) params.insert(r["params_hash"].get<std::string>());
@@ -156,10 +160,11 @@ TEST(Diloco, MultiSiteResumeIsExact) {
   psk(a);
   psk(b);
   const std::string body = "outer: {interval: 4, compression: {codec: int8, error_feedback: true}}\n";
-  auto whole = trainer::load_run_config(a.file("c.yaml", base(a.path() / "out", 12) + body + sites(2, 1) +
-                                                           "transport: {psk_file: k.psk, timeout_s: 30}\n"));
+  auto whole = trainer::load_run_config(a.file(
+      "c.yaml", base(a.path() / "out", 12) + body + sites(2, 1) + "transport: {psk_file: k.psk, timeout_s: 30}\n"));
   auto ref = run_all(whole).summaries[0];
-  const std::string yaml = base(b.path() / "out", 12) + body + sites(2, 1) + "transport: {psk_file: k.psk, timeout_s: 30}\n";
+  const std::string yaml =
+      base(b.path() / "out", 12) + body + sites(2, 1) + "transport: {psk_file: k.psk, timeout_s: 30}\n";
   auto cfg = trainer::load_run_config(b.file("c.yaml", yaml));
   geoloco::testing::run_ranks(cfg, /*stop_at=*/6);
   auto res = geoloco::testing::run_ranks(cfg, 0, /*resume=*/true);
@@ -173,18 +178,19 @@ TEST(Diloco, MultiSiteResumeIsExact) {
 // site, naming round 2 and both sites: in the blocking loop (caught at round 3), with
 // overlap (on the fragment worker), and when round 2 is the last (caught by the final check).
 TEST(Diloco, DivergedSitesStopNamingTheRound) {
-  ::setenv("GEOLOCO_TEST_PERTURB_GLOBAL", "1:2", 1);
-  struct Unset {
-    ~Unset() { ::unsetenv("GEOLOCO_TEST_PERTURB_GLOBAL"); }
-  } unset;
-  for (const auto& [what, outer, steps] : std::vector<std::tuple<std::string, std::string, int>>{
-           {"blocking", "interval: 4", 16}, {"overlap", "interval: 4, overlap_steps: 2", 16}, {"last round", "interval: 4", 8}}) {
+  geoloco::testing::RankSetup perturb;
+  perturb.hooks.perturb_global = outer::OuterHooks::Perturb{1, 2};
+  for (const auto& [what, outer, steps] :
+       std::vector<std::tuple<std::string, std::string, int>>{{"blocking", "interval: 4", 16},
+                                                              {"overlap", "interval: 4, overlap_steps: 2", 16},
+                                                              {"last round", "interval: 4", 8}}) {
     TempDir d;
     psk(d);
-    auto cfg = trainer::load_run_config(d.file("c.yaml", base(d.path() / "out", steps) + "outer: {" + outer + "}\n" +
-                                                               sites(2, 1) + "transport: {psk_file: k.psk, timeout_s: 30}\n"));
+    auto cfg =
+        trainer::load_run_config(d.file("c.yaml", base(d.path() / "out", steps) + "outer: {" + outer + "}\n" +
+                                                      sites(2, 1) + "transport: {psk_file: k.psk, timeout_s: 30}\n"));
     try {
-      run_all(cfg);
+      geoloco::testing::run_ranks(cfg, 0, false, perturb);
       ADD_FAILURE() << what << ": the run did not stop";
     } catch (const std::exception& e) {
       const std::string m = e.what();
@@ -194,11 +200,11 @@ TEST(Diloco, DivergedSitesStopNamingTheRound) {
     }
   }
   // Without the hook the same runs finish with one global hash everywhere.
-  ::unsetenv("GEOLOCO_TEST_PERTURB_GLOBAL");
   TempDir d;
   psk(d);
-  auto cfg = trainer::load_run_config(d.file("c.yaml", base(d.path() / "out", 8) + "outer: {interval: 4}\n" + sites(2, 1) +
-                                                           "transport: {psk_file: k.psk, timeout_s: 30}\n"));
+  auto cfg =
+      trainer::load_run_config(d.file("c.yaml", base(d.path() / "out", 8) + "outer: {interval: 4}\n" + sites(2, 1) +
+                                                    "transport: {psk_file: k.psk, timeout_s: 30}\n"));
   auto out = run_all(cfg);
   EXPECT_EQ(out.summaries[0]["outer_steps"].get<int>(), 2);
 }
@@ -216,29 +222,30 @@ TEST(Diloco, WarmStartFromOneFileAndDifferentFilesAreCaughtAtTheStart) {
   const std::string ckpt = trainer::find_model_file(site_dir);
   const auto warm_params = load_params(ckpt);
 
-  auto cfg = trainer::load_run_config(d.file("c.yaml", base(d.path() / "out", 4) + "outer: {interval: 8}\n" + sites(2, 1) +
-                                                         "transport: {psk_file: k.psk, timeout_s: 30}\n"),
-                                      {"train.init_from=" + site_dir});
+  auto cfg =
+      trainer::load_run_config(d.file("c.yaml", base(d.path() / "out", 4) + "outer: {interval: 8}\n" + sites(2, 1) +
+                                                    "transport: {psk_file: k.psk, timeout_s: 30}\n"),
+                               {"train.init_from=" + site_dir});
   EXPECT_EQ(cfg.train.init_from, ckpt);
   // 4 steps, H 8: the only sync is the final one; its global weights start at the file's.
   auto out = run_all(cfg);
   EXPECT_EQ(out.summaries[0]["init_from"].get<std::string>(), ckpt);
   EXPECT_EQ(out.summaries[0]["outer_steps"].get<int>(), 1);
   // Fresh runs start near ln(32) = 3.47; the warm run's first loss is far below.
-  auto fresh = run_all(trainer::load_run_config(
-      d.file("f.yaml", base(d.path() / "fresh", 4) + "outer: {interval: 8}\n" + sites(2, 1) +
-                           "transport: {psk_file: k.psk, timeout_s: 30}\n")));
+  auto fresh = run_all(
+      trainer::load_run_config(d.file("f.yaml", base(d.path() / "fresh", 4) + "outer: {interval: 8}\n" + sites(2, 1) +
+                                                    "transport: {psk_file: k.psk, timeout_s: 30}\n")));
   EXPECT_LT(out.summaries[0]["final_loss"].get<double>(), fresh.summaries[0]["final_loss"].get<double>() - 0.2);
 
   // Same config (same hash), but site lyon's machine holds another file at that path.
   std::filesystem::create_directories(d.path() / "other");
   auto other = warm_params;
   other[7] += 1.0f;
-  trainer::save_model((d.path() / "other" / "model.safetensors").string(),
-                      trainer::ParamLayout(cfg.model), other);
-  auto cfg2 = trainer::load_run_config(d.file("c2.yaml", base(d.path() / "out2", 4) + "outer: {interval: 8}\n" +
-                                                            sites(2, 1) + "transport: {psk_file: k.psk, timeout_s: 30}\n"),
-                                       {"train.init_from=" + site_dir});
+  trainer::save_model((d.path() / "other" / "model.safetensors").string(), trainer::ParamLayout(cfg.model), other);
+  auto cfg2 =
+      trainer::load_run_config(d.file("c2.yaml", base(d.path() / "out2", 4) + "outer: {interval: 8}\n" + sites(2, 1) +
+                                                     "transport: {psk_file: k.psk, timeout_s: 30}\n"),
+                               {"train.init_from=" + site_dir});
   std::vector<trainer::RunConfig> per_site(2, cfg2);
   per_site[1].train.init_from = (d.path() / "other" / "model.safetensors").string();
   try {

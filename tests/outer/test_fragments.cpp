@@ -9,6 +9,7 @@
 #include <set>
 
 #include "../loop/test_util.hpp"
+#include "tests/support/ports.hpp"
 #include "multisite_util.hpp"
 #include "outer_optimizer/fragments.hpp"
 #include "trainer/checkpoint/safetensors.hpp"
@@ -17,15 +18,10 @@
 #include "trainer/model/param_layout.hpp"
 
 using namespace geoloco;
-using geoloco::testing::TempDir;
+using geoloco::test::fresh_port;
+using geoloco::test::TempDir;
 
 namespace {
-
-int fresh_port() {
-  // Its own range (test_diloco and test_overlap run in the same binary).
-  static int n = 0;
-  return 30000 + (getpid() * 53) % 2000 + 40 * (n++);  // below the ephemeral range (32768+)
-}
 
 trainer::ModelConfig model(int L, int C = 32, int V = 50, int T = 16) {
   trainer::ModelConfig m;
@@ -46,7 +42,8 @@ void expect_exact_partition(const trainer::ParamLayout& layout, const std::vecto
       ASSERT_GE(r.begin, 0);
       ASSERT_LE(r.end, layout.total());
       for (int64_t i = r.begin; i < r.end; ++i) {
-        ASSERT_EQ(owner[static_cast<size_t>(i)], -1) << "index " << i << " in fragments " << owner[size_t(i)] << " and " << p.index;
+        ASSERT_EQ(owner[static_cast<size_t>(i)], -1)
+            << "index " << i << " in fragments " << owner[size_t(i)] << " and " << p.index;
         owner[static_cast<size_t>(i)] = p.index;
       }
     }
@@ -54,10 +51,14 @@ void expect_exact_partition(const trainer::ParamLayout& layout, const std::vecto
 }
 
 std::string base(const std::filesystem::path& out, int steps, int layers = 4) {
-  return "run: {name: fr, seed: 3, output_dir: " + out.string() + "}\n"
-         "model: {n_layer: " + std::to_string(layers) + ", n_head: 2, n_embd: 32, block_size: 16, vocab_size: 32}\n"
+  return "run: {name: fr, seed: 3, output_dir: " + out.string() +
+         "}\n"
+         "model: {n_layer: " +
+         std::to_string(layers) +
+         ", n_head: 2, n_embd: 32, block_size: 16, vocab_size: 32}\n"
          "data:\n  train: {kind: synthetic, vocab: 32, branching: 3, seed: 5, tokens: 400000}\n"
-         "train: {steps: " + std::to_string(steps) + ", micro_batch: 4, log_every: 5, optimizer: {lr: 3.0e-3}}\n";
+         "train: {steps: " +
+         std::to_string(steps) + ", micro_batch: 4, log_every: 5, optimizer: {lr: 3.0e-3}}\n";
 }
 
 trainer::RunConfig load(TempDir& d, const std::string& yaml) {
@@ -192,9 +193,9 @@ TEST(Fragments, TwoFragmentsStayBitIdenticalBlockingAndOverlapped) {
     SCOPED_TRACE(mode);
     TempDir d;
     // H 4, F 2: fragment 0 syncs at 2, 6, 10; fragment 1 at 4, 8, 12 = the last step.
-    auto s = geoloco::testing::run_ranks(
-        load(d, base(d.path() / "out", 12) + "outer: {interval: 4, fragments: 2" + mode +
-                    ", compression: {codec: int8, error_feedback: true}}\n" + sites(2, 2, "zero2") + kTransport))[0];
+    auto s = geoloco::testing::run_ranks(load(d, base(d.path() / "out", 12) + "outer: {interval: 4, fragments: 2" +
+                                                     mode + ", compression: {codec: int8, error_feedback: true}}\n" +
+                                                     sites(2, 2, "zero2") + kTransport))[0];
     EXPECT_EQ(distinct(s, "params_hash").size(), 1u);
     EXPECT_EQ(distinct(s, "global_weights_hash").size(), 1u);
     EXPECT_EQ(s["outer_fragments"].get<int>(), 2);
@@ -215,7 +216,8 @@ TEST(Fragments, TwoFragmentsStayBitIdenticalBlockingAndOverlapped) {
 TEST(Fragments, ResumeWithTwoFragmentsInFlightIsExact) {
   TempDir a, b;
   const std::string body =
-      "outer: {interval: 4, fragments: 2, overlap_steps: 3, compression: {codec: int4, block: 64, error_feedback: true}}\n";
+      "outer: {interval: 4, fragments: 2, overlap_steps: 3, compression: {codec: int4, block: 64, error_feedback: "
+      "true}}\n";
   auto ref = geoloco::testing::run_ranks(load(a, base(a.path() / "out", 14) + body + sites(2, 1) + kTransport))[0];
   auto cfg = load(b, base(b.path() / "out", 14) + body + sites(2, 1) + kTransport);
   // H 4, F 2, tau 3: fragment 0 launches at 2, 6, 10 (merges 5, 9, 13), fragment 1 at 4, 8
@@ -240,9 +242,9 @@ TEST(Fragments, ResumeWithTwoFragmentsInFlightIsExact) {
 TEST(Fragments, EachRoundCarriesItsFragmentOnly) {
   auto run = [](int F, nlohmann::json& trace) {
     TempDir d;
-    auto s = geoloco::testing::run_ranks(load(d, base(d.path() / "out", 8) + "outer: {interval: 4, fragments: " +
-                                                     std::to_string(F) + ", overlap_steps: 1, compression: {codec: fp16}}\n" +
-                                                     sites(2, 1) + kTransport))[0];
+    auto s = geoloco::testing::run_ranks(
+        load(d, base(d.path() / "out", 8) + "outer: {interval: 4, fragments: " + std::to_string(F) +
+                    ", overlap_steps: 1, compression: {codec: fp16}}\n" + sites(2, 1) + kTransport))[0];
     trace = nlohmann::json::parse(std::ifstream(d.path() / "out" / "trace.json"));
     return s;
   };
@@ -250,7 +252,8 @@ TEST(Fragments, EachRoundCarriesItsFragmentOnly) {
   auto one = run(1, t1);
   auto four = run(4, t4);
   // Per period of H steps both move one model's worth (fp16: 2 bytes per parameter).
-  const double w1 = one["wire_bytes_per_outer_step"].get<double>(), w4 = four["wire_bytes_per_outer_step"].get<double>();
+  const double w1 = one["wire_bytes_per_outer_step"].get<double>(),
+               w4 = four["wire_bytes_per_outer_step"].get<double>();
   EXPECT_NEAR(w4 / w1, 1.0, 0.02) << w1 << " vs " << w4;
   int64_t params = 0;
   for (auto& f : four["fragments"]) {

@@ -10,8 +10,10 @@
 #include <thread>
 
 #include "../loop/test_util.hpp"
+#include "tests/support/ports.hpp"
 
-using geoloco::testing::TempDir;
+using geoloco::test::fresh_port;
+using geoloco::test::TempDir;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -73,19 +75,18 @@ bool contains(const std::string& path, const std::string& needle, std::chrono::s
 std::string config(const TempDir& d, int port, const std::string& extra = "") {
   d.file("k.psk", "0123456789abcdef-test-key");
   d.file("other.psk", "fedcba9876543210-other-key");
-  return d.file("c.yaml",
-                "run: {name: p, seed: 3, output_dir: " + (d.path() / "out").string() + "}\n"
-                "model: {n_layer: 2, n_head: 2, n_embd: 64, block_size: 32, vocab_size: 64}\n"
-                "data:\n  train: {kind: synthetic, vocab: 64, branching: 3, seed: 5}\n"
-                "train: {steps: 40, micro_batch: 4, log_every: 2}\n"
-                "outer: {interval: 2, compression: {codec: fp32}}\n"
-                "sites:\n  - {name: paris, port: " + std::to_string(port) + "}\n  - {name: lyon, port: " +
-                    std::to_string(port + 10) + "}\n"
-                "transport: {psk_file: k.psk, connect_timeout_s: 20, transfer_timeout_s: 3}\n" + extra);
+  return d.file("c.yaml", "run: {name: p, seed: 3, output_dir: " + (d.path() / "out").string() +
+                              "}\n"
+                              "model: {n_layer: 2, n_head: 2, n_embd: 64, block_size: 32, vocab_size: 64}\n"
+                              "data:\n  train: {kind: synthetic, vocab: 64, branching: 3, seed: 5}\n"
+                              "train: {steps: 40, micro_batch: 4, log_every: 2}\n"
+                              "outer: {interval: 2, compression: {codec: fp32}}\n"
+                              "sites:\n  - {name: paris, port: " +
+                              std::to_string(port) + "}\n  - {name: lyon, port: " + std::to_string(port + 10) +
+                              "}\n"
+                              "transport: {psk_file: k.psk, connect_timeout_s: 20, transfer_timeout_s: 3}\n" +
+                              extra);
 }
-
-// Below the kernel's ephemeral range (32768+), so no outgoing connection can hold our ports.
-int port_base() { return 23000 + (getpid() * 31) % 8000; }
 
 }  // namespace
 
@@ -93,7 +94,7 @@ int port_base() { return 23000 + (getpid() * 31) % 8000; }
 // each sync takes ~1 s): paris fails within the transfer timeout plus a bound, naming lyon.
 TEST(OuterProcesses, PeerKilledMidTransferFailsTheOthersNamingThePeer) {
   TempDir d;
-  auto cfg = config(d, port_base(), "");
+  auto cfg = config(d, fresh_port(), "");
   std::vector<std::string> slow = {"--set", "transport.emulate.rate_mbit=2"};
   auto args = [&](const char* site) {
     std::vector<std::string> a = {"worker", cfg, "--site", site, "--rank", "0"};
@@ -124,11 +125,11 @@ TEST(OuterProcesses, PeerKilledMidTransferFailsTheOthersNamingThePeer) {
 // config hash.
 TEST(OuterProcesses, ConfigHashMismatchIsRefused) {
   TempDir d;
-  auto cfg = config(d, port_base() + 100);
+  auto cfg = config(d, fresh_port());
   Proc paris = spawn({"worker", cfg, "--site", "paris", "--rank", "0", "--set", "transport.connect_timeout_s=6"},
                      (d.path() / "paris.log").string());
-  Proc lyon = spawn({"worker", cfg, "--site", "lyon", "--rank", "0", "--set", "transport.connect_timeout_s=6",
-                     "--set", "train.micro_batch=8"},
+  Proc lyon = spawn({"worker", cfg, "--site", "lyon", "--rank", "0", "--set", "transport.connect_timeout_s=6", "--set",
+                     "train.micro_batch=8"},
                     (d.path() / "lyon.log").string());
   int a = wait_for(paris, std::chrono::seconds(40)), b = wait_for(lyon, std::chrono::seconds(40));
   EXPECT_NE(a, 0);
@@ -142,7 +143,7 @@ TEST(OuterProcesses, ConfigHashMismatchIsRefused) {
 // A site with another pre-shared key is refused; the run fails cleanly on both sides.
 TEST(OuterProcesses, WrongKeyIsRefused) {
   TempDir d;
-  auto cfg = config(d, port_base() + 200);
+  auto cfg = config(d, fresh_port());
   // The psk path is part of the config (and its hash): give lyon the other key under the
   // same name by swapping files between the two starts.
   Proc paris = spawn({"worker", cfg, "--site", "paris", "--rank", "0", "--set", "transport.connect_timeout_s=6"},

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "../loop/test_util.hpp"
+#include "tests/support/ports.hpp"
 #include "multisite_util.hpp"
 #include "outer_optimizer/outer_config.hpp"
 #include "trainer/app/rank_runner.hpp"
@@ -19,28 +20,29 @@
 #include "trainer/loop/run_config.hpp"
 
 using namespace geoloco;
-using geoloco::testing::TempDir;
+using geoloco::test::fresh_port;
+using geoloco::test::TempDir;
 
 namespace {
 
-int fresh_port() {
-  // Another range than test_diloco.cpp's, which runs in the same process.
-  static int n = 0;
-  return 27000 + (getpid() * 53) % 4000 + 40 * (n++);  // below the ephemeral range (32768+)
-}
-
-std::string base(const std::filesystem::path& out, int steps, const std::string& model = "n_layer: 2, n_head: 2, n_embd: 32",
-                 int micro_batch = 4) {
-  return "run: {name: ov, seed: 3, output_dir: " + out.string() + "}\n"
-         "model: {" + model + ", block_size: 16, vocab_size: 32}\n"
+std::string base(const std::filesystem::path& out, int steps,
+                 const std::string& model = "n_layer: 2, n_head: 2, n_embd: 32", int micro_batch = 4) {
+  return "run: {name: ov, seed: 3, output_dir: " + out.string() +
+         "}\n"
+         "model: {" +
+         model +
+         ", block_size: 16, vocab_size: 32}\n"
          "data:\n  train: {kind: synthetic, vocab: 32, branching: 3, seed: 5, tokens: 400000}\n"
-         "train: {steps: " + std::to_string(steps) + ", micro_batch: " + std::to_string(micro_batch) +
+         "train: {steps: " +
+         std::to_string(steps) + ", micro_batch: " + std::to_string(micro_batch) +
          ", log_every: 5, optimizer: {lr: 3.0e-3}}\n";
 }
 
 std::string sites(int count, int ranks) { return geoloco::testing::sites_yaml(count, ranks, fresh_port()); }
 
-std::string tport(const std::string& extra = "") { return "transport: {psk_file: k.psk, timeout_s: 30" + extra + "}\n"; }
+std::string tport(const std::string& extra = "") {
+  return "transport: {psk_file: k.psk, timeout_s: 30" + extra + "}\n";
+}
 
 // Global rank 0's run summary.
 nlohmann::json run_all(const trainer::RunConfig& cfg, int64_t stop_at = 0, bool resume = false) {
@@ -83,8 +85,8 @@ TEST(OverlapConfig, DefaultsAndRejections) {
 // Utilization, exposed wait and the trace of a plain (blocking) 2-site run.
 TEST(OverlapMetrics, UtilizationWaitAndTraceWritten) {
   TempDir d;
-  auto cfg = load(d, base(d.path() / "out", 8) + "outer: {interval: 4, compression: {codec: int8}}\n" + sites(2, 1) +
-                         tport());
+  auto cfg =
+      load(d, base(d.path() / "out", 8) + "outer: {interval: 4, compression: {codec: int8}}\n" + sites(2, 1) + tport());
   auto s = run_all(cfg);
   ASSERT_EQ(s["ranks"].size(), 2u);
   for (auto& r : s["ranks"]) {
@@ -125,8 +127,8 @@ TEST(OverlapMetrics, UtilizationWaitAndTraceWritten) {
   }
   ASSERT_EQ(names.size(), 2u);
   for (auto& [pid, set] : names)
-    for (const char* n : {"forward", "backward", "optimizer", "compress", "send", "receive", "decode", "outer_optimizer",
-                          "outer_step", "wait"})
+    for (const char* n : {"forward", "backward", "optimizer", "compress", "send", "receive", "decode",
+                          "outer_optimizer", "outer_step", "wait"})
       EXPECT_TRUE(set.count(n)) << "rank " << pid << " lacks span " << n;
   EXPECT_EQ(count0["forward"], 8);  // one per micro-batch: 8 steps x grad_accum 1
   EXPECT_EQ(count0["compress"], 2);
@@ -142,7 +144,8 @@ TEST(Overlap, Tau0EqualsPlainOuterLoop) {
                                    "outer: {interval: 4, compression: {codec: int8, error_feedback: true}}\n" + tail));
   auto zero = run_all(load(b, base(b.path() / "out", 10) +
                                   "outer: {interval: 4, overlap_steps: 0, merge_alpha: 0.3, delayed_update: false, "
-                                  "compression: {codec: int8, error_feedback: true}}\n" + sites(2, 2) + tport()));
+                                  "compression: {codec: int8, error_feedback: true}}\n" +
+                                  sites(2, 2) + tport()));
   EXPECT_EQ(plain["params_hash"], zero["params_hash"]);
   EXPECT_EQ(plain["global_weights_hash"], zero["global_weights_hash"]);
   EXPECT_EQ(zero["outer_steps"].get<int>(), 3);
@@ -199,9 +202,9 @@ TEST(Overlap, HidesTwoHundredMsDelay) {
   };
   auto run = [](const std::string& outer, int64_t period_end) {
     TempDir d;
-    auto cfg = load(d, base(d.path() / "out", 60, "n_layer: 4, n_head: 4, n_embd: 128", 32) + "outer: {interval: 20" +
-                           outer + ", compression: {codec: int8}}\n" + sites(2, 1) +
-                           tport(", emulate: {delay_ms: 200}"));
+    auto cfg =
+        load(d, base(d.path() / "out", 60, "n_layer: 4, n_head: 4, n_embd: 128", 32) + "outer: {interval: 20" + outer +
+                    ", compression: {codec: int8}}\n" + sites(2, 1) + tport(", emulate: {delay_ms: 200}"));
     Result r;
     r.summary = run_all(cfg);
     std::ifstream in(d.path() / "out" / "metrics.jsonl");
@@ -224,12 +227,13 @@ TEST(Overlap, HidesTwoHundredMsDelay) {
     }
     return r;
   };
-  auto b = run("", 40);                                         // syncs at 20, 40, 60
-  auto o = run(", overlap_steps: 19, check_hash: false", 59);   // merges at 39, 59; sync at 60
-  std::printf("compute utilization, 2 sites, +200 ms per transfer, steady-state period: blocking %.4f (exposed wait "
-              "%.3f s), overlapped tau=19 %.4f (exposed wait %.3f s); whole run: blocking %.4f, overlapped %.4f\n",
-              b.period_util, b.period_wait, o.period_util, o.period_wait, b.summary["compute_utilization"].get<double>(),
-              o.summary["compute_utilization"].get<double>());
+  auto b = run("", 40);                                        // syncs at 20, 40, 60
+  auto o = run(", overlap_steps: 19, check_hash: false", 59);  // merges at 39, 59; sync at 60
+  std::printf(
+      "compute utilization, 2 sites, +200 ms per transfer, steady-state period: blocking %.4f (exposed wait "
+      "%.3f s), overlapped tau=19 %.4f (exposed wait %.3f s); whole run: blocking %.4f, overlapped %.4f\n",
+      b.period_util, b.period_wait, o.period_util, o.period_wait, b.summary["compute_utilization"].get<double>(),
+      o.summary["compute_utilization"].get<double>());
   ASSERT_GE(b.period_util, 0.0);
   ASSERT_GE(o.period_util, 0.0);
   EXPECT_GE(o.period_util, 0.95);

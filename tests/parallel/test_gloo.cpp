@@ -23,10 +23,10 @@ class GlooRanks : public ::testing::TestWithParam<int> {};
 
 TEST_P(GlooRanks, AllReduceRankFillIsExactForOddLengths) {
   const int P = GetParam();
-  const int port = testing::free_port();
+  const int port = test::fresh_port();
   std::vector<int64_t> lengths = {0, 1, P - 1, P + 1, 1000, 12345};
   if (P == 4) lengths.push_back((int64_t{1} << 20) + 3);  // large: many MiB through the ring
-  testing::run_ranks(P, [&](int r) {
+  test::run_ranks(P, [&](int r) {
     auto c = make_gloo(options("paris", r, P, port));
     EXPECT_EQ(c->rank(), r);
     EXPECT_EQ(c->size(), P);
@@ -44,12 +44,12 @@ TEST_P(GlooRanks, AllReduceRankFillIsExactForOddLengths) {
 
 TEST_P(GlooRanks, AllReduceIsBitIdenticalAndFollowsRingOrder) {
   const int P = GetParam();
-  const int port = testing::free_port();
+  const int port = test::fresh_port();
   const int64_t n = 4099;
   std::vector<std::vector<float>> inputs, outputs(static_cast<size_t>(P));
   for (int r = 0; r < P; ++r) inputs.push_back(testing::rank_data(r, n));
   const std::vector<float> want = testing::ring_sum(inputs);
-  testing::run_ranks(P, [&](int r) {
+  test::run_ranks(P, [&](int r) {
     auto c = make_gloo(options("paris", r, P, port));
     std::vector<float> v = inputs[static_cast<size_t>(r)];
     c->all_reduce_sum(v);
@@ -64,11 +64,11 @@ TEST_P(GlooRanks, AllReduceIsBitIdenticalAndFollowsRingOrder) {
 TEST_P(GlooRanks, ReduceScatterThenAllGatherEqualsAllReduce) {
   const int P = GetParam();
   for (int64_t n : {int64_t{1}, int64_t{P + 1}, int64_t{777}}) {
-    const int port = testing::free_port();
+    const int port = test::fresh_port();
     std::vector<std::vector<float>> inputs;
     for (int r = 0; r < P; ++r) inputs.push_back(testing::rank_data(r, n, 99));
     const std::vector<float> want = testing::ring_sum(inputs);
-    testing::run_ranks(P, [&](int r) {
+    test::run_ranks(P, [&](int r) {
       auto c = make_gloo(options("paris", r, P, port));
       const ShardRange s = shard_of(n, r, P);
       std::vector<float> shard(static_cast<size_t>(s.count));
@@ -92,8 +92,8 @@ TEST_P(GlooRanks, ReduceScatterThenAllGatherEqualsAllReduce) {
 
 TEST_P(GlooRanks, BroadcastFromEveryRoot) {
   const int P = GetParam();
-  const int port = testing::free_port();
-  testing::run_ranks(P, [&](int r) {
+  const int port = test::fresh_port();
+  test::run_ranks(P, [&](int r) {
     auto c = make_gloo(options("paris", r, P, port));
     for (int root = 0; root < P; ++root) {
       std::vector<float> v(1001);
@@ -109,8 +109,8 @@ TEST_P(GlooRanks, BroadcastFromEveryRoot) {
 
 TEST_P(GlooRanks, DoubleAndUint64AllReduce) {
   const int P = GetParam();
-  const int port = testing::free_port();
-  testing::run_ranks(P, [&](int r) {
+  const int port = test::fresh_port();
+  test::run_ranks(P, [&](int r) {
     auto c = make_gloo(options("paris", r, P, port));
     std::vector<uint64_t> u(37);
     for (size_t i = 0; i < u.size(); ++i) u[i] = (uint64_t{1} << 63) + i * 1000 + static_cast<uint64_t>(r);
@@ -129,8 +129,8 @@ TEST_P(GlooRanks, DoubleAndUint64AllReduce) {
 
 TEST_P(GlooRanks, AllGatherBytesOfDifferentLengths) {
   const int P = GetParam();
-  const int port = testing::free_port();
-  testing::run_ranks(P, [&](int r) {
+  const int port = test::fresh_port();
+  test::run_ranks(P, [&](int r) {
     auto c = make_gloo(options("paris", r, P, port));
     std::vector<std::byte> mine(static_cast<size_t>(r * 3), static_cast<std::byte>(r + 1));
     auto all = c->all_gather_bytes(mine);
@@ -150,11 +150,11 @@ TEST(Gloo, TinySegmentsGiveTheSameBits) {
   // slot numbering are exercised with small inputs.
   const int P = 3;
   const int64_t n = 1001;
-  const int port = testing::free_port();
+  const int port = test::fresh_port();
   std::vector<std::vector<float>> inputs;
   for (int r = 0; r < P; ++r) inputs.push_back(testing::rank_data(r, n, 3));
   const std::vector<float> want = testing::ring_sum(inputs);
-  testing::run_ranks(P, [&](int r) {
+  test::run_ranks(P, [&](int r) {
     auto o = options("paris", r, P, port);
     o.segment_bytes = 24;
     auto c = make_gloo(o);
@@ -170,7 +170,8 @@ TEST(Gloo, TinySegmentsGiveTheSameBits) {
     std::vector<std::byte> blob(static_cast<size_t>(50 + r), static_cast<std::byte>(r));
     auto all = c->all_gather_bytes(blob);
     for (int i = 0; i < P; ++i)
-      ASSERT_EQ(all[static_cast<size_t>(i)], std::vector<std::byte>(static_cast<size_t>(50 + i), static_cast<std::byte>(i)));
+      ASSERT_EQ(all[static_cast<size_t>(i)],
+                std::vector<std::byte>(static_cast<size_t>(50 + i), static_cast<std::byte>(i)));
   });
   auto bad = options("paris", 0, 1, port);
   bad.segment_bytes = 12;
@@ -180,8 +181,8 @@ TEST(Gloo, TinySegmentsGiveTheSameBits) {
 TEST(Gloo, BytesMovedAreExact) {
   const int P = 3;
   const int64_t n = 10;  // shards 4, 3, 3
-  const int port = testing::free_port();
-  testing::run_ranks(P, [&](int r) {
+  const int port = test::fresh_port();
+  test::run_ranks(P, [&](int r) {
     auto c = make_gloo(options("paris", r, P, port));
     const int64_t cr = shard_of(n, r, P).count, cnext = shard_of(n, (r + 1) % P, P).count;
     std::vector<float> v(static_cast<size_t>(n), 1.0f);
@@ -200,10 +201,9 @@ TEST(Gloo, BytesMovedAreExact) {
     EXPECT_EQ(s[CollectiveKind::kAllGather].bytes_sent, static_cast<uint64_t>(n - cnext) * 4);
     EXPECT_EQ(s[CollectiveKind::kBroadcast].bytes_sent, r == 1 ? static_cast<uint64_t>((P - 1) * n * 4) : 0u);
     EXPECT_EQ(s[CollectiveKind::kBarrier].bytes_sent, 2u);  // ceil(log2 3) rounds of 1 byte
-    EXPECT_EQ(s.total_bytes_sent(), s[CollectiveKind::kAllReduce].bytes_sent +
-                                         s[CollectiveKind::kReduceScatter].bytes_sent +
-                                         s[CollectiveKind::kAllGather].bytes_sent +
-                                         s[CollectiveKind::kBroadcast].bytes_sent + 2u);
+    EXPECT_EQ(s.total_bytes_sent(),
+              s[CollectiveKind::kAllReduce].bytes_sent + s[CollectiveKind::kReduceScatter].bytes_sent +
+                  s[CollectiveKind::kAllGather].bytes_sent + s[CollectiveKind::kBroadcast].bytes_sent + 2u);
     auto j = s.to_json();
     EXPECT_EQ(j["all_reduce"]["calls"].get<uint64_t>(), 2u);
     EXPECT_EQ(j["total_bytes_sent"].get<uint64_t>(), s.total_bytes_sent());
@@ -214,8 +214,8 @@ TEST(Gloo, BytesMovedAreExact) {
 }
 
 TEST(Gloo, WrongShardSizeIsRejectedWithContext) {
-  const int port = testing::free_port();
-  testing::run_ranks(2, [&](int r) {
+  const int port = test::fresh_port();
+  test::run_ranks(2, [&](int r) {
     auto c = make_gloo(options("lyon", r, 2, port));
     std::vector<float> in(9, 1.0f), out(3);  // shards are 5 and 4
     try {

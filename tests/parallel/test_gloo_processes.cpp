@@ -102,7 +102,7 @@ int wait_with_limit(pid_t pid, std::chrono::milliseconds limit) {
 
 TEST(GlooProcesses, AllReduceAcrossProcessesIsExactAndBitIdentical) {
   const int P = 3;
-  const int port = testing::free_port();
+  const int port = test::fresh_port();
   std::vector<pid_t> pids;
   for (int r = 0; r < P; ++r) pids.push_back(spawn_worker(fmt::format("allreduce {} {} {}", r, P, port)));
   for (int r = 0; r < P; ++r) {
@@ -115,7 +115,7 @@ TEST(GlooProcesses, AllReduceAcrossProcessesIsExactAndBitIdentical) {
 
 TEST(GlooProcesses, KilledPeerGivesTheOthersAnErrorWithinABound) {
   const int P = 3;
-  const int port = testing::free_port();
+  const int port = test::fresh_port();
   std::vector<pid_t> pids;
   for (int r = 0; r < P; ++r) pids.push_back(spawn_worker(fmt::format("loop {} {} {}", r, P, port)));
   std::this_thread::sleep_for(1500ms);  // let them connect and run a few rounds

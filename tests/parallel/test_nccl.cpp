@@ -36,7 +36,7 @@ TEST(Gpu, ProbeIsConsistent) {
 // does not exist fails with the device count.
 TEST(Nccl, UnusableDeviceFailsAtOnceWithTheReason) {
   auto t0 = std::chrono::steady_clock::now();
-  auto o = testing::options("paris", 0, 1, testing::free_port(), 10s);
+  auto o = testing::options("paris", 0, 1, test::fresh_port(), 10s);
   o.cuda_device = 999;
   try {
     make_nccl(o);
@@ -83,7 +83,7 @@ class DeviceFloats {
 
 TEST(Nccl, SingleRankOnOneGpu) {
   if (!gpu_available()) GTEST_SKIP() << "no usable GPU: " << gpu_unavailable_reason();
-  auto c = make_nccl(testing::options("gpu", 0, 1, testing::free_port()));
+  auto c = make_nccl(testing::options("gpu", 0, 1, test::fresh_port()));
   EXPECT_STREQ(c->backend(), "nccl");
   EXPECT_EQ(c->memory(), MemorySpace::kCuda);
   std::vector<float> h = testing::rank_data(0, 1001);
@@ -113,8 +113,8 @@ TEST(Nccl, MultiRankCollectivesMatchTheExactAnswers) {
     GTEST_SKIP() << "needs 2 GPUs (NCCL refuses two ranks of one communicator on the same device); found "
                  << gpu_count();
   const int P = std::min(gpu_count(), 4);
-  const int port = testing::free_port();
-  testing::run_ranks(P, [&](int r) {
+  const int port = test::fresh_port();
+  test::run_ranks(P, [&](int r) {
     auto o = testing::options("gpu", r, P, port, 60s);
     o.cuda_device = r;
     auto c = make_nccl(o);
@@ -141,7 +141,8 @@ TEST(Nccl, MultiRankCollectivesMatchTheExactAnswers) {
     std::vector<std::byte> mine(static_cast<size_t>(r + 1), static_cast<std::byte>(r));
     auto all = c->all_gather_bytes(mine);
     for (int i = 0; i < P; ++i)
-      EXPECT_EQ(all[static_cast<size_t>(i)], std::vector<std::byte>(static_cast<size_t>(i + 1), static_cast<std::byte>(i)));
+      EXPECT_EQ(all[static_cast<size_t>(i)],
+                std::vector<std::byte>(static_cast<size_t>(i + 1), static_cast<std::byte>(i)));
   });
 }
 

@@ -15,8 +15,8 @@ using namespace std::chrono_literals;
 using testing::options;
 
 TEST(Rendezvous, AllRanksArriveInAnyOrder) {
-  const int port = testing::free_port();
-  testing::run_ranks(4, [&](int r) {
+  const int port = test::fresh_port();
+  test::run_ranks(4, [&](int r) {
     // Rank 0 (the server) arrives last: the others must keep retrying.
     std::this_thread::sleep_for(std::chrono::milliseconds(r == 0 ? 300 : 20 * r));
     Rendezvous rv(options("paris", r, 4, port, 5s));
@@ -33,11 +33,11 @@ TEST(Rendezvous, AllRanksArriveInAnyOrder) {
 
 // Helper: run rank 0 and 1 of a 4-rank site with a short timeout; ranks 2 and 3 never come.
 TEST(Rendezvous, TimeoutNamesTheMissingRanks) {
-  const int port = testing::free_port();
+  const int port = test::fresh_port();
   std::vector<std::string> messages(2);
   std::vector<std::vector<int>> missing(2);
   std::vector<Clock::duration> took(2);
-  testing::run_ranks(2, [&](int r) {
+  test::run_ranks(2, [&](int r) {
     auto t0 = Clock::now();
     try {
       Rendezvous rv(options("paris", r, 4, port, 1s));
@@ -62,7 +62,7 @@ TEST(Rendezvous, TimeoutNamesTheMissingRanks) {
 }
 
 TEST(Rendezvous, MissingRankZeroIsNamed) {
-  const int port = testing::free_port();
+  const int port = test::fresh_port();
   auto t0 = Clock::now();
   try {
     Rendezvous rv(options("tokyo", 1, 2, port, 500ms));
@@ -76,9 +76,9 @@ TEST(Rendezvous, MissingRankZeroIsNamed) {
 }
 
 TEST(Rendezvous, SameRankTwiceIsAnError) {
-  const int port = testing::free_port();
+  const int port = test::fresh_port();
   std::atomic<int> dup_errors{0}, timeouts{0};
-  testing::run_ranks(3, [&](int t) {
+  test::run_ranks(3, [&](int t) {
     // Threads 1 and 2 both claim rank 1 of a 2-rank site.
     const int rank = t == 0 ? 0 : 1;
     if (t == 2) std::this_thread::sleep_for(100ms);

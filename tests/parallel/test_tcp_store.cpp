@@ -6,7 +6,7 @@
 
 #include "tests/parallel/test_util.hpp"
 #include "trainer/parallel/errors.hpp"
-#include "trainer/parallel/socket.hpp"
+#include "trainer/core/net.hpp"
 #include "trainer/parallel/store_protocol.hpp"
 #include "trainer/parallel/tcp_store.hpp"
 
@@ -56,7 +56,7 @@ TEST(TcpStore, ManyConcurrentClientsCountExactly) {
   // them, so the counter ends at exactly 32 * 50 and every key is visible to everyone.
   TcpStoreServer server("127.0.0.1", 0);
   const int kClients = 32, kAdds = 50;
-  testing::run_ranks(kClients, [&](int i) {
+  test::run_ranks(kClients, [&](int i) {
     TcpStore c(client_opts(server.port()), Clock::now() + 5s);
     for (int k = 0; k < kAdds; ++k) c.add("counter", 1);
     c.set(fmt::format("client/{}", i), bytes(std::to_string(i)));
@@ -105,7 +105,7 @@ TEST(TcpStore, WaitTimesOutNamingTheMissingKeys) {
 }
 
 TEST(TcpStore, ClientRetriesUntilServerStarts) {
-  const int port = testing::free_port();
+  const int port = test::fresh_port();
   std::unique_ptr<TcpStoreServer> server;
   std::thread starter([&] {
     std::this_thread::sleep_for(300ms);
@@ -118,7 +118,7 @@ TEST(TcpStore, ClientRetriesUntilServerStarts) {
 }
 
 TEST(TcpStore, ConnectGivesUpAtTheDeadline) {
-  const int port = testing::free_port();
+  const int port = test::fresh_port();
   auto t0 = Clock::now();
   try {
     TcpStore c(client_opts(port), Clock::now() + 400ms);
@@ -135,13 +135,13 @@ TEST(TcpStore, ConnectGivesUpAtTheDeadline) {
 std::vector<uint8_t> send_raw(int port, const std::vector<uint8_t>& raw) {
   auto r = net::try_connect("127.0.0.1", port, Clock::now() + 2s);
   EXPECT_TRUE(r.fd.valid()) << r.error;
-  EXPECT_EQ(net::send_all(r.fd.get(), raw.data(), raw.size(), Clock::now() + 2s), "");
+  EXPECT_TRUE(net::send_all(r.fd.get(), raw.data(), raw.size(), Clock::now() + 2s).ok());
   std::vector<uint8_t> got;
   uint8_t buf[4096];
   for (;;) {
-    std::string err = net::recv_all(r.fd.get(), buf, 1, Clock::now() + 2s);
-    if (!err.empty()) {
-      EXPECT_EQ(err, "connection closed by peer");  // the server closed it, no hang
+    const net::IoResult io = net::recv_all(r.fd.get(), buf, 1, Clock::now() + 2s);
+    if (!io.ok()) {
+      EXPECT_EQ(io.message(), "connection closed by peer");  // the server closed it, no hang
       break;
     }
     got.push_back(buf[0]);

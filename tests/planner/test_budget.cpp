@@ -2,10 +2,13 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 
-#include "tools/planner/budget.hpp"
-#include "tools/planner/physics.hpp"
+#include "outer_optimizer/planner/budget.hpp"
+#include "tools/planner/budget_report.hpp"
+#include "tools/planner/cli.hpp"
+#include "outer_optimizer/planner/physics.hpp"
 #include "trainer/core/config_node.hpp"
 
 using namespace geoloco::planner;
@@ -109,7 +112,7 @@ schedule: {step_time_s: 0.5, ranks: 100, pattern: ring}
   // 3e9 bytes in 6 rounds over 100 ranks: 5 MB messages, within the 8 MiB eager size.
   EXPECT_DOUBLE_EQ(c.message_bytes, 3e9 / 6 / 100);
   EXPECT_DOUBLE_EQ(c.latency_s, 6 * 0.5 * 0.010);  // the hash check is off the sync path
-  in.check_rtts = 0.5;                              // a waiting one: once per sync, not per round
+  in.check_rtts = 0.5;                             // a waiting one: once per sync, not per round
   EXPECT_DOUBLE_EQ(sync_cost(in, 2.0, 1, 1).latency_s, 6 * 0.5 * 0.010 + 0.5 * 0.010);
   EXPECT_DOUBLE_EQ(c.rate_Bps, 10e9);  // 100 x 314 MB/s > 10 GB/s
   EXPECT_DOUBLE_EQ(c.bandwidth_s, 3e9 / 10e9);
@@ -118,8 +121,9 @@ schedule: {step_time_s: 0.5, ranks: 100, pattern: ring}
 // transport.eager_bytes: a message (one rank's slice for one peer) that fits it costs
 // half a round trip, a longer one the rendezvous' 1.5; link.rtts_per_round overrides both.
 TEST(Budget, EagerSizeSetsTheRoundTripsPerRound) {
-  const std::string head = "model: {params: 4e7}\ncompression: {bytes_per_value: 1}\nsites: 3\n"
-                           "schedule: {step_time_s: 0.1, ranks: 2}\n";
+  const std::string head =
+      "model: {params: 4e7}\ncompression: {bytes_per_value: 1}\nsites: 3\n"
+      "schedule: {step_time_s: 0.1, ranks: 2}\n";
   // 4e7 bytes per site, 2 ranks: each rank sends its 2e7-byte slice to each of 2 peers.
   auto in = parse(head + "link: {rtt_ms: 20, rate_gbps: 10, eager_bytes: 32MiB}\n");
   EXPECT_DOUBLE_EQ(in.eager_bytes, 32.0 * (1 << 20));
@@ -148,7 +152,8 @@ TEST(Budget, EagerSizeSetsTheRoundTripsPerRound) {
 
 TEST(Budget, HashCheckAndLocalWorkAddToEverySync) {
   // 1e6 values at 1 B/value over 100 Mbit/s (1.25e7 B/s): 0.08 s on the wire.
-  const std::string model = "model: {params: 1e6}\ncompression: {bytes_per_value: 1}\nmeasured: {per_connection_gbps: 0.1}\n";
+  const std::string model =
+      "model: {params: 1e6}\ncompression: {bytes_per_value: 1}\nmeasured: {per_connection_gbps: 0.1}\n";
   // Defaults: a 1 MB message fits the eager size (0.5 RTT); the hash check is off the sync
   // path (verified a round later: 0); nothing local.
   auto in = parse(model + "link: {rtt_ms: 100, rate_gbps: 0.1}\nschedule: {step_time_s: 0.1, H: 25}\n");
@@ -161,16 +166,18 @@ TEST(Budget, HashCheckAndLocalWorkAddToEverySync) {
   EXPECT_DOUBLE_EQ(c.total_s, 0.08 + 0.05);
   // Without eager messages the rendezvous costs 1.5 RTT; a waiting check (check_rtts 0.5) one
   // more half.
-  in = parse(model + "link: {rtt_ms: 100, rate_gbps: 0.1, eager_bytes: 0, check_rtts: 0.5}\n"
-                     "schedule: {step_time_s: 0.1, H: 25}\n");
+  in = parse(model +
+             "link: {rtt_ms: 100, rate_gbps: 0.1, eager_bytes: 0, check_rtts: 0.5}\n"
+             "schedule: {step_time_s: 0.1, H: 25}\n");
   EXPECT_DOUBLE_EQ(sync_cost(in, 1.0, 1, 1).check_s, 0.05);
   EXPECT_DOUBLE_EQ(sync_cost(in, 1.0, 1, 1).latency_s, 0.15 + 0.05);
 
   // geoloco's link emulator (transport.emulate) delays only the data, one way: 0.5 RTT per
   // round; here with a waiting check (0.5), one RTT per sync. Local work 0.04 s per full
   // sync, / fragments.
-  in = parse(model + "link: {rtt_ms: 100, rate_gbps: 0.1, rtts_per_round: 0.5, check_rtts: 0.5}\n"
-                     "schedule: {step_time_s: 0.1, H: 25, fragments: 2, overlap_steps: 1, local_sync_s: 0.04}\n");
+  in = parse(model +
+             "link: {rtt_ms: 100, rate_gbps: 0.1, rtts_per_round: 0.5, check_rtts: 0.5}\n"
+             "schedule: {step_time_s: 0.1, H: 25, fragments: 2, overlap_steps: 1, local_sync_s: 0.04}\n");
   c = sync_cost(in, 1.0, 2, 1);
   EXPECT_DOUBLE_EQ(c.bandwidth_s, 0.04);
   EXPECT_DOUBLE_EQ(c.latency_s, 0.05 + 0.05);
@@ -182,7 +189,8 @@ TEST(Budget, HashCheckAndLocalWorkAddToEverySync) {
   EXPECT_NEAR(e.utilization, 2.5 / (2.5 + 0.12), 1e-15);
 
   // The check can be switched off; local work is priced per fragment count.
-  in = parse(model + "link: {rtt_ms: 100, rate_gbps: 0.1, check_rtts: 0}\nschedule: {step_time_s: 0.1, local_sync_s: 1}\n");
+  in = parse(model +
+             "link: {rtt_ms: 100, rate_gbps: 0.1, check_rtts: 0}\nschedule: {step_time_s: 0.1, local_sync_s: 1}\n");
   EXPECT_DOUBLE_EQ(sync_cost(in, 1.0, 1, 1).latency_s, 0.05);
   EXPECT_DOUBLE_EQ(sync_cost(in, 1.0, 4, 1).local_s, 0.25);
 
@@ -197,9 +205,11 @@ TEST(Budget, HashCheckAndLocalWorkAddToEverySync) {
   EXPECT_GT(r.full_sync.local_s, 0.0);
 
   // Both are validated.
-  auto msg = error_of(std::string(kHeader) + model + "link: {rtt_ms: 1, rate_gbps: 1}\nschedule: {step_time_s: 0.1, local_sync_s: -1}\n");
+  auto msg = error_of(std::string(kHeader) + model +
+                      "link: {rtt_ms: 1, rate_gbps: 1}\nschedule: {step_time_s: 0.1, local_sync_s: -1}\n");
   EXPECT_NE(msg.find("schedule.local_sync_s"), std::string::npos) << msg;
-  msg = error_of(std::string(kHeader) + model + "link: {rtt_ms: 1, rate_gbps: 1, check_rtts: -0.5}\nschedule: {step_time_s: 0.1}\n");
+  msg = error_of(std::string(kHeader) + model +
+                 "link: {rtt_ms: 1, rate_gbps: 1, check_rtts: -0.5}\nschedule: {step_time_s: 0.1}\n");
   EXPECT_NE(msg.find("link.check_rtts"), std::string::npos) << msg;
 }
 
@@ -394,7 +404,8 @@ TEST(Budget, BadInputsNameTheKey) {
   auto msg = error_of(h + "model: {params: 1e9\nlink: [\n");
   EXPECT_NE(msg.find("budget.yaml:"), std::string::npos) << msg;
   EXPECT_NE(msg.find("YAML syntax error"), std::string::npos) << msg;
-  msg = error_of(h + "model: {params: 1e9}\nlink: {rtt_ms: 5, distance_km: 100, rate_gbps: 1}\nschedule: {step_time_s: 1}\n");
+  msg = error_of(
+      h + "model: {params: 1e9}\nlink: {rtt_ms: 5, distance_km: 100, rate_gbps: 1}\nschedule: {step_time_s: 1}\n");
   EXPECT_NE(msg.find("give distance_km or rtt_ms, not both"), std::string::npos) << msg;
   msg = error_of(h + "model: {params: lots}\nlink: {rtt_ms: 5, rate_gbps: 1}\nschedule: {step_time_s: 1}\n");
   EXPECT_NE(msg.find("model.params: got 'lots'"), std::string::npos) << msg;
@@ -402,10 +413,55 @@ TEST(Budget, BadInputsNameTheKey) {
   EXPECT_NE(msg.find("unknown key (did you mean 'step_time_s'?)"), std::string::npos) << msg;
   msg = error_of(h + "model: {params: 1e9}\nlink: {rate_gbps: 1}\nschedule: {step_time_s: 1}\n");
   EXPECT_NE(msg.find("no round trip"), std::string::npos) << msg;
-  msg = error_of(h + "model: {params: 1e9}\ncompression: {bits: 3}\nlink: {rtt_ms: 5, rate_gbps: 1}\nschedule: {step_time_s: 1}\n");
+  msg = error_of(
+      h +
+      "model: {params: 1e9}\ncompression: {bits: 3}\nlink: {rtt_ms: 5, rate_gbps: 1}\nschedule: {step_time_s: 1}\n");
   EXPECT_NE(msg.find("compression.bits: got '3', expected one of 32 | 16 | 8 | 4 | 2 | 1"), std::string::npos) << msg;
-  msg = error_of(h + "model: {params: 1e9}\nlink: {rtt_ms: 5, rate_gbps: 1}\nschedule: {step_time_s: 1, H: 10, overlap_steps: 20}\n");
+  msg = error_of(
+      h +
+      "model: {params: 1e9}\nlink: {rtt_ms: 5, rate_gbps: 1}\nschedule: {step_time_s: 1, H: 10, overlap_steps: 20}\n");
   EXPECT_NE(msg.find("overlap_steps (20) exceeds H (10)"), std::string::npos) << msg;
+}
+
+// `geoloco budget --bytes-per-value 2`: the report says what was asked. A given
+// bytes_per_value replaces bits/block/scale, so bits is null (not the default 4 it never
+// used) and the JSON says the byte count was given; with --bits the bits are priced.
+TEST(Budget, GivenBytesPerValueIsReportedAsGivenWithoutBits) {
+  BudgetFlags f;
+  f.params = "1T";
+  f.sites = "2";
+  f.km = "100";
+  f.rate_gbps = "800";
+  f.step_time = "1";
+  f.ranks = "64";
+  f.bytes_per_value = "2";
+  f.json = true;
+  auto j = nlohmann::json::parse(run_budget(f));
+  EXPECT_TRUE(j["inputs"]["bits"].is_null()) << j["inputs"];
+  EXPECT_EQ(j["inputs"]["bytes_per_value"], 2.0);
+  EXPECT_EQ(j["inputs"]["bytes_per_value_given"], true);
+  EXPECT_TRUE(j["current"]["bits"].is_null()) << j["current"];
+  EXPECT_EQ(j["current"]["bytes_per_value"], 2.0);
+  // 1T values x 2 bytes over 800 Gbit/s: the given byte count is what is priced.
+  EXPECT_NEAR(j["full_sync"]["bandwidth_s"].get<double>(), 1e12 * 2 * 8 / 800e9, 1e-9);
+  // --bits next to --bytes-per-value: still overridden, still null.
+  f.bits = "8";
+  j = nlohmann::json::parse(run_budget(f));
+  EXPECT_TRUE(j["inputs"]["bits"].is_null());
+  EXPECT_TRUE(j["current"]["bits"].is_null());
+  f.json = false;
+  const std::string text = run_budget(f);
+  EXPECT_NE(text.find("2 bytes/value (given; bits, block and scale do not apply)"), std::string::npos) << text;
+  EXPECT_EQ(text.find("8 bits, block"), std::string::npos) << text;
+  // Without the override: bits as asked, priced from them.
+  f.bytes_per_value.clear();
+  f.bits = "16";
+  f.json = true;
+  j = nlohmann::json::parse(run_budget(f));
+  EXPECT_EQ(j["inputs"]["bits"], 16);
+  EXPECT_EQ(j["inputs"]["bytes_per_value_given"], false);
+  EXPECT_EQ(j["current"]["bits"], 16);
+  EXPECT_EQ(j["inputs"]["bytes_per_value"], 2.0);
 }
 
 TEST(Budget, ShippedExampleFilesParseAndPlan) {

@@ -1,8 +1,8 @@
 // Physics pins: fiber delay, the 1T-parameter sync, TCP's window/RTT ceiling, codec bytes.
 #include <gtest/gtest.h>
 
-#include "tools/planner/physics.hpp"
-#include "tools/planner/quantity.hpp"
+#include "outer_optimizer/planner/physics.hpp"
+#include "outer_optimizer/planner/quantity.hpp"
 #include "trainer/core/error.hpp"
 
 using namespace geoloco::planner;

@@ -1,4 +1,5 @@
-// Helpers for the probe tests: two connected transports in this process, fixed test ports.
+// Helpers for the probe tests: two connected transports in this process (fixed ports for
+// config mode and the CLI: geoloco::test::fresh_port, tests/support/ports.hpp).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -9,8 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "tools/probe/probe.hpp"
-#include "transport/transport.hpp"
+#include "tests/support/ports.hpp"
+#include "transport/probe/probe.hpp"
+#include "transport/ucx/ucx_transport.hpp"
 
 namespace geoloco::probe::test {
 
@@ -30,10 +32,10 @@ inline transport::TransportConfig pair_config(int lanes, transport::EmulateConfi
 
 // Sites "a" (dials) and "b" on 127.0.0.1, kernel-picked ports.
 struct Pair {
-  std::unique_ptr<transport::Transport> a, b;
+  std::unique_ptr<transport::ucx::UcxTransport> a, b;
   explicit Pair(const transport::TransportConfig& c) {
-    a = std::make_unique<transport::Transport>(c, transport::Identity{"a", 0, "probe-test", 7});
-    b = std::make_unique<transport::Transport>(c, transport::Identity{"b", 0, "probe-test", 7});
+    a = std::make_unique<transport::ucx::UcxTransport>(c, transport::Identity{"a", 0, "probe-test", 7});
+    b = std::make_unique<transport::ucx::UcxTransport>(c, transport::Identity{"b", 0, "probe-test", 7});
     int pa = a->listen("127.0.0.1", 0);
     int pb = b->listen("127.0.0.1", 0);
     auto fa = std::async(std::launch::async, [&] { a->connect({{"b", 0, "127.0.0.1", pb}}); });
@@ -41,12 +43,5 @@ struct Pair {
     fa.get();
   }
 };
-
-// Ports for tests that need fixed ones (config mode, the CLI): below the kernel's ephemeral
-// range (32768+) and apart from the other tests' ranges (20000-31000): 14000-19999.
-inline int probe_test_port() {
-  static int n = 0;
-  return 14000 + (static_cast<int>(getpid()) * 7) % 4000 + 20 * (n++ % 100);
-}
 
 }  // namespace geoloco::probe::test

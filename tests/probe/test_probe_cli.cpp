@@ -12,10 +12,12 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "probe_test_util.hpp"
+#include "tests/support/temp_dir.hpp"
 
 namespace {
 
@@ -95,12 +97,11 @@ class Child {
 class ProbeCli : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("probe-cli-" + std::to_string(getpid()) + "-" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
+    tmp_.emplace("probe-cli");
+    dir_ = tmp_->path();
     std::ofstream(dir_ / "k.psk") << "probe-cli-test-key-0123456789\n";
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override { tmp_.reset(); }
 
   int run(const std::string& name, const std::vector<std::string>& args, double timeout_s = 60) {
     Child c(dir_, name, args);
@@ -123,6 +124,7 @@ class ProbeCli : public ::testing::Test {
     return p.string();
   }
 
+  std::optional<geoloco::test::TempDir> tmp_;
   fs::path dir_;
   std::string last_out_, last_err_;
 };
@@ -135,7 +137,7 @@ std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::
 }
 
 TEST_F(ProbeCli, ListenConnectJsonAndBudget) {
-  const std::string ep = "127.0.0.1:" + std::to_string(geoloco::probe::test::probe_test_port());
+  const std::string ep = "127.0.0.1:" + std::to_string(geoloco::test::fresh_port());
   const std::string yaml = (dir_ / "budget.yaml").string();
   Child server(dir_, "server", cat({"probe", "--listen", ep, "--connections", "2", "--json"}, kQuick));
   const int rc = run("client", cat({"probe", "--connect", ep, "--connections", "2", "--json", "--out", yaml}, kQuick));
@@ -164,7 +166,7 @@ TEST_F(ProbeCli, ListenConnectJsonAndBudget) {
 }
 
 TEST_F(ProbeCli, ConfigModeWithTheEmulatorAndABudgetFromTheRunConfig) {
-  const int port = geoloco::probe::test::probe_test_port();
+  const int port = geoloco::test::fresh_port();
   const std::string cfg = config(port, ", emulate: {delay_ms: 10, rate_mbit: 300}");
   const std::string yaml = (dir_ / "paris.yaml").string();
   Child lyon(dir_, "lyon", cat({"probe", cfg, "--site", "lyon", "--json", "--connections", "2"}, kQuick));
@@ -198,7 +200,7 @@ TEST_F(ProbeCli, ConfigModeWithTheEmulatorAndABudgetFromTheRunConfig) {
 }
 
 TEST_F(ProbeCli, BadInputExitsTwo) {
-  const int port = geoloco::probe::test::probe_test_port();
+  const int port = geoloco::test::fresh_port();
   const std::string cfg = config(port, "");
   std::ofstream(dir_ / "broken.yaml") << "sites: [unclosed\n";
   std::ofstream(dir_ / "unknown.yaml") << slurp(cfg) << "bogus_key: 1\n";
@@ -232,7 +234,7 @@ TEST_F(ProbeCli, BadInputExitsTwo) {
 }
 
 TEST_F(ProbeCli, PeerThatNeverShowsUpExitsOneNamingIt) {
-  const int port = geoloco::probe::test::probe_test_port();
+  const int port = geoloco::test::fresh_port();
   const std::string ep = "127.0.0.1:" + std::to_string(port);
   auto t0 = Clock::now();
   EXPECT_EQ(run("connect", {"probe", "--connect", ep, "--timeout", "1.5"}), 1);
@@ -252,7 +254,7 @@ TEST_F(ProbeCli, PeerThatNeverShowsUpExitsOneNamingIt) {
 }
 
 TEST_F(ProbeCli, PeerKilledMidProbeExitsOneNamingIt) {
-  const std::string ep = "127.0.0.1:" + std::to_string(geoloco::probe::test::probe_test_port());
+  const std::string ep = "127.0.0.1:" + std::to_string(geoloco::test::fresh_port());
   for (const bool kill_server : {true, false}) {
     Child server(dir_, "server", {"probe", "--listen", ep, "--seconds", "30", "--message-bytes", "1MiB"});
     Child client(dir_, "client", {"probe", "--connect", ep, "--seconds", "30", "--message-bytes", "1MiB"});

@@ -12,10 +12,12 @@
 #include <thread>
 
 #include "probe_test_util.hpp"
-#include "tools/planner/budget.hpp"
+#include "outer_optimizer/planner/budget.hpp"
+#include "tools/planner/budget_report.hpp"
 #include "tools/probe/probe_report.hpp"
 #include "tools/probe/probe_runner.hpp"
 #include "trainer/core/config_node.hpp"
+#include "trainer/core/net.hpp"
 
 namespace geoloco::probe {
 namespace {
@@ -109,7 +111,7 @@ TEST(ProbeLoopback, ByteLimitedStreamsAndOneLane) {
   o.omit_s = 0;
   auto [r, s] = run_pair(p, o);
   ASSERT_TRUE(r.single);
-  EXPECT_FALSE(r.multi);  // one lane: the single stream is the all-lanes figure
+  EXPECT_FALSE(r.multi);                           // one lane: the single stream is the all-lanes figure
   EXPECT_EQ(r.single->receiver.bytes, 24u << 20);  // 24 messages of 1 MiB, then the tail
   EXPECT_EQ(r.single->receiver.messages, 24u);
   // Centroids of completions 0..7 and 8..15 (16..23 drain).
@@ -147,8 +149,10 @@ TEST(ProbeLoopback, ResponderRefusesProtocolViolations) {
   auto expect_violation = [&](std::vector<uint8_t> msg, uint32_t responder_session, const std::string& what) {
     ProbeOptions o = quick();
     o.session = responder_session;
-    auto resp = std::async(std::launch::async, [&] { return error_of([&] { probe_peer(*p.b, 0, Role::kResponder, o); }); });
-    p.a->send(0, transport::FrameKind::kProbe, round_of(responder_session, 0, 0), 0, msg).wait();
+    auto resp =
+        std::async(std::launch::async, [&] { return error_of([&] { probe_peer(*p.b, 0, Role::kResponder, o); }); });
+    p.a->send(0, transport::FrameKind::kProbe, round_of(responder_session, 0, 0), 0, transport::make_payload(msg))
+        .wait();
     const std::string e = resp.get();
     EXPECT_NE(e.find("protocol violation"), std::string::npos) << e;
     EXPECT_NE(e.find(what), std::string::npos) << e;
@@ -190,7 +194,7 @@ RunnerOptions runner(int connections, double timeout_s = 10) {
 }
 
 TEST(ProbeRunner, ListenAndConnectWriteABudgetThePlannerReads) {
-  const int port = test::probe_test_port();
+  const int port = geoloco::test::fresh_port();
   RunnerOptions o = runner(3);
   o.emulate = transport::EmulateConfig{5, 0};  // 10 ms round trip, so the RTT is not noise
   auto server = std::async(std::launch::async, [&] { return run_listen({"127.0.0.1", port}, o); });
@@ -234,7 +238,7 @@ TEST(ProbeRunner, ListenAndConnectWriteABudgetThePlannerReads) {
 }
 
 TEST(ProbeRunner, NoResponderTimesOutNamingTheAddress) {
-  const int port = test::probe_test_port();
+  const int port = geoloco::test::fresh_port();
   RunnerOptions o = runner(1, 1.5);
   const auto t0 = std::chrono::steady_clock::now();
   const std::string e = error_of([&] { run_connect({"127.0.0.1", port}, o); });
@@ -246,49 +250,48 @@ TEST(ProbeRunner, NoResponderTimesOutNamingTheAddress) {
 }
 
 TEST(ProbeRunner, NoInitiatorTimesOut) {
-  const int port = test::probe_test_port();
+  const int port = geoloco::test::fresh_port();
   const std::string e = error_of([&] { run_listen({"127.0.0.1", port}, runner(1, 1.0)); });
   EXPECT_NE(e.find(fmt::format("no initiator connected to 127.0.0.1:{} within 1 s", port)), std::string::npos) << e;
 }
 
 // A TCP server that answers every connection with garbage.
+// Answers every connection with bytes that are not a handshake, as a foreign service on the
+// port would: it reads what the client sent first and closes only after the client did (or
+// 2 s), so the client reads the garbage instead of a reset that would drop it unread.
 class GarbageServer {
  public:
-  explicit GarbageServer(int port) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int one = 1;
-    ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    struct sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons(static_cast<uint16_t>(port));
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::bind(fd_, reinterpret_cast<struct sockaddr*>(&sa), sizeof(sa)), 0);
-    EXPECT_EQ(::listen(fd_, 8), 0);
+  explicit GarbageServer(int port) : listener_(net::listen_tcp("127.0.0.1", port, 8)) {
     thread_ = std::thread([this] {
       while (!stop_) {
-        int c = ::accept(fd_, nullptr, nullptr);
-        if (c < 0) return;
+        net::Accepted c = net::accept_until(listener_.get(), net::Clock::now() + std::chrono::milliseconds(50));
+        if (!c.fd) continue;
+        const auto until = net::Clock::now() + std::chrono::seconds(2);
+        char buf[4096];
+        pollfd p{c.fd.get(), POLLIN, 0};
+        if (net::poll_until({&p, 1}, until) > 0) {
+          [[maybe_unused]] const ssize_t n = ::recv(c.fd.get(), buf, sizeof(buf), 0);  // the hello
+        }
         const char junk[] = "\x10\x00HTTP/1.1 400 Bad Request\r\n\r\n";
-        [[maybe_unused]] auto n = ::send(c, junk, sizeof(junk), MSG_NOSIGNAL);
-        ::close(c);
+        net::send_all(c.fd.get(), junk, sizeof(junk), until);
+        ::shutdown(c.fd.get(), SHUT_WR);
+        while (net::recv_all(c.fd.get(), buf, sizeof(buf), until).status == net::IoStatus::kOk) {}
       }
     });
   }
   ~GarbageServer() {
     stop_ = true;
-    ::shutdown(fd_, SHUT_RDWR);
-    ::close(fd_);
     thread_.join();
   }
 
  private:
-  int fd_ = -1;
+  Fd listener_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
 
 TEST(ProbeRunner, GarbageFromThePortIsAClearError) {
-  const int port = test::probe_test_port();
+  const int port = geoloco::test::fresh_port();
   GarbageServer g(port);
   const auto t0 = std::chrono::steady_clock::now();
   const std::string e = error_of([&] { run_connect({"127.0.0.1", port}, runner(1, 5)); });
@@ -298,14 +301,14 @@ TEST(ProbeRunner, GarbageFromThePortIsAClearError) {
 }
 
 TEST(ProbeRunner, GarbageSentToAResponderDoesNotStopIt) {
-  const int port = test::probe_test_port();
+  const int port = geoloco::test::fresh_port();
   RunnerOptions o = runner(2);
   o.probe.multi = false;
   auto server = std::async(std::launch::async, [&] { return run_listen({"127.0.0.1", port}, o); });
   // Wait for the gate, then send it garbage.
   for (int i = 0; i < 100; ++i) {
     int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa{};
+    struct sockaddr_in sa {};
     sa.sin_family = AF_INET;
     sa.sin_port = htons(static_cast<uint16_t>(port));
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -324,8 +327,10 @@ TEST(ProbeRunner, GarbageSentToAResponderDoesNotStopIt) {
 }
 
 TEST(ProbeRunner, MismatchedConnectionsAreNamed) {
-  const int port = test::probe_test_port();
-  auto server = std::async(std::launch::async, [&] { return error_of([&] { run_listen({"127.0.0.1", port}, runner(4, 3)); }); });
+  const int port = geoloco::test::fresh_port();
+  auto server = std::async(std::launch::async, [&] {
+    return error_of([&] { run_listen({"127.0.0.1", port}, runner(4, 3)); });
+  });
   const std::string e = error_of([&] { run_connect({"127.0.0.1", port}, runner(2, 3)); });
   EXPECT_NE(e.find("lanes"), std::string::npos) << e;
   EXPECT_NE(e.find("same --connections"), std::string::npos) << e;
@@ -350,8 +355,9 @@ TEST(ProbeRunner, EndpointsAreParsed) {
 // ---- config mode ----------------------------------------------------------------------------
 
 TEST(ProbeRunner, ThreeSitesEachEndWithEveryPair) {
-  const int base = test::probe_test_port();
-  std::vector<SiteSpec> sites = {{"paris", "127.0.0.1", base}, {"lyon", "127.0.0.1", base + 1}, {"nice", "127.0.0.1", base + 2}};
+  const int base = geoloco::test::fresh_port();
+  std::vector<SiteSpec> sites = {
+      {"paris", "127.0.0.1", base}, {"lyon", "127.0.0.1", base + 1}, {"nice", "127.0.0.1", base + 2}};
   auto tc = pair_config(1);
   RunnerOptions o = runner(2);
   o.probe.seconds = 0.3;

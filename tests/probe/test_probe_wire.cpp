@@ -7,10 +7,10 @@
 #include <limits>
 #include <cmath>
 
-#include "tools/probe/probe.hpp"
-#include "tools/probe/probe_result.hpp"
-#include "tools/probe/probe_wire.hpp"
-#include "tools/probe/tcp_counters.hpp"
+#include "transport/probe/probe.hpp"
+#include "transport/probe/probe_result.hpp"
+#include "transport/probe/probe_wire.hpp"
+#include "transport/probe/tcp_counters.hpp"
 
 namespace geoloco::probe {
 namespace {
@@ -222,10 +222,10 @@ TEST(TcpCounters, ParsesOutAndRetransSegsByColumnName) {
   EXPECT_EQ(c->out_segs, 654321u);
   EXPECT_EQ(c->retrans_segs, 42u);
   EXPECT_FALSE(parse_snmp(""));
-  EXPECT_FALSE(parse_snmp("Tcp: OutSegs\nTcp: 5\n"));                     // no RetransSegs column
-  EXPECT_FALSE(parse_snmp("Tcp: OutSegs RetransSegs\nTcp: 5\n"));         // ragged
-  EXPECT_FALSE(parse_snmp("Tcp: OutSegs RetransSegs\nTcp: 5 x\n"));       // not a number
-  EXPECT_FALSE(parse_snmp("Tcp: OutSegs RetransSegs\n"));                 // no values
+  EXPECT_FALSE(parse_snmp("Tcp: OutSegs\nTcp: 5\n"));                // no RetransSegs column
+  EXPECT_FALSE(parse_snmp("Tcp: OutSegs RetransSegs\nTcp: 5\n"));    // ragged
+  EXPECT_FALSE(parse_snmp("Tcp: OutSegs RetransSegs\nTcp: 5 x\n"));  // not a number
+  EXPECT_FALSE(parse_snmp("Tcp: OutSegs RetransSegs\n"));            // no values
   EXPECT_FALSE(read_tcp_counters("/nonexistent/snmp"));
   // This machine (Linux): the real file parses.
   EXPECT_TRUE(read_tcp_counters());

@@ -93,31 +93,16 @@ trap teardown EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# Free TCP ports: N consecutive ports none of which is in use now (ss) or already picked, from
-# a random start, so concurrent runs of this test and other tests do not collide. Sets
-# `port_base` (not echoed: the picked set must persist across calls, a $(...) would lose it).
-# Best effort: on a busy machine a netlink dump can be interrupted and ss exit non-zero; then
-# fewer ports are known to be taken, and a collision shows up as a named daemon failure.
-used_ports="$({ ss -Htan 2>/dev/null || true; } | awk '{print $4}' | sed 's/.*://' | sort -u)"
-pick_ports() {
-  local n=$1 base k tries=0 clash
-  while ((tries++ < 200)); do
-    base=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
-    clash=0
-    for ((k = 0; k < n; k++)); do
-      if grep -qx "$((base + k))" <<<"$used_ports"; then clash=1; break; fi
-    done
-    if ((clash == 0)); then
-      for ((k = 0; k < n; k++)); do used_ports+=$'\n'"$((base + k))"; done
-      port_base=$base; return 0
-    fi
-  done
-  fail "no free port range of $n"
-}
-pick_ports 1; ctld_port=$port_base
-pick_ports 1; slurmd_port=$port_base
-pick_ports 8; srun_lo=$port_base
-pick_ports 3; site_port=$port_base   # rank r on port+r, the site's store on port+2
+# Ports: one block of the tests' port allocator (tests/support/ports.sh: below the ephemeral
+# range, locked for as long as this script and its daemons run), so concurrent tests
+# (`ctest -j`) and concurrent runs of this test never get the same ports.
+# shellcheck source=../support/ports.sh
+source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../support/ports.sh"
+geoloco_claim_ports || fail "no free block of test ports"
+ctld_port=$GEOLOCO_PORT_BASE
+slurmd_port=$((GEOLOCO_PORT_BASE + 1))
+srun_lo=$((GEOLOCO_PORT_BASE + 2))     # 8 ports: srun_lo .. srun_lo + 7
+site_port=$((GEOLOCO_PORT_BASE + 10))  # rank r on port+r, the site's store on port+2
 
 # slurmctld recognises itself by the short host name (gethostname up to the first dot).
 node="$(uname -n)"

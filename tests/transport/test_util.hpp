@@ -1,17 +1,19 @@
-// Helpers shared by the transport tests: configs, in-process clusters, payload patterns.
+// Helpers shared by the transport tests: configs, payload patterns, frame encoding.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <future>
-#include <memory>
 #include <string>
 #include <vector>
 
 #include "transport/transport.hpp"
 
 namespace geoloco::transport::test {
+
+using Clock = std::chrono::steady_clock;
 
 inline std::vector<uint8_t> key_bytes(const std::string& s) { return {s.begin(), s.end()}; }
 
@@ -40,32 +42,55 @@ inline std::vector<uint8_t> pattern(size_t n, uint32_t seed) {
   return v;
 }
 
-// N transports in this process, all listening on 127.0.0.1 with ports picked by the kernel.
-struct Cluster {
-  std::vector<std::unique_ptr<Transport>> t;
-  std::vector<PeerInfo> infos;
+inline Payload P(const std::vector<uint8_t>& v) { return make_payload(v); }
 
-  Cluster(const std::vector<TransportConfig>& cfgs, const std::vector<Identity>& ids,
-          const std::vector<TestHooks>& hooks = {}) {
-    for (size_t i = 0; i < cfgs.size(); ++i) {
-      t.push_back(std::make_unique<Transport>(cfgs[i], ids[i], i < hooks.size() ? hooks[i] : TestHooks{}));
-      int port = t.back()->listen("127.0.0.1", 0);
-      infos.push_back(PeerInfo{ids[i].site, ids[i].rank, "127.0.0.1", port});
-    }
+inline std::vector<uint8_t> encoded(const FrameHeader& h) {
+  std::vector<uint8_t> out(kFrameHeaderBytes);
+  h.encode(out.data());
+  return out;
+}
+
+inline double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// The error of a handle that failed: "<Type>: message" ("" if it succeeded within 20 s,
+// "hang" if it did not complete).
+inline std::string error_of(const OpHandle& h, double limit_s = 20) {
+  try {
+    return h.wait_for(std::chrono::duration<double>(limit_s)) ? "" : "hang";
+  } catch (const CancelledError& e) {
+    return std::string("CancelledError: ") + e.what();
+  } catch (const FrameError& e) {
+    return std::string("FrameError: ") + e.what();
+  } catch (const TimeoutError& e) {
+    return std::string("TimeoutError: ") + e.what();
+  } catch (const HandshakeError& e) {
+    return std::string("HandshakeError: ") + e.what();
+  } catch (const TransportError& e) {
+    return std::string("TransportError: ") + e.what();
   }
+}
+
+// What both test clusters (memory_cluster.hpp, ucx_cluster.hpp) do the same way: `Derived` has
+// `t` (transports), `infos` (their PeerInfo) and `connect(i)`.
+template <class Derived>
+struct ClusterOps {
   std::vector<PeerInfo> peers_of(size_t i) const {
+    const auto& infos = static_cast<const Derived&>(*this).infos;
     std::vector<PeerInfo> out;
     for (size_t j = 0; j < infos.size(); ++j)
       if (j != i) out.push_back(infos[j]);
     return out;
   }
-  // connect() everywhere in parallel; returns each one's error message ("" on success).
+  // connect() everywhere in parallel; each one's error ("" on success, "!message" else).
   std::vector<std::string> connect_all() {
+    auto& self = static_cast<Derived&>(*this);
     std::vector<std::future<std::string>> f;
-    for (size_t i = 0; i < t.size(); ++i)
-      f.push_back(std::async(std::launch::async, [this, i]() -> std::string {
+    for (size_t i = 0; i < self.t.size(); ++i)
+      f.push_back(std::async(std::launch::async, [&self, i]() -> std::string {
         try {
-          t[i]->connect(peers_of(i));
+          self.connect(i);
           return "";
         } catch (const std::exception& e) {
           return std::string("!") + e.what();

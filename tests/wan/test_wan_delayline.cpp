@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "tests/support/temp_dir.hpp"
 #include "tools/wan/delayline.hpp"
 #include "trainer/core/error.hpp"
 
@@ -24,8 +25,8 @@ namespace {
 TEST(WanDelayline, BindsRunsAndWritesStats) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root (NFQUEUE bind requires CAP_NET_ADMIN)";
   // Run the whole test body in a child with its own network namespace.
-  const auto dir = std::filesystem::temp_directory_path() / ("wan-dl-" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
+  const geoloco::test::TempDir tmp("wan-dl");
+  const std::filesystem::path& dir = tmp.path();
   const std::string stats = (dir / "stats.json").string();
   const pid_t pid = fork();
   ASSERT_GE(pid, 0);
@@ -70,7 +71,6 @@ TEST(WanDelayline, BindsRunsAndWritesStats) {
   EXPECT_EQ(j["received"], 0);  // no rule feeds this queue
   EXPECT_EQ(j["dropped"], 0);
   EXPECT_EQ(j["seed"], 9);
-  std::filesystem::remove_all(dir);
 }
 
 TEST(WanDelayline, RejectsBadOptions) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "shell.hpp"
+#include "tests/support/temp_dir.hpp"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -16,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -48,8 +50,8 @@ class WanNetns : public ::testing::Test {
     ASSERT_EQ(sh("command -v iperf3 && command -v jq && command -v iptables", 10).rc, 0)
         << "iperf3, jq and iptables are required (tools/setup.sh installs them)";
     setenv("GEOLOCO_BIN", GEOLOCO_WAN_DEV_BIN, 1);
-    dir_ = fs::temp_directory_path() / ("wan-test-" + std::to_string(getpid()));
-    fs::create_directories(dir_);
+    tmp_.emplace("wan-test");
+    dir_ = tmp_->path();
     sh(kWan + "down --prefix " + kPrefix, 30);  // a previous crashed test run
   }
   void TearDown() override {
@@ -57,7 +59,7 @@ class WanNetns : public ::testing::Test {
     const Result r = sh(kWan + "down --prefix " + kPrefix, 30);
     EXPECT_EQ(r.rc, 0) << r.out;
     EXPECT_EQ(sh("ip netns list | grep -q \"^" + kPrefix + "-\"", 10).rc, 1) << "namespaces left behind";
-    fs::remove_all(dir_);
+    tmp_.reset();
   }
 
   // A two-site scenario file; `link` is the YAML flow mapping of the link profile.
@@ -71,6 +73,7 @@ class WanNetns : public ::testing::Test {
     return sh(kWan + "up --prefix " + kPrefix + " " + extra + " " + scen, 120);
   }
 
+  std::optional<geoloco::test::TempDir> tmp_;
   fs::path dir_;
 };
 
@@ -97,10 +100,11 @@ TEST_F(WanNetns, RttAndThroughputMatchProfile) {
 TEST_F(WanNetns, LossVariantDropsConfiguredFraction) {
   const Result r = up(scenario("tloss", "{delay_ms: 5, rate_mbit: 1000, loss_pct: 1.0}"), "--no-check");
   ASSERT_EQ(r.rc, 0) << r.out;
-  const Result u = sh("ip netns exec glt-b iperf3 -s -1 -B 198.18.2.2 >/dev/null 2>&1 & "
-                      "for i in $(seq 100); do ip netns exec glt-b ss -Hltn \"sport = :5201\" | grep -q . && break; sleep 0.05; done; "
-                      "ip netns exec glt-a iperf3 -c 198.18.2.2 -u -b 40M -l 1400 -w 4M -t 3 -J",
-                      60);
+  const Result u = sh(
+      "ip netns exec glt-b iperf3 -s -1 -B 198.18.2.2 >/dev/null 2>&1 & "
+      "for i in $(seq 100); do ip netns exec glt-b ss -Hltn \"sport = :5201\" | grep -q . && break; sleep 0.05; done; "
+      "ip netns exec glt-a iperf3 -c 198.18.2.2 -u -b 40M -l 1400 -w 4M -t 3 -J",
+      60);
   ASSERT_EQ(u.rc, 0) << u.out;
   const json j = json::parse(u.out);
   const double lost = j["end"]["sum"]["lost_percent"].get<double>();
@@ -133,7 +137,9 @@ TEST_F(WanNetns, CheckRefusesWhenLinkIsOffProfile) {
   EXPECT_NE(r.out.find("throughput"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("refusing to run"), std::string::npos) << r.out;
 
-  ASSERT_EQ(sh("ip netns exec glt-router tc class change dev s1 parent 1: classid 1:10 htb rate 1000mbit ceil 1000mbit").rc, 0);
+  ASSERT_EQ(
+      sh("ip netns exec glt-router tc class change dev s1 parent 1: classid 1:10 htb rate 1000mbit ceil 1000mbit").rc,
+      0);
   r = sh("kill -9 $(head -1 " + state_dir() + "/delayline-1.ready)");
   ASSERT_EQ(r.rc, 0) << r.out;
   r = sh(kWan + "check --prefix " + kPrefix, 90);
@@ -152,12 +158,15 @@ TEST_F(WanNetns, LinkCutMidTransferIsSurvived) {
   ASSERT_EQ(up(scenario("tcut", "{delay_ms: 10, rate_mbit: 200}"), "--no-check").rc, 0);
   const std::string out = (dir_ / "iperf.json").string();
   const auto t0 = std::chrono::steady_clock::now();
-  const Result r = sh("ip netns exec glt-b iperf3 -s -1 -B 198.18.2.2 >/dev/null 2>&1 & "
-                      "for i in $(seq 100); do ip netns exec glt-b ss -Hltn \"sport = :5201\" | grep -q . && break; sleep 0.05; done; "
-                      "ip netns exec glt-a iperf3 -c 198.18.2.2 -t 8 -i 0.5 -J >" + out + " & c=$!; "
-                      "sleep 2.5; ip -n glt-router link set s1 down; sleep 2.5; ip -n glt-router link set s1 up; "
-                      "wait $c",
-                      60);
+  const Result r = sh(
+      "ip netns exec glt-b iperf3 -s -1 -B 198.18.2.2 >/dev/null 2>&1 & "
+      "for i in $(seq 100); do ip netns exec glt-b ss -Hltn \"sport = :5201\" | grep -q . && break; sleep 0.05; done; "
+      "ip netns exec glt-a iperf3 -c 198.18.2.2 -t 8 -i 0.5 -J >" +
+          out +
+          " & c=$!; "
+          "sleep 2.5; ip -n glt-router link set s1 down; sleep 2.5; ip -n glt-router link set s1 up; "
+          "wait $c",
+      60);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_EQ(r.rc, 0) << r.out << "\n" << sh("cat " + out).out;
   const json j = read_json(out);
@@ -190,7 +199,8 @@ TEST_F(WanNetns, RunLaunchesPerSiteAndRankAndTearsDown) {
   const std::string out = dir_.string();
   Result r = sh(kWan + "run --prefix " + kPrefix + " --no-check --ranks-per-site 2 " + scen + " " + cfg +
                     " -- sh -c \"echo \\$GEOLOCO_WAN_ADDR {addr} {site_index} \\$(ip -4 -o addr show wan0 | wc -l) \\$*"
-                    " > " + out + "/{site}-{rank}\" x {hosts}",
+                    " > " +
+                    out + "/{site}-{rank}\" x {hosts}",
                 60);
   ASSERT_EQ(r.rc, 0) << r.out;
   auto read = [&](const std::string& f) {
@@ -222,7 +232,8 @@ TEST_F(WanNetns, RunLaunchesPerSiteAndRankAndTearsDown) {
 // same command must succeed and report the netem path. Either way nothing may be left behind.
 TEST_F(WanNetns, FailedBringUpTearsDown) {
   const Result r = sh("GEOLOCO_WAN_PATH=netem " + kWan + "up --prefix " + kPrefix + " --no-check " +
-                      scenario("tfail", "{delay_ms: 5, rate_mbit: 100}"), 60);
+                          scenario("tfail", "{delay_ms: 5, rate_mbit: 100}"),
+                      60);
   if (r.rc == 0) {
     EXPECT_NE(r.out.find("emulation path: netem"), std::string::npos) << r.out;
     ASSERT_EQ(sh(kWan + "down --prefix " + kPrefix, 30).rc, 0);
@@ -249,7 +260,10 @@ TEST_F(WanNetns, StaleRunIsCleanedAfterCrash) {
   // Wait (bounded) until both site processes run.
   bool running = false;
   for (int i = 0; i < 200 && !running; ++i) {
-    running = sh("[ \"$(ip netns pids glt-a 2>/dev/null | wc -l)\" -ge 1 ] && [ \"$(ip netns pids glt-b 2>/dev/null | wc -l)\" -ge 1 ]", 5).rc == 0;
+    running = sh("[ \"$(ip netns pids glt-a 2>/dev/null | wc -l)\" -ge 1 ] && [ \"$(ip netns pids glt-b 2>/dev/null | "
+                 "wc -l)\" -ge 1 ]",
+                 5)
+                  .rc == 0;
     if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   ASSERT_TRUE(running) << "run did not start its processes";

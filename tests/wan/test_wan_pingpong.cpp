@@ -12,32 +12,23 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "tests/support/ports.hpp"
 #include "tools/wan/pingpong.hpp"
+#include "transport/probe/probe_result.hpp"
 #include "trainer/core/error.hpp"
 
 namespace geoloco::wan {
 namespace {
 
-// A free loopback port (bind to 0, read it back, close). Racy in theory; fine for tests.
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+using geoloco::test::fresh_port;
 
 TEST(WanPingpong, PercentileIsNearestRank) {
   const std::vector<double> v = {5, 1, 4, 2, 3};
-  EXPECT_EQ(percentile(v, 0.5), 3);
-  EXPECT_EQ(percentile(v, 0.0), 1);
-  EXPECT_EQ(percentile(v, 0.99), 5);
-  EXPECT_EQ(percentile(v, 0.2), 1);
-  EXPECT_EQ(percentile(v, 0.21), 2);
+  EXPECT_EQ(geoloco::probe::percentile(v, 0.5), 3);
+  EXPECT_EQ(geoloco::probe::percentile(v, 0.0), 1);
+  EXPECT_EQ(geoloco::probe::percentile(v, 0.99), 5);
+  EXPECT_EQ(geoloco::probe::percentile(v, 0.2), 1);
+  EXPECT_EQ(geoloco::probe::percentile(v, 0.21), 2);
   const RttSummary s = summarize({4, 1, 3, 2});
   EXPECT_EQ(s.min_ms, 1);
   EXPECT_EQ(s.max_ms, 4);
@@ -51,7 +42,7 @@ TEST(WanPingpong, PercentileIsNearestRank) {
 }
 
 TEST(WanPingpong, LoopbackRoundTrips) {
-  const std::string ep = "127.0.0.1:" + std::to_string(free_port());
+  const std::string ep = "127.0.0.1:" + std::to_string(fresh_port());
   PingpongServerOptions so;
   so.listen = ep;
   so.connections = 1;
@@ -74,7 +65,7 @@ TEST(WanPingpong, LoopbackRoundTrips) {
 
 TEST(WanPingpong, NoServerFailsWithinConnectTimeout) {
   PingpongClientOptions co;
-  co.connect = "127.0.0.1:" + std::to_string(free_port());
+  co.connect = "127.0.0.1:" + std::to_string(fresh_port());
   co.connect_timeout_s = 0.5;
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_THROW(run_pingpong_client(co), Error);
@@ -82,7 +73,7 @@ TEST(WanPingpong, NoServerFailsWithinConnectTimeout) {
 }
 
 TEST(WanPingpong, ServerRejectsGarbageAndTimesOutWhenIdle) {
-  const int port = free_port();
+  const int port = fresh_port();
   PingpongServerOptions so;
   so.listen = "127.0.0.1:" + std::to_string(port);
   so.timeout_s = 2;
@@ -111,7 +102,7 @@ TEST(WanPingpong, ServerRejectsGarbageAndTimesOutWhenIdle) {
   close(fd);
 
   // Nobody connects: the server gives up after its idle timeout instead of hanging.
-  so.listen = "127.0.0.1:" + std::to_string(free_port());
+  so.listen = "127.0.0.1:" + std::to_string(fresh_port());
   so.timeout_s = 0.3;
   EXPECT_THROW(run_pingpong_server(so), Error);
 }

@@ -5,9 +5,10 @@
 #include <string>
 #include <vector>
 
-#include "tools/planner/budget.hpp"
-#include "tools/planner/physics.hpp"
-#include "tools/planner/quantity.hpp"
+#include "outer_optimizer/planner/budget.hpp"
+#include "tools/planner/budget_report.hpp"
+#include "outer_optimizer/planner/physics.hpp"
+#include "outer_optimizer/planner/quantity.hpp"
 
 namespace geoloco::planner {
 namespace {
@@ -50,7 +51,7 @@ nlohmann::json sync_json(const SyncCost& c) {
 
 nlohmann::json eval_json(const Evaluation& e) {
   return {{"H", e.H},
-          {"bits", e.bits},
+          {"bits", e.bits > 0 ? nlohmann::json(e.bits) : nlohmann::json(nullptr)},  // null: bytes_per_value given
           {"bytes_per_value", e.bytes_per_value},
           {"fragments", e.fragments},
           {"lanes", e.lanes},
@@ -70,16 +71,17 @@ std::string format_budget_table(const BudgetReport& r) {
   Table t;
   t.section("inputs");
   t.row("model", fmt::format("{} parameters ({})", format_count(in.params), in.params_source));
-  t.row("compression", in.bytes_per_value_override
-                           ? fmt::format("{} bytes/value (given)", in.bytes_per_value())
-                           : fmt::format("{} bits, block {}, {} B scale -> {:.5g} bytes/value", in.bits, in.block,
-                                         in.scale_bytes, in.bytes_per_value()));
+  t.row("compression",
+        in.bytes_per_value_override
+            ? fmt::format("{} bytes/value (given; bits, block and scale do not apply)", in.bytes_per_value())
+            : fmt::format("{} bits, block {}, {} B scale -> {:.5g} bytes/value", in.bits, in.block, in.scale_bytes,
+                          in.bytes_per_value()));
   t.row("sites", fmt::format("{}", in.sites));
   t.row("round trip", fmt::format("{} ({}){}", format_seconds(in.rtt_s), in.rtt_source,
                                   in.rtt_p99_s > 0 ? ", p99 " + format_seconds(in.rtt_p99_s) : ""));
   if (in.measured_retransmit_pct)
-    t.row("TCP retransmissions", fmt::format("{:.3g}% of segments (measured; not part of the model)",
-                                             *in.measured_retransmit_pct));
+    t.row("TCP retransmissions",
+          fmt::format("{:.3g}% of segments (measured; not part of the model)", *in.measured_retransmit_pct));
   {
     const double cap = in.site_capacity_Bps();
     const double spec = gbit_to_bytes_per_s(in.link_gbps) * static_cast<double>(in.parallel_links);
@@ -89,15 +91,16 @@ std::string format_budget_table(const BudgetReport& r) {
     t.row("site WAN capacity", std::isfinite(cap) ? fmt::format("{} ({})", format_rate_bits(cap), why) : "unbounded");
   }
   t.row("inner step", fmt::format("{} ({})", format_seconds(in.step_time_s), in.step_time_source));
-  t.row("latency per sync",
-        in.rtts_per_round >= 0
-            ? fmt::format("{} RTT per round (link.rtts_per_round) + {} RTT hash check", in.rtts_per_round, in.check_rtts)
-            : fmt::format("0.5 RTT per round for messages up to eager_bytes ({}), 1.5 above (rendezvous); + {} "
-                          "RTT hash check",
-                          format_bytes(in.eager_bytes), in.check_rtts));
+  t.row(
+      "latency per sync",
+      in.rtts_per_round >= 0
+          ? fmt::format("{} RTT per round (link.rtts_per_round) + {} RTT hash check", in.rtts_per_round, in.check_rtts)
+          : fmt::format("0.5 RTT per round for messages up to eager_bytes ({}), 1.5 above (rendezvous); + {} "
+                        "RTT hash check",
+                        format_bytes(in.eager_bytes), in.check_rtts));
   if (in.local_sync_s > 0)
-    t.row("local work per sync", fmt::format("{} per full sync, / fragments (schedule.local_sync_s)",
-                                             format_seconds(in.local_sync_s)));
+    t.row("local work per sync",
+          fmt::format("{} per full sync, / fragments (schedule.local_sync_s)", format_seconds(in.local_sync_s)));
   t.row("schedule", fmt::format("H {}, {} fragment(s), overlap {} step(s), {} ranks x {} lane(s), {}", in.H,
                                 in.fragments, in.overlap_steps, in.ranks, in.lanes, pattern_name(in.pattern)));
 
@@ -114,9 +117,9 @@ std::string format_budget_table(const BudgetReport& r) {
   t.row("connections per site", fmt::format("{} -> {}{}", f.connections, format_rate_bits(f.rate_Bps),
                                             f.bdp_bound ? " (BDP-bound: below link capacity)" : " (link-bound)"));
   if (r.connections_to_fill_link > 0) {
-    t.row("to fill the link", fmt::format("{} connections at this window, or tcp_rmem max >= {} with {} connections",
-                                          r.connections_to_fill_link, format_bytes(r.rmem_to_fill_link),
-                                          f.connections));
+    t.row("to fill the link",
+          fmt::format("{} connections at this window, or tcp_rmem max >= {} with {} connections",
+                      r.connections_to_fill_link, format_bytes(r.rmem_to_fill_link), f.connections));
   }
 
   t.section("transfer time");
@@ -142,8 +145,8 @@ std::string format_budget_table(const BudgetReport& r) {
   t.row("DDP across sites", fmt::format("{} ({} bytes/value ring all-reduce every step)",
                                         format_bytes(r.dp_bytes_per_period), in.dp_bytes_per_value));
   t.row("ratio", fmt::format("{:.4g}x fewer bytes", r.dp_bytes_per_period / r.geoloco_bytes_per_period));
-  t.row("DDP step comm", fmt::format("{} per step -> utilization {}", format_seconds(r.dp_step_comm_s),
-                                     pct(r.dp_utilization)));
+  t.row("DDP step comm",
+        fmt::format("{} per step -> utilization {}", format_seconds(r.dp_step_comm_s), pct(r.dp_utilization)));
 
   t.section(fmt::format("smallest H for {} utilization (H >= {})", pct(in.target_utilization), in.h_floor));
   if (r.search.found) {
@@ -165,30 +168,35 @@ nlohmann::json budget_json(const BudgetReport& r) {
   nlohmann::json j;
   j["format"] = "geoloco-budget-report";
   j["version"] = 1;
-  j["inputs"] = {{"params", in.params},
-                 {"params_source", in.params_source},
-                 {"bytes_per_value", in.bytes_per_value()},
-                 {"bits", in.bits},
-                 {"sites", in.sites},
-                 {"rtt_s", in.rtt_s},
-                 {"rtt_p99_s", in.rtt_p99_s},
-                 {"rtt_source", in.rtt_source},
-                 {"retransmit_pct", in.measured_retransmit_pct ? nlohmann::json(*in.measured_retransmit_pct)
-                                                               : nlohmann::json(nullptr)},
-                 {"site_capacity_bytes_per_s", std::isfinite(in.site_capacity_Bps()) ? nlohmann::json(in.site_capacity_Bps()) : nlohmann::json(nullptr)},
-                 {"step_time_s", in.step_time_s},
-                 {"H", in.H},
-                 {"fragments", in.fragments},
-                 {"overlap_steps", in.overlap_steps},
-                 {"ranks", in.ranks},
-                 {"lanes", in.lanes},
-                 {"pattern", pattern_name(in.pattern)},
-                 {"rtts_per_round", in.rtts_per_round >= 0 ? nlohmann::json(in.rtts_per_round) : nlohmann::json("auto")},
-                 {"eager_bytes", in.eager_bytes},
-                 {"check_rtts", in.check_rtts},
-                 {"local_sync_s", in.local_sync_s},
-                 {"target_utilization", in.target_utilization},
-                 {"h_floor", in.h_floor}};
+  j["inputs"] = {
+      {"params", in.params},
+      {"params_source", in.params_source},
+      {"bytes_per_value", in.bytes_per_value()},
+      // A given bytes_per_value (--bytes-per-value) overrides bits, block and scale:
+      // bits is then null, not the default it did not use.
+      {"bytes_per_value_given", in.bytes_per_value_override.has_value()},
+      {"bits", in.bytes_per_value_override ? nlohmann::json(nullptr) : nlohmann::json(in.bits)},
+      {"sites", in.sites},
+      {"rtt_s", in.rtt_s},
+      {"rtt_p99_s", in.rtt_p99_s},
+      {"rtt_source", in.rtt_source},
+      {"retransmit_pct",
+       in.measured_retransmit_pct ? nlohmann::json(*in.measured_retransmit_pct) : nlohmann::json(nullptr)},
+      {"site_capacity_bytes_per_s",
+       std::isfinite(in.site_capacity_Bps()) ? nlohmann::json(in.site_capacity_Bps()) : nlohmann::json(nullptr)},
+      {"step_time_s", in.step_time_s},
+      {"H", in.H},
+      {"fragments", in.fragments},
+      {"overlap_steps", in.overlap_steps},
+      {"ranks", in.ranks},
+      {"lanes", in.lanes},
+      {"pattern", pattern_name(in.pattern)},
+      {"rtts_per_round", in.rtts_per_round >= 0 ? nlohmann::json(in.rtts_per_round) : nlohmann::json("auto")},
+      {"eager_bytes", in.eager_bytes},
+      {"check_rtts", in.check_rtts},
+      {"local_sync_s", in.local_sync_s},
+      {"target_utilization", in.target_utilization},
+      {"h_floor", in.h_floor}};
   j["full_sync"] = sync_json(r.full_sync);
   j["ring_full_sync"] = sync_json(r.ring_full_sync);
   j["tcp"] = {{"window_bytes", r.window_bytes},

@@ -5,11 +5,12 @@
 #include <iostream>
 #include <sstream>
 
-#include "tools/planner/budget.hpp"
-#include "tools/planner/quantity.hpp"
+#include "outer_optimizer/planner/budget.hpp"
+#include "tools/planner/budget_report.hpp"
+#include "outer_optimizer/planner/quantity.hpp"
 #include "tools/planner/strategy.hpp"
 #include "tools/planner/topology.hpp"
-#include "tools/planner/yaml_section.hpp"
+#include "outer_optimizer/planner/yaml_section.hpp"
 #include "trainer/core/config_node.hpp"
 #include "trainer/model/model_config.hpp"
 
@@ -137,16 +138,20 @@ std::string run_topo(const TopoFlags& f) {
     // Forward + backward of a dense transformer: ~6 FLOPs per parameter per token.
     w.compute_s = 6.0 * w.params * f.tokens_per_gpu / (f.gpu_tflops * 1e12);
   } else {
-    throw InputError("topo: the step's compute time is needed: --compute-s, or --tokens-per-gpu and "
-                     "--gpu-tflops (achieved, not peak)");
+    throw InputError(
+        "topo: the step's compute time is needed: --compute-s, or --tokens-per-gpu and "
+        "--gpu-tflops (achieved, not peak)");
   }
-  if (!(f.gpu_memory_gb > 0)) throw InputError(fmt::format("topo: --gpu-memory-gb: got {}, expected > 0", f.gpu_memory_gb));
-  if (f.activations_gb < 0) throw InputError(fmt::format("topo: --activations-gb: got {}, expected >= 0", f.activations_gb));
+  if (!(f.gpu_memory_gb > 0))
+    throw InputError(fmt::format("topo: --gpu-memory-gb: got {}, expected > 0", f.gpu_memory_gb));
+  if (f.activations_gb < 0)
+    throw InputError(fmt::format("topo: --activations-gb: got {}, expected >= 0", f.activations_gb));
   if (!(f.grad_bytes > 0)) throw InputError(fmt::format("topo: --grad-bytes: got {}, expected > 0", f.grad_bytes));
   w.gpu_memory_bytes = f.gpu_memory_gb * 1e9;
   w.activation_bytes = f.activations_gb * 1e9;
   w.grad_bytes = f.grad_bytes;
-  if (f.micro_batches < 1) throw InputError(fmt::format("topo: --micro-batches: got {}, expected >= 1", f.micro_batches));
+  if (f.micro_batches < 1)
+    throw InputError(fmt::format("topo: --micro-batches: got {}, expected >= 1", f.micro_batches));
   w.micro_batches = f.micro_batches;
   auto plan = plan_topology(topo, w);
   return f.json ? topo_json(plan).dump(2) + "\n" : format_topo_table(plan);
@@ -154,8 +159,9 @@ std::string run_topo(const TopoFlags& f) {
 
 void add_budget_command(CLI::App& app) {
   auto f = std::make_shared<BudgetFlags>();
-  auto* cmd = app.add_subcommand("budget", "WAN budget of a DiLoCo sync: bytes, transfer time, TCP window cap, "
-                                           "utilization, smallest H (docs/planning.md)");
+  auto* cmd = app.add_subcommand("budget",
+                                 "WAN budget of a DiLoCo sync: bytes, transfer time, TCP window cap, "
+                                 "utilization, smallest H (docs/planning.md)");
   cmd->add_option("--from", f->from, "budget YAML (written by geoloco probe, or by hand); flags override it");
   cmd->add_option("--set", f->sets, "override any key: --set link.rtt_ms=40 (repeatable)");
   cmd->add_option("--params", f->params, "model parameters: 124M, 7B, 1T, 1.5e12");
@@ -185,9 +191,11 @@ void add_budget_command(CLI::App& app) {
 
 void add_topo_command(CLI::App& app) {
   auto f = std::make_shared<TopoFlags>();
-  auto* cmd = app.add_subcommand("topo", "intra-site strategy planner: ddp/zero1/zero2/fsdp/hybrid step time and "
-                                         "memory on a GPU topology, with a recommendation");
-  cmd->add_option("--topology", f->topology, "nvidia-smi topo -m output, or a topology YAML; - reads stdin")->required();
+  auto* cmd = app.add_subcommand("topo",
+                                 "intra-site strategy planner: ddp/zero1/zero2/fsdp/hybrid step time and "
+                                 "memory on a GPU topology, with a recommendation");
+  cmd->add_option("--topology", f->topology, "nvidia-smi topo -m output, or a topology YAML; - reads stdin")
+      ->required();
   cmd->add_option("--params", f->params, "model parameters: 1.3B, 7B");
   cmd->add_option("--config", f->config, "take the model from a run config's model: section");
   cmd->add_option("--layers", f->layers, "transformer layers (fsdp units); default from --config, else 32");

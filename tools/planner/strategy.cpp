@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "tools/planner/quantity.hpp"
+#include "outer_optimizer/planner/quantity.hpp"
 #include "trainer/core/error.hpp"
 
 namespace geoloco::planner {
@@ -135,8 +135,7 @@ TopoPlan plan_topology(const Topology& topo, const Workload& w_in) {
   if (w.activation_bytes < 0) throw InputError("topo: activation memory must be >= 0");
   if (w.layers <= 0) w.layers = 32;
   if (!(w.bucket_bytes > 0)) throw InputError("topo: bucket size must be > 0");
-  if (w.micro_batches < 1)
-    throw InputError(fmt::format("topo: micro-batches: got {}, expected >= 1", w.micro_batches));
+  if (w.micro_batches < 1) throw InputError(fmt::format("topo: micro-batches: got {}, expected >= 1", w.micro_batches));
 
   TopoPlan p;
   p.topology = topo.name();
@@ -245,9 +244,10 @@ TopoPlan plan_topology(const Topology& topo, const Workload& w_in) {
     for (const auto& c : p.costs)
       if (c.memory_bytes < least->memory_bytes) least = &c;
     p.recommended = least->strategy;
-    p.reason = fmt::format("nothing fits in {} per GPU; {} needs the least ({}): add GPUs, shard activations "
-                           "(checkpointing) or shrink the micro-batch", gb(w.gpu_memory_bytes),
-                           strategy_name(least->strategy), gb(least->memory_bytes));
+    p.reason = fmt::format(
+        "nothing fits in {} per GPU; {} needs the least ({}): add GPUs, shard activations "
+        "(checkpointing) or shrink the micro-batch",
+        gb(w.gpu_memory_bytes), strategy_name(least->strategy), gb(least->memory_bytes));
     return p;
   }
   const StrategyCost* pick = fastest;
@@ -277,14 +277,17 @@ std::string format_topo_table(const TopoPlan& p) {
   std::string out;
   out += fmt::format("topology {}: {} GPUs, {} NVLink island(s) of {}\n", p.topology, p.gpus, p.islands.size(),
                      p.islands.front().size());
-  if (p.gpus > 1) out += fmt::format("  ring over all GPUs: {} (slowest hop {})\n", gbs(p.ring_bandwidth_Bps), p.ring_bottleneck);
+  if (p.gpus > 1)
+    out += fmt::format("  ring over all GPUs: {} (slowest hop {})\n", gbs(p.ring_bandwidth_Bps), p.ring_bottleneck);
   if (p.island_ring_bandwidth_Bps > 0 && p.islands.size() > 1)
     out += fmt::format("  ring inside an island: {}; across islands: {}\n", gbs(p.island_ring_bandwidth_Bps),
                        gbs(p.cross_ring_bandwidth_Bps));
   const Workload& w = p.workload;
-  out += fmt::format("  model {} parameters, {} layers; compute {} per step in {} micro-batch(es); {} GPU memory, "
-                     "{} activations\n\n", format_count(w.params), w.layers, format_seconds(w.compute_s),
-                     w.micro_batches, gb(w.gpu_memory_bytes), gb(w.activation_bytes));
+  out += fmt::format(
+      "  model {} parameters, {} layers; compute {} per step in {} micro-batch(es); {} GPU memory, "
+      "{} activations\n\n",
+      format_count(w.params), w.layers, format_seconds(w.compute_s), w.micro_batches, gb(w.gpu_memory_bytes),
+      gb(w.activation_bytes));
   out += fmt::format("  {:<8} {:>10} {:>10} {:>10} {:>10} {:>12} {:>5}  {}\n", "strategy", "comm", "exposed", "step",
                      "vs ddp", "memory/GPU", "fits", "note");
   const double ddp_step = p.cost(Strategy::DDP).step_s;

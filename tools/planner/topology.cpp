@@ -10,7 +10,7 @@
 #include <regex>
 #include <sstream>
 
-#include "tools/planner/yaml_section.hpp"
+#include "outer_optimizer/planner/yaml_section.hpp"
 
 namespace geoloco::planner {
 namespace {
@@ -144,7 +144,9 @@ Topology::Ring Topology::best_ring(const std::vector<int>& members) const {
     if (uniform) return Ring{first.bandwidth_Bps, first.latency_s, first.token, members};
   }
   if (n > 16) throw InputError(fmt::format("{}: {} GPUs in one ring; the exact ring search supports 16", name_, n));
-  auto bw = [&](int i, int j) { return link(members[static_cast<size_t>(i)], members[static_cast<size_t>(j)]).bandwidth_Bps; };
+  auto bw = [&](int i, int j) {
+    return link(members[static_cast<size_t>(i)], members[static_cast<size_t>(j)]).bandwidth_Bps;
+  };
   Ring best;
   if (n == 2) {
     const PairLink& l = link(members[0], members[1]);
@@ -233,8 +235,8 @@ Topology parse_nvidia_smi_topo(const std::string& text, const std::string& name,
         if (t == "CPU" || t == "NUMA" || t == "Affinity") break;
         if (is_gpu_name(t, &idx)) {
           if (idx != header_gpus)
-            throw InputError(fmt::format("{}:{}: GPU columns out of order: '{}' where GPU{} was expected", name,
-                                         lineno, t, header_gpus));
+            throw InputError(fmt::format("{}:{}: GPU columns out of order: '{}' where GPU{} was expected", name, lineno,
+                                         t, header_gpus));
           ++header_gpus;
         }
         header.push_back(t);
@@ -252,7 +254,8 @@ Topology parse_nvidia_smi_topo(const std::string& text, const std::string& name,
     row_line.push_back(lineno);
   }
   if (header.empty() || header_gpus == 0)
-    throw InputError(fmt::format("{}: no nvidia-smi topo -m matrix found (expected a header line starting with GPU0)", name));
+    throw InputError(
+        fmt::format("{}: no nvidia-smi topo -m matrix found (expected a header line starting with GPU0)", name));
   if (static_cast<int>(rows.size()) != header_gpus)
     throw InputError(fmt::format("{}: {} GPU columns but {} GPU rows", name, header_gpus, rows.size()));
 
@@ -269,12 +272,16 @@ Topology parse_nvidia_smi_topo(const std::string& text, const std::string& name,
       bool ok = false;
       PairLink l = link_from_token(t, a, &ok);
       if (!ok)
-        throw InputError(fmt::format("{}:{}: GPU{} x GPU{}: unknown link '{}' (expected X, NV#, PIX, PXB, PHB, "
-                                     "NODE or SYS)", name, row_line[static_cast<size_t>(i)], i, j, t));
+        throw InputError(
+            fmt::format("{}:{}: GPU{} x GPU{}: unknown link '{}' (expected X, NV#, PIX, PXB, PHB, "
+                        "NODE or SYS)",
+                        name, row_line[static_cast<size_t>(i)], i, j, t));
       const std::string& mirror = rows[static_cast<size_t>(j)][static_cast<size_t>(i)];
       if (mirror != t)
-        throw InputError(fmt::format("{}:{}: GPU{} x GPU{} is '{}' but GPU{} x GPU{} is '{}': the matrix must be "
-                                     "symmetric", name, row_line[static_cast<size_t>(i)], i, j, t, j, i, mirror));
+        throw InputError(
+            fmt::format("{}:{}: GPU{} x GPU{} is '{}' but GPU{} x GPU{} is '{}': the matrix must be "
+                        "symmetric",
+                        name, row_line[static_cast<size_t>(i)], i, j, t, j, i, mirror));
       if (j > i) topo.set_link(i, j, l);
     }
   }
@@ -362,7 +369,8 @@ Topology topology_from_yaml(const config::Node& root) {
   for (int i = 0; i < gpus; ++i)
     for (int j = i + 1; j < gpus; ++j)
       if (!set[static_cast<size_t>(i * gpus + j)])
-        root.fail("links", fmt::format("GPU{} and GPU{} have no link: add a switch:, a links: entry or a default:", i, j));
+        root.fail("links",
+                  fmt::format("GPU{} and GPU{} have no link: add a switch:, a links: entry or a default:", i, j));
   return topo;
 }
 

@@ -8,7 +8,7 @@
 #include <memory>
 
 #include "compression/codec.hpp"
-#include "tools/planner/quantity.hpp"
+#include "outer_optimizer/planner/quantity.hpp"
 #include "tools/probe/probe_report.hpp"
 #include "tools/probe/probe_runner.hpp"
 #include "trainer/core/log.hpp"
@@ -58,10 +58,12 @@ std::optional<int> codec_bits_for_budget(const compression::PipelineConfig& c) {
 std::string run_probe(const ProbeFlags& f, std::ostream& notes) {
   const int modes = (f.config.empty() ? 0 : 1) + (f.listen.empty() ? 0 : 1) + (f.connect.empty() ? 0 : 1);
   if (modes != 1)
-    throw InputError("probe: give exactly one of: a run config with --site NAME, --listen ADDR:PORT, --connect ADDR:PORT");
+    throw InputError(
+        "probe: give exactly one of: a run config with --site NAME, --listen ADDR:PORT, --connect ADDR:PORT");
   if (f.config.empty() && (!f.site.empty() || !f.sets.empty()))
     throw InputError("probe: --site and --set go with a run config");
-  if (!f.config.empty() && f.site.empty()) throw InputError("probe: a run config needs --site NAME (this machine's site)");
+  if (!f.config.empty() && f.site.empty())
+    throw InputError("probe: a run config needs --site NAME (this machine's site)");
   if (!f.config.empty() && !f.psk_file.empty())
     throw InputError("probe: --psk-file is for --listen/--connect; with a run config the key is transport.psk_file");
 
@@ -98,25 +100,28 @@ std::string run_probe(const ProbeFlags& f, std::ostream& notes) {
     const std::string text = budget_yaml(run, ctx);
     std::ofstream out(f.out);
     if (!out || !(out << text) || !out.flush()) throw FileError(f.out, "cannot write the budget YAML");
-    if (!f.quiet) notes << fmt::format("probe: wrote {} (geoloco budget --from {}{})\n", f.out, f.out,
-                                       ctx ? " --step-time S" : " --params N --step-time S")
-                        << std::flush;
+    if (!f.quiet)
+      notes << fmt::format("probe: wrote {} (geoloco budget --from {}{})\n", f.out, f.out,
+                           ctx ? " --step-time S" : " --params N --step-time S")
+            << std::flush;
   }
   return f.json ? probe_json(run).dump(2) + "\n" : format_probe_table(run);
 }
 
 void add_probe_command(CLI::App& app) {
   auto f = std::make_shared<ProbeFlags>();
-  auto* cmd = app.add_subcommand(
-      "probe", "measure the WAN path to another site over UCX: RTT, 1- and N-connection throughput, TCP "
-               "retransmissions; writes a budget YAML (docs/planning.md)");
+  auto* cmd =
+      app.add_subcommand("probe",
+                         "measure the WAN path to another site over UCX: RTT, 1- and N-connection throughput, TCP "
+                         "retransmissions; writes a budget YAML (docs/planning.md)");
   cmd->add_option("config", f->config, "run config: probe every other site of it (run at every site with --site)");
   cmd->add_option("--site", f->site, "this machine's site in the run config");
   cmd->add_option("--set", f->sets, "override a config key: --set sites.0.host=198.18.1.2 (repeatable)");
   cmd->add_option("--listen", f->listen, "responder: wait for one initiator on ADDR:PORT (like iperf3 -s)");
   cmd->add_option("--connect", f->connect, "initiator: probe the responder at ADDR:PORT (like iperf3 -c)");
-  cmd->add_option("--connections", f->connections, "N: TCP connections (transport lanes) for the N-connection stream; "
-                                                   "both sides must agree (default 4)");
+  cmd->add_option("--connections", f->connections,
+                  "N: TCP connections (transport lanes) for the N-connection stream; "
+                  "both sides must agree (default 4)");
   cmd->add_option("--seconds", f->seconds, "length of each throughput stream after the omitted start (default 5)")
       ->each([f](const std::string&) { f->seconds_given = true; });
   cmd->add_option("--bytes", f->bytes, "end each stream after this many bytes instead (e.g. 2GiB)");
@@ -124,13 +129,18 @@ void add_probe_command(CLI::App& app) {
   cmd->add_option("--warmup", f->warmup, "pings sent first and not counted (default 5)");
   cmd->add_option("--ping-bytes", f->ping_bytes, "size of one ping message (default 64, at least 24)");
   cmd->add_option("--message-bytes", f->message_bytes, "size of one stream message (default 1MiB)");
-  cmd->add_option("--window", f->window, "stream messages in flight (default 16); window x message size must exceed the path's bandwidth-delay product (the output flags a figure the probe's pipeline may have limited)");
-  cmd->add_option("--omit", f->omit, "seconds at the start of each stream left out of its figure "
-                                     "(default 0.2 + 10 x RTT: TCP slow start)");
-  cmd->add_option("--timeout", f->timeout, "seconds to wait for the peer(s) to connect "
-                                           "(default 30, or the config's transport.connect_timeout_s)");
-  cmd->add_option("--psk-file", f->psk_file, "pre-shared key file for --listen/--connect (both sides); default: a "
-                                             "public key (integrity, not authentication)");
+  cmd->add_option("--window", f->window,
+                  "stream messages in flight (default 16); window x message size must exceed the path's "
+                  "bandwidth-delay product (the output flags a figure the probe's pipeline may have limited)");
+  cmd->add_option("--omit", f->omit,
+                  "seconds at the start of each stream left out of its figure "
+                  "(default 0.2 + 10 x RTT: TCP slow start)");
+  cmd->add_option("--timeout", f->timeout,
+                  "seconds to wait for the peer(s) to connect "
+                  "(default 30, or the config's transport.connect_timeout_s)");
+  cmd->add_option("--psk-file", f->psk_file,
+                  "pre-shared key file for --listen/--connect (both sides); default: a "
+                  "public key (integrity, not authentication)");
   cmd->add_option("--out", f->out, "write a budget YAML (format: geoloco-budget, measured: section) here");
   cmd->add_flag("--json", f->json, "print one JSON document instead of the table");
   cmd->add_flag("--quiet", f->quiet, "no progress lines on stderr");

@@ -7,7 +7,7 @@
 #include <optional>
 #include <string>
 
-#include "tools/planner/budget.hpp"
+#include "outer_optimizer/planner/budget.hpp"
 #include "tools/probe/probe_runner.hpp"
 
 namespace geoloco::probe {
@@ -19,11 +19,11 @@ struct BudgetContext {
   int64_t params = 0;       // model parameters
   std::optional<int> bits;  // outer.compression codec's bits (absent for top-k)
   int64_t block = 128;
-  int64_t H = 0;            // outer.interval
+  int64_t H = 0;  // outer.interval
   int64_t fragments = 1;
   int64_t overlap_steps = 0;
-  int ranks = 1;            // ranks per site (the smallest site)
-  int lanes = 1;            // the run's transport lanes
+  int ranks = 1;  // ranks per site (the smallest site)
+  int lanes = 1;  // the run's transport lanes
 };
 
 // The path the budget plans for: the worst pair (largest RTT median and p99, smallest

@@ -4,7 +4,6 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -15,34 +14,20 @@
 #include <cstring>
 #include <map>
 
+#include "trainer/core/fd.hpp"
 #include "trainer/core/hash.hpp"
-#include "transport/transport.hpp"
+#include "transport/ucx/ucx_transport.hpp"
 
 namespace geoloco::probe {
 
 using transport::Identity;
 using transport::PeerInfo;
-using transport::Transport;
 using transport::TransportConfig;
+using transport::ucx::UcxTransport;
 
 namespace {
 
 constexpr const char* kRunId = "geoloco-probe";
-
-// Owns one socket.
-class Socket {
- public:
-  explicit Socket(int fd) : fd_(fd) {}
-  ~Socket() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Socket(const Socket&) = delete;
-  Socket& operator=(const Socket&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 void note(const RunnerOptions& o, const std::string& s) {
   if (o.probe.progress) o.probe.progress(s);
@@ -120,9 +105,9 @@ Endpoint parse_endpoint(const std::string& text, const std::string& flag, bool a
   if (ec != std::errc() || end != port.data() + port.size() || p < (allow_port_zero ? 0 : 1) || p > 65535)
     throw InputError(fmt::format("{} '{}': port '{}' is not in {}..65535", flag, text, port, allow_port_zero ? 0 : 1));
   e.port = p;
-  struct in_addr a{};
+  struct in_addr a {};
   if (inet_pton(AF_INET, e.host.c_str(), &a) == 1) return e;
-  struct addrinfo hints{};
+  struct addrinfo hints {};
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
   struct addrinfo* res = nullptr;
@@ -138,16 +123,16 @@ Endpoint parse_endpoint(const std::string& text, const std::string& flag, bool a
 }
 
 std::string local_address_towards(const std::string& peer_host) {
-  Socket s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-  if (s.get() < 0) throw Error(fmt::format("probe: socket: {}", std::strerror(errno)));
-  struct sockaddr_in sa{};
+  const Fd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (!s) throw Error(fmt::format("probe: socket: {}", std::strerror(errno)));
+  struct sockaddr_in sa {};
   sa.sin_family = AF_INET;
   sa.sin_port = htons(9);  // any port: a UDP connect only picks the route
   if (inet_pton(AF_INET, peer_host.c_str(), &sa.sin_addr) != 1)
     throw InputError(fmt::format("probe: '{}' is not an IPv4 address", peer_host));
   if (::connect(s.get(), reinterpret_cast<struct sockaddr*>(&sa), sizeof(sa)) != 0)
     throw Error(fmt::format("probe: no route to {}: {}", peer_host, std::strerror(errno)));
-  struct sockaddr_in me{};
+  struct sockaddr_in me {};
   socklen_t len = sizeof(me);
   if (::getsockname(s.get(), reinterpret_cast<struct sockaddr*>(&me), &len) != 0)
     throw Error(fmt::format("probe: getsockname: {}", std::strerror(errno)));
@@ -167,7 +152,7 @@ void RunnerOptions::validate() const {
 ProbeRun run_listen(const Endpoint& at, const RunnerOptions& o) {
   o.validate();
   const TransportConfig c = standalone_config(o);
-  Transport t(c, Identity{kResponderSite, 0, kRunId, standalone_hash()});
+  UcxTransport t(c, Identity{kResponderSite, 0, kRunId, standalone_hash()});
   int port = 0;
   try {
     port = t.listen(at.host, at.port);
@@ -182,7 +167,8 @@ ProbeRun run_listen(const Endpoint& at, const RunnerOptions& o) {
   } catch (const transport::TimeoutError& e) {
     throw ProbeError(fmt::format("probe: no initiator connected to {} within {} s: {}", where, o.timeout_s, e.what()));
   } catch (const transport::TransportError& e) {
-    throw ProbeError(fmt::format("probe: initiator on {} failed to connect: {}{}", where, e.what(), lanes_hint(e.what())));
+    throw ProbeError(
+        fmt::format("probe: initiator on {} failed to connect: {}{}", where, e.what(), lanes_hint(e.what())));
   }
   ProbeRun run = base_run("listen", kResponderSite, where, c);
   run.sites = {kInitiatorSite, kResponderSite};
@@ -194,17 +180,18 @@ ProbeRun run_connect(const Endpoint& peer, const RunnerOptions& o) {
   o.validate();
   const TransportConfig c = standalone_config(o);
   const std::string local = local_address_towards(peer.host);
-  Transport t(c, Identity{kInitiatorSite, 0, kRunId, standalone_hash()});
+  UcxTransport t(c, Identity{kInitiatorSite, 0, kRunId, standalone_hash()});
   try {
     t.listen(local, 0);
   } catch (const transport::TransportError& e) {
-    throw ProbeError(fmt::format("probe: cannot listen on {} (the address towards {}): {}", local, peer.host, e.what()));
+    throw ProbeError(
+        fmt::format("probe: cannot listen on {} (the address towards {}): {}", local, peer.host, e.what()));
   }
   try {
     t.connect({PeerInfo{kResponderSite, 0, peer.host, peer.port}});
   } catch (const transport::TimeoutError& e) {
-    throw ProbeError(fmt::format("probe: no probe responder answered at {} within {} s: {}", peer.str(), o.timeout_s,
-                                 e.what()));
+    throw ProbeError(
+        fmt::format("probe: no probe responder answered at {} within {} s: {}", peer.str(), o.timeout_s, e.what()));
   } catch (const transport::TransportError& e) {
     throw ProbeError(fmt::format("probe: connecting to {} failed: {}{}", peer.str(), e.what(), lanes_hint(e.what())));
   }
@@ -246,7 +233,7 @@ ProbeRun run_sites(const std::vector<SiteSpec>& sites, const std::string& self, 
   }
   std::string layout = "geoloco-probe-sites/1";
   for (const auto& s : sites) layout += fmt::format("|{}@{}:{}", s.name, s.host, s.port);
-  Transport t(c, Identity{self, 0, run_id, hash64(layout)});
+  UcxTransport t(c, Identity{self, 0, run_id, hash64(layout)});
   const SiteSpec& mine = sites[static_cast<size_t>(me)];
   try {
     t.listen(mine.host, mine.port);
@@ -288,11 +275,10 @@ ProbeRun run_sites(const std::vector<SiteSpec>& sites, const std::string& self, 
     constexpr size_t kShareBytes = 1 << 20;
     const uint64_t round = round_of(kMaxSession, 0, 0);
     const auto shard = static_cast<uint32_t>(MsgType::kShare);
-    const auto out = encode_results(Header{MsgType::kShare, kMaxSession, 0, 0}, held);
-    std::vector<std::vector<uint8_t>> in(peers.size(), std::vector<uint8_t>(kShareBytes));
+    const auto out = transport::make_payload(encode_results(Header{MsgType::kShare, kMaxSession, 0, 0}, held));
     std::vector<transport::OpHandle> recvs, sends;
     for (size_t p = 0; p < peers.size(); ++p)
-      recvs.push_back(t.recv(static_cast<int>(p), transport::FrameKind::kProbe, round, shard, in[p]));
+      recvs.push_back(t.recv(static_cast<int>(p), transport::FrameKind::kProbe, round, shard, kShareBytes));
     for (size_t p = 0; p < peers.size(); ++p)
       sends.push_back(t.send(static_cast<int>(p), transport::FrameKind::kProbe, round, shard, out));
     std::string failure;
@@ -306,7 +292,8 @@ ProbeRun run_sites(const std::vector<SiteSpec>& sites, const std::string& self, 
       }
     if (!failure.empty()) throw ProbeError(fmt::format("probe: sharing the results failed: {}", failure));
     for (size_t p = 0; p < peers.size(); ++p) {
-      const std::span<const uint8_t> msg(in[p].data(), recvs[p].bytes());
+      const std::vector<uint8_t> in = recvs[p].take();
+      const std::span<const uint8_t> msg(in.data(), recvs[p].bytes());
       std::string err;
       auto h = decode_header(msg, err);
       if (h && (h->type != MsgType::kShare || h->session != kMaxSession)) err = "not a share message";

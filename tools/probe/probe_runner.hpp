@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "tools/probe/probe.hpp"
+#include "transport/probe/probe.hpp"
 #include "transport/transport_config.hpp"
 
 namespace geoloco::probe {
@@ -32,12 +32,12 @@ std::string local_address_towards(const std::string& peer_host);
 
 struct RunnerOptions {
   ProbeOptions probe;
-  int connections = 4;       // transport lanes between the two sides (both must agree)
-  double timeout_s = 30;     // the peer must be connected within this
-  std::string psk_file;      // standalone modes; empty: the public default key (no authentication)
-  uint64_t chunk_bytes = 4ull << 20;            // standalone transport chunk size
+  int connections = 4;                // transport lanes between the two sides (both must agree)
+  double timeout_s = 30;              // the peer must be connected within this
+  std::string psk_file;               // standalone modes; empty: the public default key (no authentication)
+  uint64_t chunk_bytes = 4ull << 20;  // standalone transport chunk size
   std::optional<transport::EmulateConfig> emulate;  // standalone test hook (transport.emulate)
-  void validate() const;     // InputError
+  void validate() const;                            // InputError
 };
 
 // The standalone modes' fixed identities: the initiator dials (its site name sorts first).
@@ -54,14 +54,14 @@ struct SiteSpec {
 
 // One run's outcome, what the reports are made of.
 struct ProbeRun {
-  std::string mode;                 // listen | connect | config
-  std::string self;                 // this side's site name
-  std::string endpoint;             // listen/connect: the address given; config: the config file
-  std::vector<std::string> sites;   // every site (config order; 2 in the standalone modes)
+  std::string mode;                // listen | connect | config
+  std::string self;                // this side's site name
+  std::string endpoint;            // listen/connect: the address given; config: the config file
+  std::vector<std::string> sites;  // every site (config order; 2 in the standalone modes)
   int lanes = 0;
   uint64_t chunk_bytes = 0;
   transport::EmulateConfig emulate;
-  std::vector<ProbeResult> pairs;   // config mode: every pair, lexicographic by site index
+  std::vector<ProbeResult> pairs;  // config mode: every pair, lexicographic by site index
 };
 
 ProbeRun run_listen(const Endpoint& at, const RunnerOptions& o);

@@ -32,6 +32,7 @@
 
 #include "tools/wan/delay_schedule.hpp"
 #include "trainer/core/error.hpp"
+#include "trainer/core/fd.hpp"
 
 namespace geoloco::wan {
 namespace {
@@ -49,20 +50,6 @@ struct NfqCloser {
 };
 struct QueueDestroyer {
   void operator()(nfq_q_handle* q) const { nfq_destroy_queue(q); }
-};
-
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
 };
 
 // Blocks SIGTERM/SIGINT/SIGHUP/SIGUSR1/SIGUSR2 for the lifetime of the object (they are read
@@ -110,27 +97,27 @@ class SignalBlock {
 };
 
 struct Stats {
-  uint64_t received = 0;       // packets handed to us by the kernel
-  uint64_t delayed = 0;        // accepted after their delay
-  uint64_t dropped = 0;        // dropped by the loss draw
+  uint64_t received = 0;          // packets handed to us by the kernel
+  uint64_t delayed = 0;           // accepted after their delay
+  uint64_t dropped = 0;           // dropped by the loss draw
   uint64_t received_loss_on = 0;  // packets that arrived while the loss draw was enabled
-  uint64_t flushed = 0;        // accepted early at shutdown
-  uint64_t verdict_msgs = 0;   // verdict messages sent (batches count once)
+  uint64_t flushed = 0;           // accepted early at shutdown
+  uint64_t verdict_msgs = 0;      // verdict messages sent (batches count once)
   uint64_t max_held = 0;
   double lateness_sum_ns = 0;  // release time - due time, over delayed packets
   int64_t lateness_max_ns = 0;
-  uint64_t kernel_stamped = 0;   // arrivals timed by the kernel's packet timestamp
-  double stamp_age_sum_ns = 0;   // how long those waited before this process read them
+  uint64_t kernel_stamped = 0;  // arrivals timed by the kernel's packet timestamp
+  double stamp_age_sum_ns = 0;  // how long those waited before this process read them
   double abs_lateness_sum_ns = 0;
-  int64_t recv_errors = 0;     // ENOBUFS: the kernel dropped notifications (batch verdicts recover)
+  int64_t recv_errors = 0;  // ENOBUFS: the kernel dropped notifications (batch verdicts recover)
 };
 
 class Delayline {
  public:
   explicit Delayline(const DelaylineOptions& opt)
       : opt_(opt),
-        schedule_({std::llround(opt.delay_ms * 1e6), std::llround(opt.jitter_ms * 1e6), opt.loss_pct / 100.0,
-                   opt.seed, opt.reorder}) {}
+        schedule_({std::llround(opt.delay_ms * 1e6), std::llround(opt.jitter_ms * 1e6), opt.loss_pct / 100.0, opt.seed,
+                   opt.reorder}) {}
 
   static int on_packet(nfq_q_handle*, nfgenmsg*, nfq_data* nfa, void* self) {
     auto* me = static_cast<Delayline*>(self);
@@ -166,12 +153,12 @@ class Delayline {
     prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);  // wake-ups on time, not 50 us late
     // The kernel stamps received packets only while some socket asks for timestamps; this
     // otherwise unused socket asks, so queued packets carry their arrival time (see arrival_ns).
-    stamp_sock_ = std::make_unique<Fd>(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-    if (stamp_sock_->get() >= 0) setsockopt(stamp_sock_->get(), SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof one);
+    stamp_sock_.reset(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    if (stamp_sock_) setsockopt(stamp_sock_.get(), SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof one);
 
     SignalBlock sigs;
-    Fd sfd(signalfd(-1, &sigs.set(), SFD_NONBLOCK | SFD_CLOEXEC));
-    if (sfd.get() < 0) throw Error("delayline: signalfd: " + errno_text(errno));
+    const Fd sfd(signalfd(-1, &sigs.set(), SFD_NONBLOCK | SFD_CLOEXEC));
+    if (!sfd) throw Error("delayline: signalfd: " + errno_text(errno));
 
     if (!opt_.ready_file.empty()) {
       std::ofstream(opt_.ready_file) << getpid() << "\n";
@@ -248,7 +235,8 @@ class Delayline {
     j["lateness_abs_mean_ms"] = st_.delayed ? st_.abs_lateness_sum_ns / static_cast<double>(st_.delayed) / 1e6 : 0.0;
     j["compensate"] = opt_.compensate;
     j["kernel_stamped"] = st_.kernel_stamped;
-    j["stamp_age_mean_ms"] = st_.kernel_stamped ? st_.stamp_age_sum_ns / static_cast<double>(st_.kernel_stamped) / 1e6 : 0.0;
+    j["stamp_age_mean_ms"] =
+        st_.kernel_stamped ? st_.stamp_age_sum_ns / static_cast<double>(st_.kernel_stamped) / 1e6 : 0.0;
     j["lead_ms"] = static_cast<double>(lead_ns_) / 1e6;
     j["recv_errors"] = st_.recv_errors;
     timespec cpu{};
@@ -379,7 +367,7 @@ class Delayline {
   Stats st_;
   int64_t lead_ns_ = 0;
   int64_t last_arrival_ = INT64_MIN;
-  std::unique_ptr<Fd> stamp_sock_;  // arrivals handed to the schedule stay non-decreasing
+  Fd stamp_sock_;  // arrivals handed to the schedule stay non-decreasing
   // Destruction order: queue before handle.
   std::unique_ptr<nfq_handle, NfqCloser> handle_;
   std::unique_ptr<nfq_q_handle, QueueDestroyer> qh_;
@@ -389,10 +377,12 @@ class Delayline {
 
 void DelaylineOptions::validate() const {
   if (queue < 0 || queue > 65535) throw InputError(fmt::format("--queue {} out of range 0..65535", queue));
-  if (!(delay_ms >= 0.0 && delay_ms <= 60000.0)) throw InputError(fmt::format("--delay-ms {} out of range 0..60000", delay_ms));
+  if (!(delay_ms >= 0.0 && delay_ms <= 60000.0))
+    throw InputError(fmt::format("--delay-ms {} out of range 0..60000", delay_ms));
   if (!(jitter_ms >= 0.0 && jitter_ms <= delay_ms))
     throw InputError(fmt::format("--jitter-ms {} must be in 0..delay ({})", jitter_ms, delay_ms));
-  if (!(loss_pct >= 0.0 && loss_pct < 100.0)) throw InputError(fmt::format("--loss {} out of range [0, 100)", loss_pct));
+  if (!(loss_pct >= 0.0 && loss_pct < 100.0))
+    throw InputError(fmt::format("--loss {} out of range [0, 100)", loss_pct));
   if (queue_maxlen < 1) throw InputError("--queue-maxlen must be >= 1");
   if (duration_s < 0.0) throw InputError("--duration-s must be >= 0");
 }

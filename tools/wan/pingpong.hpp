@@ -19,13 +19,13 @@ struct PingpongServerOptions {
 };
 
 struct PingpongClientOptions {
-  std::string connect;                  // addr:port
+  std::string connect;  // addr:port
   int count = 200;
-  int warmup = 10;                      // not counted (first-RTT effects: slow start, caches)
+  int warmup = 10;  // not counted (first-RTT effects: slow start, caches)
   uint32_t size = 64;
-  double interval_ms = 0.0;             // pause between pings
-  double connect_timeout_s = 10.0;      // retries while the server comes up
-  double timeout_s = 30.0;              // per-echo deadline
+  double interval_ms = 0.0;         // pause between pings
+  double connect_timeout_s = 10.0;  // retries while the server comes up
+  double timeout_s = 30.0;          // per-echo deadline
 };
 
 struct RttSummary {
@@ -34,8 +34,7 @@ struct RttSummary {
   std::string to_json() const;
 };
 
-// Nearest-rank percentile of a sample (q in [0, 1]); sample must be non-empty.
-double percentile(std::vector<double> v, double q);
+// The sample's statistics (probe::RttStats::of) with the sample kept.
 RttSummary summarize(std::vector<double> rtt_ms);
 
 void run_pingpong_server(const PingpongServerOptions& opt);

@@ -12,7 +12,7 @@
 #include "trainer/loop/device_site.hpp"
 #include "trainer/parallel/gloo_collective.hpp"
 #include "trainer/parallel/nccl_collective.hpp"
-#include "transport/transport.hpp"
+#include "transport/ucx/ucx_transport.hpp"
 
 namespace geoloco::app {
 
@@ -77,9 +77,14 @@ nlohmann::json run_rank(const trainer::RunConfig& cfg, const RankOptions& o) {
     std::vector<transport::PeerInfo> peers;
     for (const auto& s : cfg.sites)
       if (s.name != sc.name) peers.push_back({s.name, rank, s.host_of(rank), s.port + rank});
-    tp = std::make_unique<transport::Transport>(*cfg.transport, self);
-    tp->start(sc.host_of(rank), sc.port + rank, peers);
-    spdlog::info("connected to {} peer site(s) over UCX", peers.size());
+    if (o.connect_transport) {
+      tp = o.connect_transport(self, peers);
+    } else {
+      auto ucx = std::make_unique<transport::ucx::UcxTransport>(*cfg.transport, self);
+      ucx->start(sc.host_of(rank), sc.port + rank, peers);
+      tp = std::move(ucx);
+      spdlog::info("connected to {} peer site(s) over UCX", peers.size());
+    }
   }
 
   trainer::TrainerOptions opt;
@@ -93,7 +98,8 @@ nlohmann::json run_rank(const trainer::RunConfig& cfg, const RankOptions& o) {
   trainer::Trainer trainer(cfg, opt);
   std::unique_ptr<outer::Diloco> diloco;
   if (cfg.outer.enabled) {
-    diloco = std::make_unique<outer::Diloco>(cfg, site, rank, tp.get(), trainer.strategy(), trainer::ParamLayout(cfg.model));
+    diloco = std::make_unique<outer::Diloco>(cfg, site, rank, tp.get(), trainer.strategy(),
+                                             trainer::ParamLayout(cfg.model), o.outer_hooks);
     trainer.set_outer(diloco.get());
   }
   nlohmann::json mine = trainer.run();
@@ -105,30 +111,33 @@ nlohmann::json run_rank(const trainer::RunConfig& cfg, const RankOptions& o) {
     std::string text = mine.dump();
     auto all = coll->all_gather_bytes(std::as_bytes(std::span<const char>(text.data(), text.size())));
     site_list.clear();
-    for (auto& b : all) site_list.push_back(nlohmann::json::parse(std::string(reinterpret_cast<const char*>(b.data()), b.size())));
+    for (auto& b : all)
+      site_list.push_back(nlohmann::json::parse(std::string(reinterpret_cast<const char*>(b.data()), b.size())));
   }
   if (rank != 0) return mine;
   std::vector<nlohmann::json> everyone;
   if (tp) {
     // Shard 0 carries the summary, shard 1 site 0's acknowledgement: a site leaves only
     // once site 0 holds its summary (a closed peer cannot deliver anything afterwards).
-    std::vector<uint8_t> ack(1, 1), ack_in(1);
+    const auto ack = transport::make_payload({1});
     if (site != 0) {
       const int p0 = tp->peer_index(cfg.sites[0].name, 0);
-      auto bytes = to_bytes(nlohmann::json(site_list).dump());
-      auto got = tp->recv(p0, transport::FrameKind::kControl, kSummaryRound, 1, ack_in);
-      tp->send(p0, transport::FrameKind::kControl, kSummaryRound, 0, bytes).wait();
+      auto got = tp->recv(p0, transport::FrameKind::kControl, kSummaryRound, 1, size_t{1});
+      tp->send(p0, transport::FrameKind::kControl, kSummaryRound, 0,
+               transport::make_payload(to_bytes(nlohmann::json(site_list).dump())))
+          .wait();
       got.wait();
       return mine;
     }
     everyone = site_list;
     for (size_t s = 1; s < cfg.sites.size(); ++s) {
       const int p = tp->peer_index(cfg.sites[s].name, 0);
-      std::vector<uint8_t> buf(kMaxSummaryBytes);
-      auto h = tp->recv(p, transport::FrameKind::kControl, kSummaryRound, 0, buf);
+      auto h = tp->recv(p, transport::FrameKind::kControl, kSummaryRound, 0, kMaxSummaryBytes);
       h.wait();
       tp->send(p, transport::FrameKind::kControl, kSummaryRound, 1, ack).wait();
-      auto j = nlohmann::json::parse(std::string(buf.begin(), buf.begin() + static_cast<int64_t>(h.bytes())), nullptr, false);
+      const auto buf = h.take();
+      auto j = nlohmann::json::parse(std::string(buf.begin(), buf.begin() + static_cast<int64_t>(h.bytes())), nullptr,
+                                     false);
       if (!j.is_array()) throw Error(fmt::format("site {} sent a malformed final summary", cfg.sites[s].name));
       for (auto& r : j) everyone.push_back(r);
     }
@@ -137,6 +146,5 @@ nlohmann::json run_rank(const trainer::RunConfig& cfg, const RankOptions& o) {
   }
   return write_run_summary(cfg, everyone, run_totals(cfg, everyone));
 }
-
 
 }  // namespace geoloco::app

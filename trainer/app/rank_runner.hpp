@@ -5,9 +5,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <vector>
 
+#include "outer_optimizer/outer_hooks.hpp"
 #include "trainer/loop/run_config.hpp"
+#include "transport/transport.hpp"
 
 namespace geoloco::app {
 
@@ -19,6 +24,14 @@ struct RankOptions {
   bool progress = true;
   // site.device: cuda: pin this rank to a GPU (tests); -1 selects it from the local rank.
   int cuda_device = -1;
+  // How this rank reaches rank r of the other sites: a connected transport for (self,
+  // peers). Default (empty): UCX, listening on the rank's address and port from the config.
+  // Tests give the in-memory fabric's (transport/memory/).
+  using ConnectTransport = std::function<std::unique_ptr<transport::Transport>(
+      const transport::Identity& self, const std::vector<transport::PeerInfo>& peers)>;
+  ConnectTransport connect_transport;
+  // Injected into the outer loop (outer_optimizer/outer_hooks.hpp).
+  outer::OuterHooks outer_hooks;
 };
 
 // Returns the run summary at global rank 0 (also written to summary.json), this rank's own

@@ -29,6 +29,7 @@ struct WorkerArgs {
   int rank = -1;
   bool resume = false;
   int64_t stop_at = 0;
+  std::string capture_dir;
 };
 
 std::string self_exe() {
@@ -64,6 +65,7 @@ void run_worker(const WorkerArgs& a) {
   o.rank = rank;
   o.resume = a.resume;
   o.stop_at_step = a.stop_at;
+  o.outer_hooks.capture_dir = a.capture_dir;
   auto summary = run_rank(cfg, o);
   if (cfg.global_rank(site, rank) == 0 && !launched) print_human_summary(cfg, summary);
 }
@@ -95,6 +97,10 @@ void run_launch(const LaunchArgs& a) {
         p.argv.push_back("--stop-at-step");
         p.argv.push_back(std::to_string(a.stop_at));
       }
+      if (!a.capture_dir.empty()) {
+        p.argv.push_back("--capture-pseudograd");
+        p.argv.push_back(a.capture_dir);
+      }
       p.env = {{"GEOLOCO_LAUNCHED", "1"}, {"OMP_NUM_THREADS", std::to_string(cfg.train.threads)}};
       procs.push_back(std::move(p));
     }
@@ -113,7 +119,12 @@ void add_common(CLI::App* cmd, WorkerArgs& a) {
   cmd->add_option("config", a.config, "run config (YAML)")->required();
   cmd->add_option("--set", a.sets, "override a key: --set train.steps=100 (repeatable)");
   cmd->add_flag("--resume", a.resume, "continue from the newest checkpoints in run.output_dir");
-  cmd->add_option("--stop-at-step", a.stop_at, "stop cleanly with a checkpoint after this step")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--stop-at-step", a.stop_at, "stop cleanly with a checkpoint after this step")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--capture-pseudograd", a.capture_dir,
+                  "write every outer round's pseudo-gradient of each rank's shard to DIR as safetensors "
+                  "(benchmarks: bench/compression/capture.sh)")
+      ->check(CLI::ExistingDirectory);
 }
 
 }  // namespace
@@ -121,7 +132,8 @@ void add_common(CLI::App* cmd, WorkerArgs& a) {
 void add_worker_commands(CLI::App& app) {
   {
     auto a = std::make_shared<WorkerArgs>();
-    auto* cmd = app.add_subcommand("worker", "Run one rank of one site (under srun, site and rank come from SLURM_PROCID)");
+    auto* cmd =
+        app.add_subcommand("worker", "Run one rank of one site (under srun, site and rank come from SLURM_PROCID)");
     add_common(cmd, *a);
     cmd->add_option("--site", a->site, "site name from the config");
     cmd->add_option("--rank", a->rank, "rank within the site")->check(CLI::NonNegativeNumber);

@@ -23,8 +23,8 @@ namespace {
 
 AtomicFileWriter::AtomicFileWriter(std::string path) : path_(std::move(path)) {
   tmp_ = fmt::format("{}.tmp.{}", path_, ::getpid());
-  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) fail(tmp_, "open", errno);
+  fd_.reset(::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (!fd_) fail(tmp_, "open", errno);
 }
 
 AtomicFileWriter::~AtomicFileWriter() {
@@ -32,16 +32,15 @@ AtomicFileWriter::~AtomicFileWriter() {
 }
 
 void AtomicFileWriter::abandon() noexcept {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = -1;
+  fd_.reset();
   ::unlink(tmp_.c_str());
 }
 
 void AtomicFileWriter::write(const void* data, size_t bytes) {
-  GEOLOCO_CHECK(fd_ >= 0 && !committed_, "write to {} after commit or failure", path_);
+  GEOLOCO_CHECK(fd_ && !committed_, "write to {} after commit or failure", path_);
   const auto* p = static_cast<const uint8_t*>(data);
   while (bytes > 0) {
-    const ssize_t n = ::write(fd_, p, bytes);
+    const ssize_t n = ::write(fd_.get(), p, bytes);
     if (n < 0) {
       if (errno == EINTR) continue;
       const int err = errno;
@@ -55,16 +54,13 @@ void AtomicFileWriter::write(const void* data, size_t bytes) {
 }
 
 void AtomicFileWriter::commit() {
-  GEOLOCO_CHECK(fd_ >= 0 && !committed_, "commit of {} twice or after failure", path_);
-  if (::fsync(fd_) != 0) {
+  GEOLOCO_CHECK(fd_ && !committed_, "commit of {} twice or after failure", path_);
+  if (::fsync(fd_.get()) != 0) {
     const int err = errno;
     abandon();
     fail(tmp_, "fsync", err);
   }
-  const int rc = ::close(fd_);
-  fd_ = -1;
-  if (rc != 0) {
-    const int err = errno;
+  if (const int err = fd_.close(); err != 0) {
     abandon();
     fail(tmp_, "close", err);
   }
@@ -77,12 +73,9 @@ void AtomicFileWriter::commit() {
   // The rename is durable only once the directory entry is on disk.
   const std::filesystem::path parent = std::filesystem::path(path_).parent_path();
   const std::string dir = parent.empty() ? std::string(".") : parent.string();
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) fail(dir, "open directory", errno);
-  const int frc = ::fsync(dfd);
-  const int ferr = errno;
-  ::close(dfd);
-  if (frc != 0) fail(dir, "fsync directory", ferr);
+  const Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!dfd) fail(dir, "open directory", errno);
+  if (::fsync(dfd.get()) != 0) fail(dir, "fsync directory", errno);
 }
 
 void write_file_atomically(const std::string& path, std::span<const uint8_t> bytes) {

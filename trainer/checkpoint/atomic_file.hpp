@@ -11,6 +11,8 @@
 #include <span>
 #include <string>
 
+#include "trainer/core/fd.hpp"
+
 namespace geoloco::trainer {
 
 class AtomicFileWriter {
@@ -34,7 +36,7 @@ class AtomicFileWriter {
  private:
   void abandon() noexcept;
   std::string path_, tmp_;
-  int fd_ = -1;
+  Fd fd_;
   uint64_t written_ = 0;
   bool committed_ = false;
 };

@@ -3,21 +3,26 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <charconv>
+#include <cmath>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <string_view>
+#include <type_traits>
 
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "trainer/checkpoint/atomic_file.hpp"
+#include "trainer/checkpoint/strict_json.hpp"
 #include "trainer/core/error.hpp"
+#include "trainer/core/fd.hpp"
 #include "trainer/core/hash.hpp"
 
 namespace geoloco::trainer {
@@ -39,10 +44,10 @@ struct DtypeEntry {
   size_t size;
 };
 constexpr DtypeEntry kDtypes[] = {
-    {Dtype::BOOL, "BOOL", 1}, {Dtype::U8, "U8", 1},    {Dtype::I8, "I8", 1},     {Dtype::F8_E4M3, "F8_E4M3", 1},
+    {Dtype::BOOL, "BOOL", 1},       {Dtype::U8, "U8", 1},   {Dtype::I8, "I8", 1},   {Dtype::F8_E4M3, "F8_E4M3", 1},
     {Dtype::F8_E5M2, "F8_E5M2", 1}, {Dtype::I16, "I16", 2}, {Dtype::U16, "U16", 2}, {Dtype::F16, "F16", 2},
-    {Dtype::BF16, "BF16", 2}, {Dtype::I32, "I32", 4},  {Dtype::U32, "U32", 4},   {Dtype::F32, "F32", 4},
-    {Dtype::F64, "F64", 8},   {Dtype::I64, "I64", 8},  {Dtype::U64, "U64", 8},
+    {Dtype::BF16, "BF16", 2},       {Dtype::I32, "I32", 4}, {Dtype::U32, "U32", 4}, {Dtype::F32, "F32", 4},
+    {Dtype::F64, "F64", 8},         {Dtype::I64, "I64", 8}, {Dtype::U64, "U64", 8},
 };
 
 const DtypeEntry& entry(Dtype d) {
@@ -187,26 +192,18 @@ struct Mapping {
   }
 };
 
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
 }  // namespace
 
 SafetensorsFile SafetensorsFile::read(const std::string& path) {
-  Fd f;
-  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f.fd < 0) throw FileError(path, fmt::format("cannot open: {}", std::strerror(errno)));
+  const Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!f) throw FileError(path, fmt::format("cannot open: {}", std::strerror(errno)));
   struct stat st {};
-  if (::fstat(f.fd, &st) != 0) throw FileError(path, fmt::format("fstat failed: {}", std::strerror(errno)));
+  if (::fstat(f.get(), &st) != 0) throw FileError(path, fmt::format("fstat failed: {}", std::strerror(errno)));
   if (!S_ISREG(st.st_mode)) throw FileError(path, "not a regular file");
   auto m = std::make_shared<Mapping>();
   m->size = static_cast<size_t>(st.st_size);
   if (m->size > 0) {
-    void* p = ::mmap(nullptr, m->size, PROT_READ, MAP_PRIVATE, f.fd, 0);
+    void* p = ::mmap(nullptr, m->size, PROT_READ, MAP_PRIVATE, f.get(), 0);
     if (p == MAP_FAILED) throw FileError(path, fmt::format("mmap failed: {}", std::strerror(errno)));
     m->addr = p;
   }
@@ -238,24 +235,12 @@ SafetensorsFile SafetensorsFile::parse_storage(std::shared_ptr<const void> owner
   s.data_start_ = 8 + n;
   const uint64_t data_size = size - s.data_start_;
 
-  // Duplicate keys would silently shadow each other in nlohmann::json; track them per object.
-  std::vector<std::set<std::string>> open_objects;
+  // Duplicate keys would silently shadow each other in nlohmann::json: refused below.
   std::string duplicate;
-  auto on_event = [&](int, json::parse_event_t ev, json& parsed) {
-    if (ev == json::parse_event_t::object_start) {
-      open_objects.emplace_back();
-    } else if (ev == json::parse_event_t::object_end) {
-      if (!open_objects.empty()) open_objects.pop_back();
-    } else if (ev == json::parse_event_t::key && !open_objects.empty()) {
-      const auto& k = parsed.get_ref<const std::string&>();
-      if (!open_objects.back().insert(k).second && duplicate.empty()) duplicate = k;
-    }
-    return true;
-  };
   json h;
   const char* first = reinterpret_cast<const char*>(s.file_.data() + 8);
   try {
-    h = json::parse(first, first + n, on_event);
+    h = parse_json_rejecting_duplicates(std::string_view(first, n), &duplicate);
   } catch (const json::exception& e) {
     throw bad(fmt::format("header is not valid JSON: {}", e.what()));
   }
@@ -297,27 +282,29 @@ SafetensorsFile SafetensorsFile::parse_storage(std::shared_ptr<const void> owner
     t.end = o[1].get<uint64_t>();
     if (t.begin > t.end) throw where(fmt::format("data_offsets [{}, {}] run backwards", t.begin, t.end));
     if (t.end > data_size)
-      throw where(fmt::format("data_offsets [{}, {}] run past the {} data bytes (truncated?)", t.begin, t.end,
-                              data_size));
+      throw where(
+          fmt::format("data_offsets [{}, {}] run past the {} data bytes (truncated?)", t.begin, t.end, data_size));
     uint64_t want = 0;
     if (!byte_size(t.shape, dtype_size(t.dtype), &want))
       throw where(fmt::format("shape {} overflows", shape_string(t.shape)));
     if (want != t.end - t.begin)
-      throw where(fmt::format("shape {} of {} needs {} bytes but data_offsets [{}, {}] span {}",
-                              shape_string(t.shape), dt, want, t.begin, t.end, t.end - t.begin));
+      throw where(fmt::format("shape {} of {} needs {} bytes but data_offsets [{}, {}] span {}", shape_string(t.shape),
+                              dt, want, t.begin, t.end, t.end - t.begin));
     s.tensors_.push_back(std::move(t));
   }
 
   // The data region must be covered exactly once, in offset order.
-  std::stable_sort(s.tensors_.begin(), s.tensors_.end(),
-                   [](const TensorInfo& a, const TensorInfo& b) { return a.begin != b.begin ? a.begin < b.begin : a.end < b.end; });
+  std::stable_sort(s.tensors_.begin(), s.tensors_.end(), [](const TensorInfo& a, const TensorInfo& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
   uint64_t at = 0;
   const TensorInfo* prev = nullptr;
   for (const auto& t : s.tensors_) {
     if (t.begin < at)
       throw bad(fmt::format("tensors '{}' [{}, {}) and '{}' [{}, {}) overlap", prev->name, prev->begin, prev->end,
                             t.name, t.begin, t.end));
-    if (t.begin > at) throw bad(fmt::format("{} unreferenced bytes before tensor '{}' at offset {}", t.begin - at, t.name, at));
+    if (t.begin > at)
+      throw bad(fmt::format("{} unreferenced bytes before tensor '{}' at offset {}", t.begin - at, t.name, at));
     at = t.end;
     prev = &t;
   }
@@ -347,13 +334,14 @@ void SafetensorsFile::verify_checksums() {
     const TensorInfo& t = tensors_[i];
     const auto want = sums[i];
     if (want.size() != 16 || want.find_first_not_of("0123456789abcdef") != std::string_view::npos)
-      throw bad(fmt::format("__metadata__ '{}': checksum {} ('{}') is not 16 lowercase hex digits",
-                            kTensorChecksumKey, i, want));
+      throw bad(fmt::format("__metadata__ '{}': checksum {} ('{}') is not 16 lowercase hex digits", kTensorChecksumKey,
+                            i, want));
     const std::string got = hex64(hash64(file_.data() + data_start_ + t.begin, size_t(t.end - t.begin)));
     if (got != want)
-      throw bad(fmt::format("tensor '{}' (data bytes [{}, {})) fails its checksum: stored {}, computed {}; the "
-                            "file is corrupt",
-                            t.name, t.begin, t.end, want, got));
+      throw bad(
+          fmt::format("tensor '{}' (data bytes [{}, {})) fails its checksum: stored {}, computed {}; the "
+                      "file is corrupt",
+                      t.name, t.begin, t.end, want, got));
   }
   checksummed_ = true;
 }
@@ -362,6 +350,55 @@ const std::string& SafetensorsFile::meta(const std::string& key) const {
   auto it = metadata_.find(key);
   if (it == metadata_.end()) throw FileError(path_, fmt::format("__metadata__ has no '{}'", key));
   return it->second;
+}
+
+namespace {
+
+// "an integer in [0, 10]", "an integer >= 0", "a number <= 5": the expectation in an error.
+template <class T>
+std::string expected_range(const char* what, T lo, T hi) {
+  const bool has_lo = lo != std::numeric_limits<T>::lowest(), has_hi = hi != std::numeric_limits<T>::max();
+  if (has_lo && has_hi) return fmt::format("{} in [{}, {}]", what, lo, hi);
+  if (has_lo) return fmt::format("{} >= {}", what, lo);
+  if (has_hi) return fmt::format("{} <= {}", what, hi);
+  return what;
+}
+
+// The whole of `text` as one T, or nullopt (empty, sign where T has none, junk, overflow).
+// std::from_chars: no leading spaces or '+', locale-independent, no "0x".
+template <class T>
+std::optional<T> parse_whole(const std::string& text) {
+  T v{};
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  if (text.empty() || ec != std::errc() || ptr != end) return std::nullopt;
+  if constexpr (std::is_floating_point_v<T>)
+    if (!std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
+template <class T>
+T meta_number(const SafetensorsFile& f, const std::string& key, T lo, T hi, const char* what) {
+  const std::string& text = f.meta(key);
+  const auto v = parse_whole<T>(text);
+  if (!v || *v < lo || *v > hi)
+    throw FileError(f.path(),
+                    fmt::format("__metadata__ '{}': got '{}', expected {}", key, text, expected_range(what, lo, hi)));
+  return *v;
+}
+
+}  // namespace
+
+int64_t SafetensorsFile::meta_int(const std::string& key, int64_t lo, int64_t hi) const {
+  return meta_number<int64_t>(*this, key, lo, hi, "an integer");
+}
+
+uint64_t SafetensorsFile::meta_uint(const std::string& key, uint64_t lo, uint64_t hi) const {
+  return meta_number<uint64_t>(*this, key, lo, hi, "a non-negative integer");
+}
+
+double SafetensorsFile::meta_double(const std::string& key, double lo, double hi) const {
+  return meta_number<double>(*this, key, lo, hi, "a finite number");
 }
 
 bool SafetensorsFile::has(const std::string& name) const { return index_.count(name) != 0; }
@@ -382,8 +419,8 @@ void SafetensorsFile::check(const std::string& name, Dtype dtype, std::span<cons
   if (t.dtype != dtype)
     throw FileError(path_, fmt::format("tensor '{}' is {}, expected {}", name, dtype_name(t.dtype), dtype_name(dtype)));
   if (!std::equal(shape.begin(), shape.end(), t.shape.begin(), t.shape.end()))
-    throw FileError(path_, fmt::format("tensor '{}' has shape {}, expected {}", name, shape_string(t.shape),
-                                       shape_string(shape)));
+    throw FileError(
+        path_, fmt::format("tensor '{}' has shape {}, expected {}", name, shape_string(t.shape), shape_string(shape)));
 }
 
 namespace {
@@ -398,7 +435,9 @@ std::vector<T> copy_as(const SafetensorsFile& f, const std::string& name, Dtype 
 }
 }  // namespace
 
-std::vector<float> SafetensorsFile::f32(const std::string& name) const { return copy_as<float>(*this, name, Dtype::F32); }
+std::vector<float> SafetensorsFile::f32(const std::string& name) const {
+  return copy_as<float>(*this, name, Dtype::F32);
+}
 std::vector<int64_t> SafetensorsFile::i64(const std::string& name) const {
   return copy_as<int64_t>(*this, name, Dtype::I64);
 }

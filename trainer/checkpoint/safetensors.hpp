@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <span>
@@ -87,6 +88,15 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // Metadata value; FileError naming the key when absent.
   const std::string& meta(const std::string& key) const;
+  // Typed metadata values (safetensors metadata is string -> string). The whole value must
+  // be one decimal number (no sign for unsigned, no spaces, no trailing characters; doubles
+  // finite) in [lo, hi]; otherwise FileError naming the file, the key, the value and what
+  // was expected. Absent is the same FileError as meta().
+  int64_t meta_int(const std::string& key, int64_t lo = std::numeric_limits<int64_t>::min(),
+                   int64_t hi = std::numeric_limits<int64_t>::max()) const;
+  uint64_t meta_uint(const std::string& key, uint64_t lo = 0, uint64_t hi = std::numeric_limits<uint64_t>::max()) const;
+  double meta_double(const std::string& key, double lo = std::numeric_limits<double>::lowest(),
+                     double hi = std::numeric_limits<double>::max()) const;
   const std::vector<TensorInfo>& tensors() const { return tensors_; }  // in data order
   // True when the file carried content checksums (all verified when it was opened).
   bool checksummed() const { return checksummed_; }

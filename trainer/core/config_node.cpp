@@ -24,7 +24,33 @@ std::string mark_text(const std::string& file, const YAML::Mark& m) {
   return fmt::format("{}:{}:{}", file, m.line + 1, m.column + 1);
 }
 
+// Where the YAML node at `path` came from: the override that gave it, else its file
+// position. (Nodes an override made carry marks into the override's value text, or none,
+// so their marks must never be printed as positions in the file.)
+std::string locate(const Source& source, const std::string& path, const YAML::Mark& m) {
+  if (auto o = source.origin_of_present(path)) return "(" + *o + ")";
+  return mark_text(source.file, m);
+}
+
 }  // namespace
+
+std::optional<std::string> Source::origin(std::string_view key_path) const {
+  // Walk from the path itself up through its ancestors: "a.b[2].c", "a.b[2]", "a.b", "a".
+  std::string p(key_path);
+  while (!p.empty()) {
+    if (auto it = overrides.find(p); it != overrides.end()) return it->second;
+    auto cut = p.find_last_of(".[");
+    if (cut == std::string::npos) break;
+    p.resize(cut);
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> Source::origin_of_present(std::string_view key_path) const {
+  if (auto o = origin(key_path)) return o;
+  if (auto it = created.find(std::string(key_path)); it != created.end()) return it->second;
+  return std::nullopt;
+}
 
 Node::Node(YAML::Node node, std::shared_ptr<const Source> source, std::string path)
     : node_(std::move(node)),
@@ -32,8 +58,8 @@ Node::Node(YAML::Node node, std::shared_ptr<const Source> source, std::string pa
       path_(std::move(path)),
       used_(std::make_shared<std::set<std::string>>()) {
   if (node_.IsDefined() && !node_.IsNull() && !node_.IsMap()) {
-    throw ConfigError(fmt::format("{}: {}: got {}, expected a mapping", where(),
-                                  path_.empty() ? "<root>" : path_, describe(node_)));
+    throw ConfigError(
+        fmt::format("{}: {}: got {}, expected a mapping", where(), path_.empty() ? "<root>" : path_, describe(node_)));
   }
 }
 
@@ -59,15 +85,15 @@ YAML::Node Node::value_node(std::string_view key) const {
 }
 
 std::string Node::where(std::string_view key) const {
-  std::string loc;
   if (!key.empty()) {
-    auto kp = key_path(key);
-    auto it = source_->overrides.find(kp);
-    if (it != source_->overrides.end()) return "(" + it->second + ")";
-    YAML::Node v = node_.IsMap() ? static_cast<const YAML::Node&>(node_)[std::string(key)]
-                                 : YAML::Node(YAML::NodeType::Undefined);
-    if (v.IsDefined()) return mark_text(source_->file, v.Mark());
+    const std::string kp = key_path(key);
+    YAML::Node v =
+        node_.IsMap() ? static_cast<const YAML::Node&>(node_)[std::string(key)] : YAML::Node(YAML::NodeType::Undefined);
+    if (v.IsDefined()) return locate(*source_, kp, v.Mark());
+    // Absent: inside a value an override gave, that override; else where this mapping is.
+    if (auto o = source_->origin(kp)) return "(" + *o + ")";
   }
+  if (auto o = source_->origin(path_)) return "(" + *o + ")";
   return mark_text(source_->file, node_.Mark());
 }
 
@@ -96,8 +122,14 @@ bool parse_scalar(const YAML::Node& v, T& out) {
     return true;
   } else if constexpr (std::is_same_v<T, bool>) {
     const std::string& s = v.Scalar();
-    if (s == "true" || s == "True" || s == "yes" || s == "on") { out = true; return true; }
-    if (s == "false" || s == "False" || s == "no" || s == "off") { out = false; return true; }
+    if (s == "true" || s == "True" || s == "yes" || s == "on") {
+      out = true;
+      return true;
+    }
+    if (s == "false" || s == "False" || s == "no" || s == "off") {
+      out = false;
+      return true;
+    }
     return false;
   } else if constexpr (std::is_integral_v<T>) {
     const std::string& s = v.Scalar();
@@ -111,8 +143,7 @@ bool parse_scalar(const YAML::Node& v, T& out) {
         out = static_cast<T>(x);
       } else {
         long long x = std::stoll(s, &pos, 0);
-        if (pos != s.size() || x > std::numeric_limits<T>::max() || x < std::numeric_limits<T>::min())
-          return false;
+        if (pos != s.size() || x > std::numeric_limits<T>::max() || x < std::numeric_limits<T>::min()) return false;
         out = static_cast<T>(x);
       }
       return true;
@@ -138,12 +169,18 @@ bool parse_scalar(const YAML::Node& v, T& out) {
 
 template <class T>
 const char* type_name() {
-  if constexpr (std::is_same_v<T, std::string>) return "a string";
-  else if constexpr (std::is_same_v<T, bool>) return "true or false";
-  else if constexpr (std::is_unsigned_v<T>) return "a non-negative integer";
-  else if constexpr (std::is_integral_v<T>) return "an integer";
-  else if constexpr (std::is_floating_point_v<T>) return "a finite number";
-  else return "a list";
+  if constexpr (std::is_same_v<T, std::string>)
+    return "a string";
+  else if constexpr (std::is_same_v<T, bool>)
+    return "true or false";
+  else if constexpr (std::is_unsigned_v<T>)
+    return "a non-negative integer";
+  else if constexpr (std::is_integral_v<T>)
+    return "an integer";
+  else if constexpr (std::is_floating_point_v<T>)
+    return "a finite number";
+  else
+    return "a list";
 }
 
 template <class T>
@@ -181,8 +218,8 @@ T Node::require(std::string_view key) const {
   return get<T>(key, T{});
 }
 
-#define GEOLOCO_INSTANTIATE(T)                                  \
-  template T Node::get<T>(std::string_view, T) const;           \
+#define GEOLOCO_INSTANTIATE(T)                        \
+  template T Node::get<T>(std::string_view, T) const; \
   template T Node::require<T>(std::string_view) const;
 GEOLOCO_INSTANTIATE(bool)
 GEOLOCO_INSTANTIATE(int)
@@ -198,8 +235,7 @@ GEOLOCO_INSTANTIATE(std::vector<std::string>)
 int64_t Node::get_int(std::string_view key, int64_t default_value, int64_t lo, int64_t hi) const {
   int64_t v = get<int64_t>(key, default_value);
   if (v < lo || v > hi) {
-    if (hi == std::numeric_limits<int64_t>::max())
-      fail_value(key, fmt::format("an integer >= {}", lo));
+    if (hi == std::numeric_limits<int64_t>::max()) fail_value(key, fmt::format("an integer >= {}", lo));
     fail_value(key, fmt::format("an integer in [{}, {}]", lo, hi));
   }
   return v;
@@ -239,8 +275,8 @@ std::vector<Node> Node::items(std::string_view key) const {
   for (size_t i = 0; i < v.size(); ++i) {
     std::string p = fmt::format("{}[{}]", key_path(key), i);
     if (!v[i].IsMap())
-      throw ConfigError(fmt::format("{}: {}: got {}, expected a mapping",
-                                    mark_text(source_->file, v[i].Mark()), p, describe(v[i])));
+      throw ConfigError(
+          fmt::format("{}: {}: got {}, expected a mapping", locate(*source_, p, v[i].Mark()), p, describe(v[i])));
     out.emplace_back(v[i], source_, p);
   }
   return out;
@@ -251,8 +287,8 @@ void Node::finish() const {
   for (auto it = node_.begin(); it != node_.end(); ++it) {
     std::string k = it->first.Scalar();
     if (used_->count(k)) continue;
-    std::string msg = fmt::format("{}: {}: unknown key", mark_text(source_->file, it->first.Mark()),
-                                  key_path(k));
+    const std::string kp = key_path(k);
+    std::string msg = fmt::format("{}: {}: unknown key", locate(*source_, kp, it->first.Mark()), kp);
     if (auto c = closest(k, *used_)) msg += fmt::format(" (did you mean '{}'?)", *c);
     msg += fmt::format("; allowed keys: {}", fmt::join(*used_, ", "));
     throw ConfigError(msg);
@@ -284,8 +320,7 @@ namespace {
 
 void apply_override(YAML::Node root, const std::string& spec, Source& source) {
   auto eq = spec.find('=');
-  if (eq == std::string::npos || eq == 0)
-    throw ConfigError(fmt::format("--set {}: expected key.path=value", spec));
+  if (eq == std::string::npos || eq == 0) throw ConfigError(fmt::format("--set {}: expected key.path=value", spec));
   std::string path = spec.substr(0, eq);
   std::string value = spec.substr(eq + 1);
   std::vector<std::string> parts;
@@ -303,6 +338,7 @@ void apply_override(YAML::Node root, const std::string& spec, Source& source) {
   // Walk and create intermediate maps. Sequences are indexed by number.
   std::vector<YAML::Node> chain{root};
   std::string canonical;
+  std::vector<std::string> created;
   for (size_t i = 0; i < parts.size(); ++i) {
     YAML::Node cur = chain.back();
     const std::string& p = parts[i];
@@ -312,10 +348,13 @@ void apply_override(YAML::Node root, const std::string& spec, Source& source) {
       if (!is_index) throw ConfigError(fmt::format("--set {}: '{}' is a list; index it by number", spec, canonical));
       size_t idx = std::stoul(p);
       if (idx >= cur.size())
-        throw ConfigError(fmt::format("--set {}: index {} out of range ({} has {} elements)", spec, idx, canonical, cur.size()));
+        throw ConfigError(
+            fmt::format("--set {}: index {} out of range ({} has {} elements)", spec, idx, canonical, cur.size()));
       canonical += fmt::format("[{}]", idx);
-      if (last) cur[idx] = parsed;
-      else chain.push_back(cur[idx]);
+      if (last)
+        cur[idx] = parsed;
+      else
+        chain.push_back(cur[idx]);
       continue;
     }
     if (cur.IsDefined() && !cur.IsNull() && !cur.IsMap())
@@ -325,17 +364,28 @@ void apply_override(YAML::Node root, const std::string& spec, Source& source) {
       cur[p] = parsed;
     } else {
       const YAML::Node& ccur = cur;
-      if (!ccur[p].IsDefined() || ccur[p].IsNull()) cur[p] = YAML::Node(YAML::NodeType::Map);
+      if (!ccur[p].IsDefined() || ccur[p].IsNull()) {
+        // This override creates the mapping, so a key in it (a typo like "modle") is its doing.
+        cur[p] = YAML::Node(YAML::NodeType::Map);
+        created.push_back(canonical);
+      }
       chain.push_back(cur[p]);
     }
   }
+  // The value replaced whatever an earlier override put below this path.
+  auto below = [&](const std::string& k) {
+    return k.size() > canonical.size() && k.compare(0, canonical.size(), canonical) == 0 &&
+           (k[canonical.size()] == '.' || k[canonical.size()] == '[');
+  };
+  std::erase_if(source.overrides, [&](const auto& kv) { return below(kv.first); });
+  std::erase_if(source.created, [&](const auto& kv) { return below(kv.first) || kv.first == canonical; });
+  for (const auto& c : created) source.created[c] = "--set " + spec;
   source.overrides[canonical] = "--set " + spec;
 }
 
 Document finish_load(YAML::Node loaded, std::shared_ptr<Source> src, const std::vector<std::string>& overrides) {
   YAML::Node root = (!loaded.IsDefined() || loaded.IsNull()) ? YAML::Node(YAML::NodeType::Map) : loaded;
-  if (!root.IsMap())
-    throw ConfigError(fmt::format("{}: the document must be a mapping of sections", src->file));
+  if (!root.IsMap()) throw ConfigError(fmt::format("{}: the document must be a mapping of sections", src->file));
   for (const auto& o : overrides) apply_override(root, o, *src);
   return Document{std::move(src), root};
 }

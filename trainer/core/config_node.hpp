@@ -2,7 +2,8 @@
 // component's `from_yaml`. YAML is parsed once, at the edge (config::load_file); each
 // component reads its own section through a Node and owns the resulting struct.
 //
-// Every error names file:line:col, the key path, the bad value and what is allowed.
+// Every error names file:line:col (or, for a key that came from the command line, the
+// override: "(--set a.b=v)"), the key path, the bad value and what is allowed.
 // Every key a parser asks for is recorded; `finish()` rejects the keys nobody asked for,
 // so a typo ("micro_bach") is an error naming the allowed keys, never silently ignored.
 #pragma once
@@ -23,11 +24,26 @@
 
 namespace geoloco::config {
 
-// Where a document came from, plus the --set overrides applied to it (so an error in an
-// overridden value says so).
+// Where a document came from, plus the --set overrides applied to it (so an error about a
+// key that came from the command line names the override, never a file position).
 struct Source {
-  std::string file;                                // path as given by the user
-  std::map<std::string, std::string> overrides;    // key path -> "--set a.b=v"
+  std::string file;  // path as given by the user
+  // Key path -> "--set a.b=v" for each path an override set; a later override of the same
+  // path replaces the entry.
+  std::map<std::string, std::string> overrides;
+  // Key path -> "--set a.b=v" for each mapping an override created on the way to its path
+  // ("--set modle.n_layer=2" on a file without `modle:` creates "modle"). Names the
+  // override in errors about that key itself (an unknown "modle"); a key missing from such a
+  // mapping is not the override's doing, so it is located as before (the file).
+  std::map<std::string, std::string> created;
+
+  // The override a key path's value came from: the set path that is the path itself or its
+  // closest ancestor ("model" covers "model.n_layer", "sites[1]" covers "sites[1].port");
+  // nullopt when it came from the file.
+  std::optional<std::string> origin(std::string_view key_path) const;
+  // origin(), or the override that created the mapping at exactly this path. For keys that
+  // exist in the document.
+  std::optional<std::string> origin_of_present(std::string_view key_path) const;
 };
 
 class Node {
@@ -67,7 +83,8 @@ class Node {
   // Rejects keys of this mapping that no parser asked for (call after reading all keys).
   void finish() const;
 
-  // "file:line:col" of a key's value (or of this node).
+  // "file:line:col" of a key's value (or of this node), or "(--set a.b=v)" when the key
+  // (or this node) came from an override.
   std::string where(std::string_view key = {}) const;
 
  private:
@@ -92,8 +109,7 @@ struct Document {
 // then apply `--set a.b.c=value` overrides (value parsed as YAML; "sites.1.port=7000"
 // indexes sequences).
 Document load_file(const std::string& path, const std::vector<std::string>& overrides = {});
-Document load_string(const std::string& text, const std::string& name,
-                     const std::vector<std::string>& overrides = {});
+Document load_string(const std::string& text, const std::string& name, const std::vector<std::string>& overrides = {});
 
 // Edit distance based suggestion used in unknown-key messages ("did you mean ...").
 std::optional<std::string> closest(std::string_view word, const std::set<std::string>& candidates);

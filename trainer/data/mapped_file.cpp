@@ -3,40 +3,32 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <utility>
 
 #include "trainer/core/error.hpp"
+#include "trainer/core/fd.hpp"
 
 namespace geoloco::trainer {
 
 namespace {
-
-// Closes the descriptor on every path out of the constructor; the mapping outlives it.
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
 
 std::string errno_text(const char* what) { return fmt::format("{} failed: {}", what, std::strerror(errno)); }
 
 }  // namespace
 
 MappedFile::MappedFile(std::string path) : path_(std::move(path)) {
-  Fd f;
-  f.fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f.fd < 0) throw FileError(path_, errno_text("open"));
+  // Closed on every path out of the constructor; the mapping outlives it.
+  const Fd f(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!f) throw FileError(path_, errno_text("open"));
   struct stat st {};
-  if (::fstat(f.fd, &st) != 0) throw FileError(path_, errno_text("fstat"));
+  if (::fstat(f.get(), &st) != 0) throw FileError(path_, errno_text("fstat"));
   if (!S_ISREG(st.st_mode)) throw FileError(path_, "not a regular file");
   size_ = static_cast<size_t>(st.st_size);
   if (size_ == 0) return;
-  void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, f.fd, 0);
+  void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, f.get(), 0);
   if (p == MAP_FAILED) {
     size_ = 0;
     throw FileError(path_, errno_text("mmap"));

@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "trainer/core/error.hpp"
+#include "trainer/core/fd.hpp"
 #include "trainer/launch/line_prefixer.hpp"
 
 extern char** environ;
@@ -26,42 +27,17 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  UniqueFd(UniqueFd&& o) noexcept : fd_(o.release()) {}
-  UniqueFd& operator=(UniqueFd&& o) noexcept {
-    if (this != &o) reset(o.release());
-    return *this;
-  }
-  ~UniqueFd() { reset(); }
-  int get() const { return fd_; }
-  int release() {
-    int f = fd_;
-    fd_ = -1;
-    return f;
-  }
-  void reset(int fd = -1) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-
- private:
-  int fd_ = -1;
-};
-
 [[noreturn]] void sys_fail(const std::string& what) {
   throw Error(fmt::format("launch: {}: {}", what, std::strerror(errno)));
 }
 
 struct Pipe {
-  UniqueFd read, write;
+  Fd read, write;
 };
 Pipe make_pipe() {
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) sys_fail("pipe");
-  return {UniqueFd(p[0]), UniqueFd(p[1])};
+  return {Fd(p[0]), Fd(p[1])};
 }
 
 // Self-pipe: signal handlers write the signal number, the poll loop reads it.
@@ -132,7 +108,7 @@ class SubreaperScope {
 struct Child {
   const ProcessSpec* spec = nullptr;
   pid_t pid = -1;
-  UniqueFd out, err;
+  Fd out, err;
   std::unique_ptr<LinePrefixer> out_lines, err_lines;
   bool reaped = false;
   int exit_code = 0;    // when exited normally
@@ -224,7 +200,7 @@ void start_child(Child& c, int devnull, const sigset_t& original_mask, const Lau
 }
 
 // Reads what is available now; closes the fd at EOF. Returns false when nothing was read.
-bool pump(UniqueFd& fd, LinePrefixer& lines) {
+bool pump(Fd& fd, LinePrefixer& lines) {
   if (fd.get() < 0) return false;
   char buf[65536];
   bool any = false;
@@ -281,8 +257,7 @@ class Launcher {
     for (;;) {
       ::kill(-c.pid, SIGKILL);
       int st = 0;
-      while (::waitpid(-c.pid, &st, WNOHANG) > 0) {
-      }
+      while (::waitpid(-c.pid, &st, WNOHANG) > 0) {}
       if (::kill(-c.pid, 0) != 0 && errno == ESRCH) return;
       if (Clock::now() >= deadline) {
         message(fmt::format("processes left by rank {} (process group {}) did not exit after SIGKILL", c.spec->label,
@@ -317,8 +292,7 @@ void Launcher::collect_exits() {
     }
     ::kill(-c.pid, SIGKILL);  // helpers it left behind in its group: no orphans
     int st = 0;
-    while (::waitpid(c.pid, &st, 0) < 0 && errno == EINTR) {
-    }
+    while (::waitpid(c.pid, &st, 0) < 0 && errno == EINTR) {}
     c.reaped = true;
     sweep_group(c);
     // Its last lines before our message about it.
@@ -359,7 +333,7 @@ int Launcher::run() {
   Pipe sig_pipe = make_pipe();
   ::fcntl(sig_pipe.read.get(), F_SETFL, O_NONBLOCK);
   ::fcntl(sig_pipe.write.get(), F_SETFL, O_NONBLOCK);
-  UniqueFd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  Fd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   if (devnull.get() < 0) sys_fail("open /dev/null");
 
   SignalScope signals(sig_pipe.write.get(), opts_.handle_signals);
@@ -394,7 +368,7 @@ int Launcher::run() {
   ::pthread_sigmask(SIG_SETMASK, &original, nullptr);
 
   std::vector<pollfd> pfds;
-  std::vector<std::pair<UniqueFd*, LinePrefixer*>> streams;
+  std::vector<std::pair<Fd*, LinePrefixer*>> streams;
   while (live() > 0) {
     pfds.clear();
     streams.clear();

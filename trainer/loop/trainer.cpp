@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <thread>
 
@@ -31,9 +32,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 std::string step_dir_name(int64_t step) { return fmt::format("step_{:08d}", step); }
 
@@ -49,19 +48,19 @@ struct Trainer::Impl {
   Gpt model;
   DataSplits data;
   std::unique_ptr<DistributedSampler> sampler;
-  std::unique_ptr<SiteStrategy> cpu_strategy;   // site.device: cpu
-  std::unique_ptr<DeviceSite> device;           // site.device: cuda (it is the strategy too)
+  std::unique_ptr<SiteStrategy> cpu_strategy;  // site.device: cpu
+  std::unique_ptr<DeviceSite> device;          // site.device: cuda (it is the strategy too)
   SiteStrategy* strategy = nullptr;
   std::vector<int32_t> inputs, targets;
 
   fs::path out_dir, site_dir, ckpt_dir;
-  std::unique_ptr<MetricsWriter> metrics;       // sites/<site>/metrics.jsonl (site rank 0)
-  std::unique_ptr<MetricsWriter> run_metrics;   // metrics.jsonl (global rank 0)
+  std::unique_ptr<MetricsWriter> metrics;      // sites/<site>/metrics.jsonl (site rank 0)
+  std::unique_ptr<MetricsWriter> run_metrics;  // metrics.jsonl (global rank 0)
   std::unique_ptr<ProgressLine> progress;
 
-  int64_t step = 0;             // completed inner steps
-  double wall_before = 0;       // wall seconds of earlier segments (resume)
-  double compute_seconds = 0;   // time in forward/backward/optimizer
+  int64_t step = 0;               // completed inner steps
+  double wall_before = 0;         // wall seconds of earlier segments (resume)
+  double compute_seconds = 0;     // time in forward/backward/optimizer
   double outer_wait_seconds = 0;  // inner loop blocked in the outer loop (exposed WAN/sync time)
   // The current outer period (since the last outer step): utilization = compute / wall.
   Clock::time_point period_t0 = Clock::now();
@@ -88,10 +87,10 @@ struct Trainer::Impl {
     so.seq_len = T;
     sampler = std::make_unique<DistributedSampler>(data.train, so);
     if (sampler->steps_per_epoch(cfg.train.micro_batch) == 0)
-      throw InputError(fmt::format("training data too small: {} has {} windows of {} tokens, fewer than one "
-                                   "global micro-batch ({} ranks x {} sequences)",
-                                   data.train->describe(), sampler->num_windows(), T + 1, so.world,
-                                   cfg.train.micro_batch));
+      throw InputError(
+          fmt::format("training data too small: {} has {} windows of {} tokens, fewer than one "
+                      "global micro-batch ({} ranks x {} sequences)",
+                      data.train->describe(), sampler->num_windows(), T + 1, so.world, cfg.train.micro_batch));
     inputs.resize(static_cast<size_t>(cfg.train.micro_batch) * T);
     targets.resize(inputs.size());
     tokens_per_step_rank = int64_t(cfg.train.micro_batch) * cfg.train.grad_accum * T;
@@ -121,13 +120,14 @@ struct Trainer::Impl {
     const bool append = opt.resume;
     if (opt.rank == 0) metrics = std::make_unique<MetricsWriter>((site_dir / "metrics.jsonl").string(), append);
     if (global_rank == 0) run_metrics = std::make_unique<MetricsWriter>((out_dir / "metrics.jsonl").string(), append);
-    if (global_rank == 0 || (world == 1))
-      progress = std::make_unique<ProgressLine>(opt.progress, cfg.train.steps);
+    if (global_rank == 0 || (world == 1)) progress = std::make_unique<ProgressLine>(opt.progress, cfg.train.steps);
   }
 
   // ---- checkpoints -------------------------------------------------------------------
 
-  std::string state_file(const fs::path& dir) const { return (dir / fmt::format("state.r{}.safetensors", opt.rank)).string(); }
+  std::string state_file(const fs::path& dir) const {
+    return (dir / fmt::format("state.r{}.safetensors", opt.rank)).string();
+  }
 
   void barrier() {
     if (strategy->collective() && strategy->ranks() > 1) strategy->collective()->barrier();
@@ -143,7 +143,7 @@ struct Trainer::Impl {
         {"geoloco_site", site.name},
         {"geoloco_config_hash", hex64(cfg.hash)},
     };
-    if (opt.rank == 0) save_model((dir / "model.safetensors").string(), model.layout(), full, meta);
+    if (opt.rank == 0) save_model_directory(dir.string(), model.layout(), full, meta);  // + config.json (HF)
 
     // This rank's state: optimizer moments of its range, sampler, counters, outer state.
     // (On a device: moments and shard are downloaded into host copies first.)
@@ -209,8 +209,9 @@ struct Trainer::Impl {
     auto st = SafetensorsFile::read(state_file(dir));
     auto need = [&](const std::string& key) -> const std::string& { return st.meta(key); };
     if (need("strategy") != site.strategy || need("ranks") != std::to_string(site.ranks))
-      throw FileError(st.path(), fmt::format("was written by a site with strategy {} and {} ranks; this run has {} and {}",
-                                             need("strategy"), need("ranks"), site.strategy, site.ranks));
+      throw FileError(st.path(),
+                      fmt::format("was written by a site with strategy {} and {} ranks; this run has {} and {}",
+                                  need("strategy"), need("ranks"), site.strategy, site.ranks));
     const OptimizerHostState cur = strategy->optimizer_state();
     if (need("adamw_begin") != std::to_string(cur.begin) || need("adamw_end") != std::to_string(cur.end))
       throw FileError(st.path(), "optimizer shard range differs from this run's (model or rank count changed?)");
@@ -220,13 +221,16 @@ struct Trainer::Impl {
     st.copy_f32("adamw.v", mshape, v);
     auto shard = strategy->shard_params();
     st.copy_f32("params.shard", std::vector<int64_t>{static_cast<int64_t>(shard.size())}, shard);
-    strategy->load_optimizer(m, v, std::stoll(need("adamw_steps")));
+    // Counters: whole decimal values in range, else a FileError naming the file and key.
+    constexpr int64_t kMaxCount = std::numeric_limits<int64_t>::max();
+    constexpr double kMaxSeconds = std::numeric_limits<double>::max();
+    strategy->load_optimizer(m, v, st.meta_int("adamw_steps", 0, kMaxCount));
     sampler->restore(SamplerState::from_bytes(st.u8("sampler"), st.path()));
-    step = std::stoll(need("geoloco_step"));
-    wall_before = std::stod(need("wall_s"));
-    compute_seconds = std::stod(need("compute_s"));
+    step = st.meta_int("geoloco_step", 0, kMaxCount);
+    wall_before = st.meta_double("wall_s", 0, kMaxSeconds);
+    compute_seconds = st.meta_double("compute_s", 0, kMaxSeconds);
     // Checkpoints written before the overlap metrics existed lack it: count from zero.
-    if (st.metadata().count("outer_wait_s")) outer_wait_seconds = std::stod(need("outer_wait_s"));
+    if (st.metadata().count("outer_wait_s")) outer_wait_seconds = st.meta_double("outer_wait_s", 0, kMaxSeconds);
     if (opt.outer) opt.outer->restore_state(st);
     strategy->shard_updated();
     log_info(fmt::format("resumed from {} at step {}", dir.string(), step));
@@ -337,9 +341,10 @@ struct Trainer::Impl {
     if (opt.resume) restore_latest();
     const int64_t end_step = opt.stop_at_step > 0 ? std::min(opt.stop_at_step, cfg.train.steps) : cfg.train.steps;
     if (opt.rank == 0 && step == 0)
-      log_info(fmt::format("site {}: {} rank(s), strategy {}, model {:.2f}M params, {} steps, {} tokens/step/rank, data {}",
-                           site.name, site.ranks, site.strategy, model.layout().total() / 1e6, cfg.train.steps,
-                           tokens_per_step_rank, data.train->describe()));
+      log_info(
+          fmt::format("site {}: {} rank(s), strategy {}, model {:.2f}M params, {} steps, {} tokens/step/rank, data {}",
+                      site.name, site.ranks, site.strategy, model.layout().total() / 1e6, cfg.train.steps,
+                      tokens_per_step_rank, data.train->describe()));
     if (opt.rank == 0 && step == 0 && !cfg.train.init_from.empty())
       log_info(fmt::format("site {}: parameters from {} (train.init_from)", site.name, cfg.train.init_from));
     if (opt.rank == 0 && device) log_info(fmt::format("site {}: on the GPU: {}", site.name, device->describe().dump()));
@@ -406,7 +411,8 @@ struct Trainer::Impl {
         if (!period.is_null()) line.update(period);
         if (metrics) metrics->write(line);
         if (run_metrics) run_metrics->write(line);
-        if (progress) progress->update(step, mean_loss, tps, wall_before + seconds_since(start), do_eval ? last_val_loss : NAN);
+        if (progress)
+          progress->update(step, mean_loss, tps, wall_before + seconds_since(start), do_eval ? last_val_loss : NAN);
         loss_acc = 0;
         loss_n = 0;
         window_tokens = 0;
@@ -462,17 +468,19 @@ struct Trainer::Impl {
         merged.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", g}, {"args", {{"sort_index", g}}}});
         const char* tnames[] = {"inner loop", "outer loop", "transport"};
         for (int t = 0; t < 3; ++t)
-          merged.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", g}, {"tid", t}, {"args", {{"name", tnames[t]}}}});
+          merged.push_back(
+              {{"name", "thread_name"}, {"ph", "M"}, {"pid", g}, {"tid", t}, {"args", {{"name", tnames[t]}}}});
         // Fragment workers (outer.fragments, or whatever count outer.plan: auto chose).
         std::set<int> fragment_tids;
         for (const auto& e : doc["events"])
           if (e["tid"].get<int>() > TraceRecorder::kFragmentThreadBase) fragment_tids.insert(e["tid"].get<int>());
         for (int t : fragment_tids)
-          merged.push_back({{"name", "thread_name"},
-                            {"ph", "M"},
-                            {"pid", g},
-                            {"tid", t},
-                            {"args", {{"name", fmt::format("outer loop, fragment {}", t - TraceRecorder::kFragmentThreadBase)}}}});
+          merged.push_back(
+              {{"name", "thread_name"},
+               {"ph", "M"},
+               {"pid", g},
+               {"tid", t},
+               {"args", {{"name", fmt::format("outer loop, fragment {}", t - TraceRecorder::kFragmentThreadBase)}}}});
         for (auto& e : doc["events"]) merged.push_back(std::move(e));
       }
     if (!missing.empty())

@@ -8,6 +8,8 @@
 //   sites/<site>/metrics.jsonl                  each site's rank 0
 //   sites/<site>/rank<r>.json                   every rank's own summary
 //   checkpoints/<site>/step_<N>/model.safetensors   HF GPT-2 names (site rank 0)
+//   checkpoints/<site>/step_<N>/config.json         its GPT2Config: the step directory loads
+//                                                   with GPT2LMHeadModel.from_pretrained
 //   checkpoints/<site>/step_<N>/state.r<r>.safetensors   optimizer, sampler, outer state
 //   checkpoints/<site>/latest                   name of the newest complete checkpoint
 #pragma once
@@ -28,13 +30,13 @@ class Collective;
 namespace geoloco::trainer {
 
 struct TrainerOptions {
-  int site = 0;                   // index into cfg.sites
-  int rank = 0;                   // rank within the site
-  bool resume = false;            // continue from checkpoints/<site>/latest when present
-  int64_t stop_at_step = 0;       // stop cleanly (with a checkpoint) after this step; 0 = run to the end
+  int site = 0;                                // index into cfg.sites
+  int rank = 0;                                // rank within the site
+  bool resume = false;                         // continue from checkpoints/<site>/latest when present
+  int64_t stop_at_step = 0;                    // stop cleanly (with a checkpoint) after this step; 0 = run to the end
   parallel::Collective* collective = nullptr;  // the site's collective (null: one-rank site)
-  OuterHook* outer = nullptr;     // the cross-site loop (null: no outer loop)
-  bool progress = true;           // live progress line on a terminal
+  OuterHook* outer = nullptr;                  // the cross-site loop (null: no outer loop)
+  bool progress = true;                        // live progress line on a terminal
   // site.device: cuda: the GPU of this rank, already chosen by the caller (run_rank selects it
   // before creating NCCL); -1 lets the trainer select it (select_rank_device).
   int cuda_device = -1;

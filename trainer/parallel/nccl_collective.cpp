@@ -11,7 +11,7 @@
 #include "trainer/core/log.hpp"
 #include "trainer/parallel/errors.hpp"
 #include "trainer/parallel/gpu.hpp"
-#include "trainer/parallel/socket.hpp"
+#include "trainer/core/net.hpp"
 
 namespace geoloco::parallel {
 namespace {
@@ -165,9 +165,11 @@ void NcclCollective::wait_comm_ready(const char* call) {
     if (r != ncclSuccess) fail(fmt::format("ncclCommGetAsyncError after {}: {}", call, ncclGetErrorString(r)));
     if (state == ncclSuccess) return;
     if (state != ncclInProgress)
-      fail(fmt::format("{} failed asynchronously: {}: {}", call, ncclGetErrorString(state), ncclGetLastError(comm_.get())));
+      fail(fmt::format("{} failed asynchronously: {}: {}", call, ncclGetErrorString(state),
+                       ncclGetLastError(comm_.get())));
     if (Clock::now() >= deadline)
-      fail(fmt::format("{} still in progress after {} (a peer is missing or stuck)", call, net::seconds_text(timeout_)));
+      fail(
+          fmt::format("{} still in progress after {} (a peer is missing or stuck)", call, net::seconds_text(timeout_)));
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
 }
@@ -192,8 +194,7 @@ NcclCollective::NcclCollective(const RendezvousOptions& opts)
     : rdzv_(opts), rank_(opts.rank), size_(opts.size), timeout_(opts.timeout) {
   const int count = gpu_count();
   device_ = opts.cuda_device >= 0 ? opts.cuda_device : (count > 0 ? rank_ % count : 0);
-  if (device_ >= count)
-    fail(fmt::format("cuda device {} requested but {} device(s) are visible", device_, count));
+  if (device_ >= count) fail(fmt::format("cuda device {} requested but {} device(s) are visible", device_, count));
   check_cuda(cudaSetDevice(device_), "cudaSetDevice");
   check_cuda(cudaStreamCreateWithFlags(stream_.out(), cudaStreamNonBlocking), "cudaStreamCreate");
 
@@ -272,9 +273,10 @@ void NcclCollective::reduce_scatter_sum(std::span<const float> in, std::span<flo
   const int64_t n = static_cast<int64_t>(in.size());
   const ShardRange mine = shard_of(n, rank_, size_);
   if (static_cast<int64_t>(out.size()) != mine.count)
-    throw CollectiveError(fmt::format("{}: reduce_scatter_sum of {} elements: out has {} elements, this rank's "
-                                      "shard has {}",
-                                      rdzv_.who(), n, out.size(), mine.count));
+    throw CollectiveError(
+        fmt::format("{}: reduce_scatter_sum of {} elements: out has {} elements, this rank's "
+                    "shard has {}",
+                    rdzv_.who(), n, out.size(), mine.count));
   run(CollectiveKind::kReduceScatter, in.size(), sizeof(float), [&]() -> uint64_t {
     if (n == 0) return 0;
     if (n % size_ == 0) {
@@ -288,8 +290,8 @@ void NcclCollective::reduce_scatter_sum(std::span<const float> in, std::span<flo
         if (s.count == 0) continue;
         // recvbuff matters only on the root; elsewhere any valid device pointer will do.
         void* recv = j == rank_ ? static_cast<void*>(out.data()) : const_cast<float*>(in.data() + s.offset);
-        check(ncclReduce(in.data() + s.offset, recv, static_cast<size_t>(s.count), ncclFloat32, ncclSum, j,
-                         comm_.get(), stream_.get()),
+        check(ncclReduce(in.data() + s.offset, recv, static_cast<size_t>(s.count), ncclFloat32, ncclSum, j, comm_.get(),
+                         stream_.get()),
               "ncclReduce");
       }
       check(ncclGroupEnd(), "ncclGroupEnd");
@@ -302,9 +304,10 @@ void NcclCollective::all_gather(std::span<const float> my_shard, std::span<float
   const int64_t n = static_cast<int64_t>(out.size());
   const ShardRange mine = shard_of(n, rank_, size_);
   if (static_cast<int64_t>(my_shard.size()) != mine.count)
-    throw CollectiveError(fmt::format("{}: all_gather into {} elements: my_shard has {} elements, this rank's "
-                                      "shard has {}",
-                                      rdzv_.who(), n, my_shard.size(), mine.count));
+    throw CollectiveError(
+        fmt::format("{}: all_gather into {} elements: my_shard has {} elements, this rank's "
+                    "shard has {}",
+                    rdzv_.who(), n, my_shard.size(), mine.count));
   run(CollectiveKind::kAllGather, out.size(), sizeof(float), [&]() -> uint64_t {
     if (n == 0) return 0;
     if (n % size_ == 0) {
@@ -359,7 +362,8 @@ std::vector<std::vector<std::byte>> NcclCollective::all_gather_bytes(std::span<c
     if (!err.empty()) fail(err);
     uint64_t my_len = mine.size();
     auto* dev = static_cast<uint64_t*>(scratch_.get());
-    check_cuda(cudaMemcpyAsync(dev + P, &my_len, sizeof(my_len), cudaMemcpyHostToDevice, stream_.get()), "cudaMemcpyAsync");
+    check_cuda(cudaMemcpyAsync(dev + P, &my_len, sizeof(my_len), cudaMemcpyHostToDevice, stream_.get()),
+               "cudaMemcpyAsync");
     check(ncclAllGather(dev + P, dev, 1, ncclUint64, comm_.get(), stream_.get()), "ncclAllGather (lengths)");
     return ring_bytes(static_cast<int64_t>(P), sizeof(uint64_t), false, true);
   });
@@ -377,7 +381,8 @@ std::vector<std::vector<std::byte>> NcclCollective::all_gather_bytes(std::span<c
     if (!mine.empty())
       check_cuda(cudaMemcpyAsync(dev + P * max_len, mine.data(), mine.size(), cudaMemcpyHostToDevice, stream_.get()),
                  "cudaMemcpyAsync");
-    check(ncclAllGather(dev + P * max_len, dev, max_len, ncclUint8, comm_.get(), stream_.get()), "ncclAllGather (bytes)");
+    check(ncclAllGather(dev + P * max_len, dev, max_len, ncclUint8, comm_.get(), stream_.get()),
+          "ncclAllGather (bytes)");
     return ring_bytes(static_cast<int64_t>(P * max_len), 1, false, true);
   });
   check_cuda(cudaMemcpy(host.data(), scratch_.get(), host.size(), cudaMemcpyDeviceToHost), "cudaMemcpy");
@@ -395,8 +400,8 @@ std::unique_ptr<Collective> make_nccl(const RendezvousOptions& opts) {
   // Before the rendezvous: a machine without a GPU fails at once with the reason, instead
   // of making its peers wait for the timeout.
   if (!gpu_available())
-    throw CollectiveError(fmt::format("site {} rank {}: the NCCL backend needs a CUDA device: {}", opts.site,
-                                      opts.rank, gpu_unavailable_reason()));
+    throw CollectiveError(fmt::format("site {} rank {}: the NCCL backend needs a CUDA device: {}", opts.site, opts.rank,
+                                      gpu_unavailable_reason()));
   return std::make_unique<NcclCollective>(opts);
 }
 

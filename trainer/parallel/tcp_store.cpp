@@ -24,7 +24,7 @@ namespace wire = store_wire;
 namespace {
 
 struct Conn {
-  net::Fd fd;
+  Fd fd;
   std::vector<uint8_t> in;
   std::vector<uint8_t> out;
   size_t out_pos = 0;
@@ -108,7 +108,8 @@ void TcpStoreServer::run() {
         break;
       }
       default:
-        reject(c, fmt::format("message type 0x{:04x} is a reply, not a request", static_cast<unsigned>(req.type)), true);
+        reject(c, fmt::format("message type 0x{:04x} is a reply, not a request", static_cast<unsigned>(req.type)),
+               true);
         return;
     }
     auto f = wire::encode(rep);
@@ -186,8 +187,10 @@ void TcpStoreServer::run() {
       }
       if (!c.dead && c.out_pos < c.out.size()) {
         ssize_t n = ::send(c.fd.get(), c.out.data() + c.out_pos, c.out.size() - c.out_pos, MSG_NOSIGNAL);
-        if (n > 0) c.out_pos += static_cast<size_t>(n);
-        else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) c.dead = true;
+        if (n > 0)
+          c.out_pos += static_cast<size_t>(n);
+        else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+          c.dead = true;
         if (c.out_pos == c.out.size()) {
           c.out.clear();
           c.out_pos = 0;
@@ -202,44 +205,38 @@ void TcpStoreServer::run() {
 // ---------------------------------------------------------------- client
 
 TcpStore::TcpStore(StoreClientOptions opts, Clock::time_point connect_deadline) : opts_(std::move(opts)) {
-  std::string last = "no attempt";
-  for (;;) {
-    // Each attempt gets at most 1 s so a black-holed SYN does not eat the whole budget.
-    auto attempt_deadline = std::min(connect_deadline, Clock::now() + std::chrono::seconds(1));
-    net::ConnectResult r = net::try_connect(opts_.host, opts_.port, attempt_deadline);
-    if (r.fd.valid()) {
-      fd_ = std::move(r.fd);
-      return;
-    }
-    last = r.error;
-    if (Clock::now() >= connect_deadline) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Each attempt gets at most 1 s so a black-holed SYN does not eat the whole budget.
+  net::ConnectResult r = net::connect_until(opts_.host, opts_.port, connect_deadline, std::chrono::seconds(1),
+                                            std::chrono::milliseconds(50));
+  if (r.fd) {
+    fd_ = std::move(r.fd);
+    return;
   }
-  throw StoreError(fmt::format("site {}: could not reach the rendezvous store at {}:{} before the deadline "
-                               "(served by rank 0; last error: {})",
-                               opts_.site, opts_.host, opts_.port, last));
+  const std::string& last = r.error;
+  throw StoreError(
+      fmt::format("site {}: could not reach the rendezvous store at {}:{} before the deadline "
+                  "(served by rank 0; last error: {})",
+                  opts_.site, opts_.host, opts_.port, last));
 }
 
 std::vector<uint8_t> TcpStore::round_trip(const std::vector<uint8_t>& frame, const char* what, uint16_t* type) {
   std::lock_guard lock(mu_);
   if (!fd_.valid())
-    throw StoreError(fmt::format("site {}: store {}:{}: connection already failed", opts_.site, opts_.host, opts_.port));
+    throw StoreError(
+        fmt::format("site {}: store {}:{}: connection already failed", opts_.site, opts_.host, opts_.port));
   auto deadline = Clock::now() + opts_.timeout;
   auto fail = [&](const std::string& why) -> StoreError {
     fd_.reset();  // the stream position is unknown now: never reuse it
-    return StoreError(fmt::format("site {}: store {}:{}: {} failed: {}", opts_.site, opts_.host, opts_.port, what, why));
+    return StoreError(
+        fmt::format("site {}: store {}:{}: {} failed: {}", opts_.site, opts_.host, opts_.port, what, why));
   };
-  std::string err = net::send_all(fd_.get(), frame.data(), frame.size(), deadline);
-  if (!err.empty()) throw fail(err);
+  if (auto io = net::send_all(fd_.get(), frame.data(), frame.size(), deadline); !io.ok()) throw fail(io.message());
   std::array<uint8_t, wire::kHeaderBytes> hb{};
-  err = net::recv_all(fd_.get(), hb.data(), hb.size(), deadline);
-  if (!err.empty()) throw fail(err);
+  if (auto io = net::recv_all(fd_.get(), hb.data(), hb.size(), deadline); !io.ok()) throw fail(io.message());
   wire::Header h;
-  err = wire::decode_header(hb, &h);
-  if (!err.empty()) throw fail("malformed reply: " + err);
+  if (std::string err = wire::decode_header(hb, &h); !err.empty()) throw fail("malformed reply: " + err);
   std::vector<uint8_t> payload(h.payload_len);
-  err = net::recv_all(fd_.get(), payload.data(), payload.size(), deadline);
-  if (!err.empty()) throw fail(err);
+  if (auto io = net::recv_all(fd_.get(), payload.data(), payload.size(), deadline); !io.ok()) throw fail(io.message());
   *type = static_cast<uint16_t>(h.type);
   return payload;
 }
@@ -252,13 +249,15 @@ wire::Message expect(uint16_t type, const std::vector<uint8_t>& payload, wire::T
   try {
     m = wire::decode(static_cast<wire::Type>(type), payload);
   } catch (const StoreError& e) {
-    throw StoreError(fmt::format("site {}: store {}:{}: {}: malformed reply: {}", o.site, o.host, o.port, what, e.what()));
+    throw StoreError(
+        fmt::format("site {}: store {}:{}: {}: malformed reply: {}", o.site, o.host, o.port, what, e.what()));
   }
   if (m.type == wire::Type::kError)
-    throw StoreError(fmt::format("site {}: store {}:{}: {}: server refused: {}", o.site, o.host, o.port, what, m.error));
+    throw StoreError(
+        fmt::format("site {}: store {}:{}: {}: server refused: {}", o.site, o.host, o.port, what, m.error));
   if (m.type != want)
-    throw StoreError(fmt::format("site {}: store {}:{}: {}: unexpected reply type 0x{:04x}", o.site, o.host, o.port,
-                                 what, type));
+    throw StoreError(
+        fmt::format("site {}: store {}:{}: {}: unexpected reply type 0x{:04x}", o.site, o.host, o.port, what, type));
   return m;
 }
 
@@ -338,7 +337,8 @@ void TcpStore::wait(const std::vector<std::string>& keys, const std::chrono::mil
 std::vector<char> TcpStore::get(const std::string& key) {
   wait({key}, opts_.timeout);
   auto v = try_get(key);
-  if (!v) throw StoreError(fmt::format("site {}: store {}:{}: key '{}' vanished", opts_.site, opts_.host, opts_.port, key));
+  if (!v)
+    throw StoreError(fmt::format("site {}: store {}:{}: key '{}' vanished", opts_.site, opts_.host, opts_.port, key));
   return std::move(*v);
 }
 

@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-#include "trainer/parallel/socket.hpp"
+#include "trainer/core/net.hpp"
 
 namespace geoloco::parallel {
 
@@ -45,8 +45,8 @@ class TcpStoreServer {
 
   std::string host_;
   int port_ = 0;
-  net::Fd listen_fd_;
-  net::Fd wake_read_, wake_write_;
+  Fd listen_fd_;
+  Fd wake_read_, wake_write_;
   std::atomic<uint64_t> rejected_{0};
   std::atomic<uint64_t> served_{0};
   std::thread thread_;
@@ -90,7 +90,7 @@ class TcpStore : public gloo::rendezvous::Store {
 
   StoreClientOptions opts_;
   std::mutex mu_;
-  net::Fd fd_;
+  Fd fd_;
 };
 
 }  // namespace geoloco::parallel

@@ -1,0 +1,109 @@
+// Diloco's checkpoint: the outer state of this rank's shard (global weights, outer-optimizer
+// moments, error-feedback residual, in shard layout whatever the fragments), the round
+// counters, the plan in force and the merges still due (diloco.hpp). A resumed run continues
+// bit for bit: it merges at the same steps as an uninterrupted one.
+#include <fmt/format.h>
+
+#include <limits>
+
+#include "outer_optimizer/diloco.hpp"
+#include "trainer/core/error.hpp"
+
+namespace geoloco::outer {
+
+Diloco::State Diloco::save_state() {
+  // Syncs in flight: wait for their results (global weights, outer optimizer and error
+  // feedback state all advance in the worker) and checkpoint the merges still due, so a
+  // resumed run merges at the same steps as an uninterrupted one.
+  for (auto& f : frags_) join_worker(*f);
+  // A checkpoint holds weights every site agreed on.
+  verify_pending_checks();
+  ShardState st = pack_state();
+  State s;
+  s.tensors["global"] = std::move(st.global);
+  if (!st.opt_a.empty()) s.tensors["opt_a"] = std::move(st.opt_a);
+  if (!st.opt_b.empty()) s.tensors["opt_b"] = std::move(st.opt_b);
+  if (!st.ef.empty()) s.tensors["ef_residual"] = std::move(st.ef);
+  planner_.drain();
+  s.metadata["round"] = std::to_string(round_);
+  s.metadata["fragments"] = std::to_string(frags_.size());
+  if (ocfg_.auto_plan()) {
+    // The plan in effect and where its schedule starts; the protocol restarts after a
+    // checkpoint (drained above, in the uninterrupted run as in the resumed one).
+    s.metadata["planned"] = std::to_string(planned_ ? 1 : 0);
+    s.metadata["plan"] = plan_.to_json().dump();
+    s.metadata["epoch_start"] = std::to_string(epoch_start_);
+    s.metadata["replans"] = std::to_string(planner_.replans());
+  }
+  for (auto& f : frags_) {
+    const std::string p = fmt::format("f{}.", f->index);
+    s.metadata[p + "last_sync_step"] = std::to_string(f->last_sync_step);
+    s.metadata[p + "blocking_step"] = std::to_string(f->blocking_step);
+    s.metadata[p + "opt_steps"] = std::to_string(f->opt->steps());
+    if (f->pending_merge) {
+      s.metadata[p + "pending_merge_step"] = std::to_string(f->merge_step);
+      s.metadata[p + "pending_launch_step"] = std::to_string(f->launch_step);
+      s.metadata[p + "pending_round"] = std::to_string(f->round);
+      s.metadata[p + "pending_frame_bytes"] = std::to_string(f->result.frame_bytes);
+      s.metadata[p + "pending_envelope_bytes"] = std::to_string(f->result.envelope_bytes);
+      s.metadata[p + "pending_elements"] = std::to_string(f->result.elements);
+    }
+  }
+  return s;
+}
+
+void Diloco::restore_state(const trainer::SafetensorsFile& file) {
+  const std::vector<int64_t> shape = {static_cast<int64_t>(n_)};
+  if (ocfg_.auto_plan() && file.metadata().count("outer.planned") && file.meta("outer.planned") == "1") {
+    // Rebuild the fragments of the saved plan before reading their state.
+    PlanDecision d =
+        PlanDecision::from_json(nlohmann::json::parse(file.meta("outer.plan"), nullptr, false), file.path());
+    set_schedule(d, std::vector<float>(n_, 0.0f));
+    epoch_start_ = file.meta_int("outer.epoch_start", 0);
+    planner_.set_replans(static_cast<int>(file.meta_int("outer.replans", 0, std::numeric_limits<int>::max())));
+    plan_ = d;
+    plan_history_ = {d};
+    planned_ = true;
+  }
+  const std::string saved_f = file.meta("outer.fragments");
+  if (saved_f != std::to_string(frags_.size()))
+    throw FileError(file.path(),
+                    fmt::format("holds outer state for {} fragment(s), but this run has outer.fragments: {}", saved_f,
+                                frags_.size()));
+  // Shard-laid-out tensors back into each fragment's gathered order.
+  auto read = [&](const char* name) {
+    std::vector<float> v(n_);
+    file.copy_f32(name, shape, v);
+    return v;
+  };
+  ShardState st;
+  st.global = read("outer.global");
+  if (!frags_[0]->opt->state_a().empty()) st.opt_a = read("outer.opt_a");
+  if (!frags_[0]->opt->state_b().empty()) st.opt_b = read("outer.opt_b");
+  if (frags_[0]->ef) st.ef = read("outer.ef_residual");
+  unpack_state(st);
+  round_ = file.meta_int("outer.round", 0);
+  for (auto& f : frags_) {
+    const std::string p = fmt::format("outer.f{}.", f->index);
+    f->last_sync_step = file.meta_int(p + "last_sync_step", 0);
+    f->blocking_step = file.meta_int(p + "blocking_step", -1);
+    f->opt->set_steps(file.meta_int(p + "opt_steps", 0));
+    f->pending_merge = file.metadata().count(p + "pending_merge_step") > 0;
+    if (f->pending_merge) {
+      f->merge_step = file.meta_int(p + "pending_merge_step", 0);
+      f->launch_step = file.meta_int(p + "pending_launch_step", 0);
+      f->round = file.meta_uint(p + "pending_round", 1);
+      f->result = {};
+      f->result.hash = f->hash;
+      f->result.frame_bytes = file.meta_uint(p + "pending_frame_bytes", 0);
+      f->result.envelope_bytes = file.meta_uint(p + "pending_envelope_bytes", 0);
+      f->result.elements = file.meta_uint(p + "pending_elements", 0);
+      if (!overlapped())
+        throw FileError(file.path(),
+                        "holds an outer sync still in flight, but this run has no overlap "
+                        "(outer.overlap_steps or outer.delayed_update changed?)");
+    }
+  }
+}
+
+}  // namespace geoloco::outer

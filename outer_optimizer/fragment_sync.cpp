@@ -1,0 +1,183 @@
+// One fragment's round (pseudo-gradient, compress, exchange, decode, average, outer step) and its worker (fragment_sync.hpp).
+#include "outer_optimizer/fragment_sync.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "trainer/checkpoint/safetensors.hpp"
+#include "trainer/core/error.hpp"
+#include "trainer/core/hash.hpp"
+
+namespace geoloco::outer {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Runs one round's exchange; a failure (peer lost, timeout, bad frame) names the round.
+template <class F>
+auto in_outer_step(uint64_t round, int64_t step, F&& run) {
+  try {
+    return run();
+  } catch (Error& e) {
+    e.add_context(fmt::format("outer step {} (inner step {})", round, step));
+    throw;
+  }
+}
+
+// Operations a failed round leaves behind are cancelled, not waited for: they own their
+// buffers, and the peers' deadlines are theirs to keep.
+struct CancelOnExit {
+  std::vector<transport::OpHandle>& ops;
+  ~CancelOnExit() {
+    for (auto& op : ops) op.cancel();
+  }
+};
+
+}  // namespace
+
+ExchangeResult exchange(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64_t round, uint64_t tokens,
+                        std::span<const float> local, int tid) {
+  return in_outer_step(round, step, [&] {
+    const size_t n = f.n;
+    const SitePeers& peers = ctx.peers;
+    const int S = peers.sites(), self = peers.site(), rank = peers.rank();
+    const OuterConfig& ocfg = ctx.cfg.outer;
+
+    // 1. Pseudo-gradient of this shard.
+    for (size_t i = 0; i < n; ++i) f.delta[i] = f.global[i] - local[i];
+    if (!ctx.hooks.capture_dir.empty()) {
+      const std::string path = fmt::format("{}/pseudograd.{}.r{}.round{}.safetensors", ctx.hooks.capture_dir,
+                                           ctx.cfg.sites[static_cast<size_t>(self)].name, rank, round);
+      trainer::TensorWrite t = trainer::f32_tensor("delta", {static_cast<int64_t>(n)}, f.delta);
+      trainer::write_safetensors(path, std::span<const trainer::TensorWrite>(&t, 1),
+                                 {{"round", std::to_string(round)}, {"step", std::to_string(step)}});
+    }
+
+    // The check of this fragment's previous round: its replies arrived long ago (the peers
+    // sent them right after that round's outer step), so this rarely waits.
+    if (f.check) {
+      trainer::TraceSpan sp(ctx.trace, "hash_check", tid);
+      verify_hash_check(peers, ctx.cfg, *f.check);
+      f.check.reset();
+    }
+
+    // 2. Compress, wrap, exchange.
+    std::optional<trainer::TraceSpan> compress_span(std::in_place, ctx.trace, "compress", tid);
+    std::vector<uint8_t> frame;
+    auto info = f.pipeline->encode(f.delta, f.ef.get(), frame);
+    std::vector<uint8_t> mine_bytes;
+    write_envelope(
+        {EnvelopeKind::kPseudoGradient, round, static_cast<uint32_t>(self), static_cast<uint32_t>(rank), tokens, frame},
+        mine_bytes);
+    const transport::Payload mine = transport::make_payload(std::move(mine_bytes));
+    // Every site encodes with the same pipeline config, so a peer's frame is at most our raw
+    // size plus framing (zstd is only kept when it shrinks the payload).
+    const uint64_t max_frame = compression::kHeaderBytes + info.raw_bytes + compression::kTrailerBytes;
+    compress_span.reset();
+    const auto exchange_t0 = Clock::now();
+    std::vector<transport::OpHandle> recvs, sends;
+    CancelOnExit cancel_recvs{recvs}, cancel_sends{sends};
+    for (int s = 0; s < S; ++s)
+      if (s != self)
+        recvs.push_back(peers.transport()->recv(peers.peer(s), transport::FrameKind::kPseudoGradient, round,
+                                                static_cast<uint32_t>(rank), kEnvelopeBytes + max_frame));
+    for (int s = 0; s < S; ++s)
+      if (s != self)
+        sends.push_back(peers.transport()->send(peers.peer(s), transport::FrameKind::kPseudoGradient, round,
+                                                static_cast<uint32_t>(rank), mine));
+    for (auto& op : sends) op.wait();
+    // Spans from posting to completion as seen by this thread (the transport's own loop
+    // thread does the work).
+    if (ctx.trace && !sends.empty()) ctx.trace->span("send", tid, exchange_t0, Clock::now());
+    std::vector<std::vector<uint8_t>> inbox(static_cast<size_t>(S));
+    for (int s = 0, k = 0; s < S; ++s) {
+      if (s == self) continue;
+      auto& op = recvs[static_cast<size_t>(k++)];
+      op.wait();
+      inbox[static_cast<size_t>(s)] = op.take();
+      inbox[static_cast<size_t>(s)].resize(op.bytes());
+    }
+    if (ctx.trace && !recvs.empty()) ctx.trace->span("receive", tid, exchange_t0, Clock::now());
+    std::optional<trainer::TraceSpan> decode_span(std::in_place, ctx.trace, "decode", tid);
+
+    // 3. Decode every site's contribution, own included, and average in site order.
+    std::vector<Envelope> env(static_cast<size_t>(S));
+    for (int s = 0; s < S; ++s) {
+      const std::span<const uint8_t> bytes =
+          s == self ? std::span<const uint8_t>(*mine) : inbox[static_cast<size_t>(s)];
+      env[static_cast<size_t>(s)] = read_envelope(bytes, EnvelopeKind::kPseudoGradient, round, static_cast<uint32_t>(s),
+                                                  static_cast<uint32_t>(rank), max_frame, peers.name(s));
+    }
+    std::vector<float> weight(static_cast<size_t>(S), 1.0f / static_cast<float>(S));
+    if (ocfg.weighting == "tokens") {
+      double total = 0;
+      for (auto& e : env) total += static_cast<double>(e.value);
+      if (total <= 0) throw Error(fmt::format("outer round {}: no site reported any tokens", round));
+      for (int s = 0; s < S; ++s)
+        weight[static_cast<size_t>(s)] = static_cast<float>(double(env[static_cast<size_t>(s)].value) / total);
+    }
+    std::fill(f.avg.begin(), f.avg.end(), 0.0f);
+    for (int s = 0; s < S; ++s) {
+      try {
+        f.pipeline->decode(env[static_cast<size_t>(s)].body, n, f.decoded);
+      } catch (const compression::FrameError& e) {
+        throw Error(
+            fmt::format("outer round {}: pseudo-gradient from {} rejected: {}", round, peers.name(s), e.what()));
+      }
+      const float w = weight[static_cast<size_t>(s)];
+      for (size_t i = 0; i < n; ++i) f.avg[i] += w * f.decoded[i];
+    }
+    decode_span.reset();
+
+    // 4. Outer step on this shard of the global weights.
+    {
+      trainer::TraceSpan sp(ctx.trace, "outer_optimizer", tid);
+      f.opt->step(f.global, f.avg);
+    }
+    if (const auto& p = ctx.hooks.perturb_global; p && p->site == self && p->round == round && f.n > 0)
+      f.global[0] = std::nextafter(f.global[0], INFINITY);
+    ExchangeResult r;
+    r.hash = hash64(f.global.data(), f.global.size() * sizeof(float));
+    // Posted now, verified at this fragment's next round (or a checkpoint, re-plan, the end).
+    if (ocfg.check_hash && peers.transport()) f.check = post_hash_check(peers, r.hash, round);
+    r.envelope_bytes = mine->size();
+    r.frame_bytes = info.frame_bytes;
+    r.elements = info.elements;
+    r.ratio = info.ratio();
+    return r;
+  });
+}
+
+void launch_worker(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64_t round, uint64_t tokens, int tid) {
+  f.in_flight = true;
+  f.error = nullptr;
+  f.t0 = Clock::now();
+  Fragment* fp = &f;
+  const ExchangeContext* c = &ctx;
+  f.worker = std::thread([fp, c, step, round, tokens, tid] {
+    try {
+      fp->result = exchange(*fp, *c, step, round, tokens, fp->snapshot, tid);
+    } catch (...) {
+      fp->error = std::current_exception();  // rethrown by the inner loop at the join
+    }
+    fp->t1 = Clock::now();
+  });
+}
+
+void join_worker(Fragment& f) {
+  if (!f.in_flight) return;
+  f.worker.join();
+  f.in_flight = false;
+  if (f.error) {
+    auto e = f.error;
+    f.error = nullptr;
+    f.pending_merge = false;
+    std::rethrow_exception(e);
+  }
+  f.joined_seconds = std::chrono::duration<double>(f.t1 - f.t0).count();
+  f.joined = true;
+}
+
+}  // namespace geoloco::outer

@@ -1,0 +1,46 @@
+// The cross-site weights-hash check, posted and verified (hash_check.hpp).
+#include "outer_optimizer/hash_check.hpp"
+
+#include <fmt/format.h>
+
+#include "trainer/core/hash.hpp"
+
+namespace geoloco::outer {
+
+HashCheck post_hash_check(const SitePeers& peers, uint64_t h, uint64_t round) {
+  HashCheck c;
+  c.round = round;
+  c.hash = h;
+  const auto shard = static_cast<uint32_t>(peers.rank());
+  for (int s = 0; s < peers.sites(); ++s) {
+    if (s == peers.site()) continue;
+    c.replies.emplace_back(s, peers.post_recv(s, round, shard, 0));
+    c.sends.push_back(peers.send(s, EnvelopeKind::kWeightsHash, round, shard, h, {}));
+  }
+  return c;
+}
+
+void verify_hash_check(const SitePeers& peers, const trainer::RunConfig& cfg, HashCheck& c) {
+  for (auto& op : c.sends) op.wait();
+  for (auto& [s, op] : c.replies) {
+    std::vector<uint8_t> bytes;
+    const Envelope e = peers.read(op, s, EnvelopeKind::kWeightsHash, c.round, bytes, 0);
+    if (e.value == c.hash) continue;
+    const std::string& here = cfg.sites[static_cast<size_t>(peers.site())].name;
+    const std::string& there = cfg.sites[static_cast<size_t>(s)].name;
+    // Round 0 is the start: nothing has trained yet, so the inputs of the init differ.
+    if (c.round == 0)
+      throw Error(fmt::format(
+          "initial weights differ between sites: shard {} hash {} here (site {}) but {} at site {} ({}); every "
+          "site must start from the same weights: same run.seed and, with train.init_from, the same file "
+          "contents ({} here)",
+          peers.rank(), hex64(c.hash), here, hex64(e.value), there, peers.name(s),
+          cfg.train.init_from.empty() ? std::string("none") : cfg.train.init_from));
+    throw Error(
+        fmt::format("outer round {}: global weights diverged: shard {} hash {} here (site {}) but {} at site "
+                    "{} ({}); stopping",
+                    c.round, peers.rank(), hex64(c.hash), here, hex64(e.value), there, peers.name(s)));
+  }
+}
+
+}  // namespace geoloco::outer

@@ -1,0 +1,28 @@
+// The cross-site weights-hash check (outer.check_hash): after a round's outer step every rank
+// sends the hash of its shard of the new global weights to the same rank of every other site,
+// and verifies theirs at the fragment's next round (or a checkpoint, a re-plan, the run's end),
+// so it costs no round trip on the sync path. Round 0 is the start: every site must begin
+// from the same weights. A mismatch stops the run naming the round, the shard and both sites.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "outer_optimizer/site_peers.hpp"
+#include "trainer/loop/run_config.hpp"
+
+namespace geoloco::outer {
+
+// A posted check: the hash sent for `round` and the replies still arriving.
+struct HashCheck {
+  uint64_t round = 0, hash = 0;
+  std::vector<std::pair<int, transport::RecvHandle>> replies;  // (site, receive)
+  std::vector<transport::SendHandle> sends;
+};
+
+HashCheck post_hash_check(const SitePeers& peers, uint64_t shard_hash, uint64_t round);
+// Waits for every reply and compares; throws Error naming the divergence.
+void verify_hash_check(const SitePeers& peers, const trainer::RunConfig& cfg, HashCheck& check);
+
+}  // namespace geoloco::outer

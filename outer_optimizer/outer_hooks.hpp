@@ -1,0 +1,33 @@
+// OuterHooks: what a test or a benchmark injects into the outer loop (app::RankOptions carries
+// them to every rank it runs). Product code never sets the test hooks; nothing here is read
+// from the environment.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace geoloco::outer {
+
+struct OuterHooks {
+  // Test: the sync times measured after inner step `after_step` are multiplied by `factor`
+  // (a link that got slower), so the re-plan protocol runs deterministically.
+  struct Drift {
+    int64_t after_step = 0;
+    double factor = 1;
+  };
+  std::optional<Drift> drift;
+  // Test: after round `round`'s outer step at site index `site`, one global weight is nudged
+  // by one ulp (the sites diverge), so the cross-site hash check must stop the run.
+  struct Perturb {
+    int site = 0;
+    uint64_t round = 0;
+  };
+  std::optional<Perturb> perturb_global;
+  // Benchmarks: every round's pseudo-gradient of this rank's shard is written to
+  // <dir>/pseudograd.<site>.r<rank>.round<N>.safetensors (tensor "delta"); `geoloco launch
+  // --capture-pseudograd DIR` sets it (bench/compression/capture.sh).
+  std::string capture_dir;
+};
+
+}  // namespace geoloco::outer

@@ -1,0 +1,320 @@
+// The outer.plan: auto protocol between sites: start-up plan, period boundaries (plan_coordinator.hpp).
+#include "outer_optimizer/plan_coordinator.hpp"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "transport/probe/probe.hpp"
+
+namespace geoloco::outer {
+
+namespace {
+
+// Keys of the plan protocol's control messages (FrameKind::kControl; the hash check uses
+// shard = rank, far below these).
+constexpr uint32_t kPlanReportShard = 0xFFFF0001u, kPlanDecisionShard = 0xFFFF0002u;
+constexpr uint32_t kStartReportShard = 0xFFFF0003u, kStartPlanShard = 0xFFFF0004u;
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
+std::span<const uint8_t> text_bytes(const std::string& s) {
+  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
+}
+
+nlohmann::json body_json(const Envelope& e, const std::string& who) {
+  try {
+    return nlohmann::json::parse(std::string(reinterpret_cast<const char*>(e.body.data()), e.body.size()));
+  } catch (const nlohmann::json::exception& x) {
+    throw Error(fmt::format("outer plan: malformed message from {}: {}", who, x.what()));
+  }
+}
+
+// A plan's JSON text (malformed JSON is reported by from_json, naming `source`).
+PlanDecision parse_plan(const std::vector<uint8_t>& bytes, const std::string& source) {
+  return PlanDecision::from_json(nlohmann::json::parse(std::string(bytes.begin(), bytes.end()), nullptr, false),
+                                 source);
+}
+
+// Site 0's rank 0 decides, every other site's rank 0 receives: rank 0's bytes on every rank.
+std::vector<uint8_t> site_broadcast(trainer::SiteStrategy& strategy, int rank, std::vector<uint8_t> mine) {
+  auto* coll = strategy.collective();
+  if (!coll || strategy.ranks() == 1) return mine;
+  if (rank != 0) mine.clear();
+  auto all = coll->all_gather_bytes(std::as_bytes(std::span<const uint8_t>(mine)));
+  const auto& b = all.at(0);
+  return std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(b.data()),
+                              reinterpret_cast<const uint8_t*>(b.data()) + b.size());
+}
+
+}  // namespace
+
+PlanCoordinator::PlanCoordinator(const trainer::RunConfig& cfg, const SitePeers& peers,
+                                 const trainer::ParamLayout& layout, const OuterHooks& hooks)
+    : cfg_(cfg), ocfg_(cfg.outer), peers_(peers), layout_(layout), hooks_(hooks) {}
+
+PlanCoordinator::~PlanCoordinator() {
+  // A run that failed while probing: the probe's waits are bounded by the transport's timeouts.
+  if (probe_thread_.joinable()) probe_thread_.join();
+}
+
+PlanRequest PlanCoordinator::request(const PathMeasurement& path, double step_time_s, double capacity_scale) const {
+  PlanRequest r;
+  r.params = static_cast<double>(layout_.total());
+  r.sites = static_cast<int>(cfg_.sites.size());
+  r.ranks = cfg_.sites[0].ranks;
+  r.transport_lanes = peers_.transport() ? peers_.transport()->lanes() : 1;
+  if (cfg_.transport) {
+    r.eager_bytes = static_cast<double>(cfg_.transport->eager_bytes);
+    // The emulator delays whole chunks over loopback, where handshakes cost nothing.
+    if (cfg_.transport->emulate.enabled()) r.rtts_per_round = 0.5;
+  }
+  r.n_layer = layout_.config().n_layer;
+  r.path = path;
+  r.step_time_s = step_time_s;
+  r.capacity_scale = capacity_scale;
+  r.outer = &ocfg_;
+  return r;
+}
+
+void PlanCoordinator::start_probe() {
+  if (peers_.rank() != 0 || probe_thread_.joinable() || probe_path_ || probe_error_) return;
+  probe_thread_ = std::thread([this] {
+    try {
+      probe_path_ = probe_sites();
+    } catch (...) {
+      probe_error_ = std::current_exception();
+    }
+  });
+}
+
+PathMeasurement PlanCoordinator::probe_sites() {
+  // Every site pair this site belongs to, in one global order (no deadlock); the worst path.
+  const int S = peers_.sites(), self = peers_.site();
+  std::optional<PathMeasurement> worst;
+  uint32_t pair = 0;
+  for (int a = 0; a < S; ++a)
+    for (int b = a + 1; b < S; ++b) {
+      ++pair;
+      if (a != self && b != self) continue;
+      const int other = a == self ? b : a;
+      probe::ProbeOptions po;
+      po.session = pair;
+      po.seconds = ocfg_.plan_probe_seconds;
+      po.ping_count = 20;
+      po.ping_warmup = 3;
+      spdlog::info("outer plan: probing {} ({:.1f} s per stream) while the first {} steps are timed",
+                   peers_.name(other), po.seconds, ocfg_.plan_measure_steps);
+      auto r = probe::probe_peer(*peers_.transport(), peers_.peer(other),
+                                 a == self ? probe::Role::kInitiator : probe::Role::kResponder, po);
+      PathMeasurement m;
+      m.rtt_s = r.rtt.median_ms / 1e3;
+      m.rtt_p99_s = r.rtt.p99_ms / 1e3;
+      m.per_connection_Bps = r.single ? r.single->gbps * 1e9 / 8 : 0;
+      m.path_Bps = r.multi ? r.multi->gbps * 1e9 / 8 : m.per_connection_Bps;
+      m.connections = r.multi ? r.multi->connections : 1;
+      worst = worst ? PathMeasurement::worst(*worst, m) : m;
+    }
+  return *worst;
+}
+
+PlanDecision PlanCoordinator::initial(trainer::SiteStrategy& strategy, const std::vector<double>& step_times) {
+  const int S = peers_.sites();
+  // 1. The inner step time: this rank's median (the first step, with its start-up costs,
+  //    left out), then the site's slowest rank.
+  std::vector<double> times(step_times.begin() + std::min<ptrdiff_t>(1, ptrdiff_t(step_times.size())),
+                            step_times.end());
+  double step_s = median(times);
+  if (auto* coll = strategy.collective(); coll && strategy.ranks() > 1) {
+    auto all = coll->all_gather_bytes(std::as_bytes(std::span<const double>(&step_s, 1)));
+    for (auto& b : all) {
+      double v = 0;
+      std::memcpy(&v, b.data(), sizeof v);
+      step_s = std::max(step_s, v);
+    }
+  }
+  std::vector<uint8_t> plan_bytes;
+  if (peers_.rank() == 0) {
+    // 2. The probe ran on its own thread during the measured steps.
+    if (probe_thread_.joinable()) probe_thread_.join();
+    if (probe_error_) std::rethrow_exception(probe_error_);
+    if (!probe_path_) throw Error("outer plan: the probe measured nothing");
+    const PathMeasurement worst = *probe_path_;
+    // 3. Site 0 plans from every site's report; the others receive the plan.
+    if (peers_.site() == 0) {
+      std::vector<std::pair<int, transport::RecvHandle>> recvs;
+      for (int s = 1; s < S; ++s) recvs.emplace_back(s, peers_.post_recv(s, 0, kStartReportShard));
+      double max_step = step_s;
+      PathMeasurement path = worst;
+      for (auto& [s, op] : recvs) {
+        std::vector<uint8_t> bytes;
+        auto j = body_json(peers_.read(op, s, EnvelopeKind::kPlanReport, 0, bytes), peers_.name(s));
+        try {
+          max_step = std::max(max_step, j.at("step_time_s").get<double>());
+          path = PathMeasurement::worst(path, PathMeasurement::from_json(j.at("path")));
+        } catch (const nlohmann::json::exception& x) {
+          throw Error(fmt::format("outer plan: malformed report from {}: {}", peers_.name(s), x.what()));
+        }
+      }
+      PlanDecision d = choose_plan(request(path, max_step, 1.0));
+      d.epoch = 1;
+      const std::string body = d.to_json().dump();
+      std::vector<transport::SendHandle> sends;
+      for (int s = 1; s < S; ++s)
+        sends.push_back(peers_.send(s, EnvelopeKind::kPlanDecision, 0, kStartPlanShard, 0, text_bytes(body)));
+      for (auto& op : sends) op.wait();
+      plan_bytes.assign(body.begin(), body.end());
+    } else {
+      const nlohmann::json report = {{"step_time_s", step_s}, {"path", worst.to_json()}};
+      auto sent = peers_.send(0, EnvelopeKind::kPlanReport, 0, kStartReportShard, 0, text_bytes(report.dump()));
+      auto got = peers_.post_recv(0, 0, kStartPlanShard);
+      sent.wait();
+      std::vector<uint8_t> bytes;
+      auto e = peers_.read(got, 0, EnvelopeKind::kPlanDecision, 0, bytes);
+      plan_bytes.assign(e.body.begin(), e.body.end());
+    }
+  }
+  // 4. The same plan on every rank of the site.
+  plan_bytes = site_broadcast(strategy, peers_.rank(), std::move(plan_bytes));
+  return parse_plan(plan_bytes, peers_.site() == 0 ? "this site" : peers_.name(0));
+}
+
+std::optional<PlanDecision> PlanCoordinator::boundary(int64_t step, trainer::SiteStrategy& strategy, PlanDecision& plan,
+                                                      const std::vector<double>& sync_times,
+                                                      const std::vector<double>& step_times) {
+  const int S = peers_.sites();
+  const bool site0 = peers_.site() == 0, rank0 = peers_.rank() == 0;
+  const uint64_t key = (static_cast<uint64_t>(plan.epoch) << 32) | static_cast<uint64_t>(++boundary_);
+  // A. The decision due at this boundary: site 0 made it one boundary ago, the others
+  //    received it since.
+  std::vector<uint8_t> due;
+  if (rank0) {
+    if (site0) {
+      if (next_due_) {
+        const std::string b = next_due_->to_json().dump();
+        due.assign(b.begin(), b.end());
+      }
+      next_due_.reset();
+      for (auto& op : decision_sends_) op.wait();
+      decision_sends_.clear();
+    } else {
+      for (auto& [s, op] : decision_recvs_) {
+        std::vector<uint8_t> bytes;
+        auto j = body_json(peers_.read(op, s, EnvelopeKind::kPlanDecision, key - 1, bytes), peers_.name(0));
+        if (j.value("change", false)) {
+          const std::string b = j.at("plan").dump();
+          due.assign(b.begin(), b.end());
+        }
+      }
+      decision_recvs_.clear();
+    }
+  }
+  due = site_broadcast(strategy, peers_.rank(), std::move(due));
+  if (!due.empty()) {
+    PlanDecision d = parse_plan(due, site0 ? "this site" : peers_.name(0));
+    if (!d.same_schedule(plan)) {
+      drain();
+      ++replans_;
+      return d;
+    }
+    // Same schedule, recalibrated predictions: nothing to rebuild.
+    if (rank0)
+      spdlog::info(
+          "outer plan: recalibrated at step {} (fragment sync predicted {:.1f} ms, was {:.1f} ms); schedule "
+          "unchanged",
+          step, d.predicted_fragment_sync_s * 1e3, plan.predicted_fragment_sync_s * 1e3);
+    d.epoch = plan.epoch;
+    plan = d;
+    ++recalibrations_;
+  }
+  // B. This boundary's measurements (rank 0's stand for its site).
+  double sync_s = median(sync_times);
+  const double step_s = median(step_times);
+  if (hooks_.drift && step > hooks_.drift->after_step) sync_s *= hooks_.drift->factor;
+  const bool drift = drifted(plan.predicted_fragment_sync_s, sync_s, ocfg_.replan_threshold) ||
+                     drifted(plan.step_time_s, step_s, ocfg_.replan_threshold);
+  if (!rank0) return std::nullopt;
+  const nlohmann::json report = {{"sync_s", sync_s}, {"step_s", step_s}, {"drift", drift}};
+  if (site0) {
+    // C. Decide from every site's report of the previous boundary.
+    std::optional<PlanDecision> d;
+    if (!own_report_.is_null()) {
+      std::vector<nlohmann::json> reports = {own_report_};
+      for (auto& [s, op] : report_recvs_) {
+        std::vector<uint8_t> bytes;
+        reports.push_back(body_json(peers_.read(op, s, EnvelopeKind::kPlanReport, key - 1, bytes), peers_.name(s)));
+      }
+      // Sync time: the smallest site's (a site that reached the sync first also waited for
+      // the others; the last one to arrive measures the transfer). Step time: the slowest.
+      bool any_drift = false;
+      double min_sync = 0, max_step = 0;
+      try {
+        for (auto& r : reports) {
+          any_drift = any_drift || r.at("drift").get<bool>();
+          const double v = r.at("sync_s").get<double>();
+          if (v > 0) min_sync = min_sync > 0 ? std::min(min_sync, v) : v;
+          max_step = std::max(max_step, r.at("step_s").get<double>());
+        }
+      } catch (const nlohmann::json::exception& x) {
+        throw Error(fmt::format("outer plan: malformed report at boundary {}: {}", boundary_, x.what()));
+      }
+      if (any_drift && max_step > 0) {
+        PlanRequest req = request(plan.path, max_step, plan.capacity_scale);
+        const double scale = min_sync > 0 ? calibrated_capacity_scale(req, plan, min_sync) : plan.capacity_scale;
+        PlanDecision n = choose_plan(request(plan.path, max_step, scale));
+        n.epoch = n.same_schedule(plan) ? plan.epoch : plan.epoch + 1;
+        // A recalibration that moves the prediction by less than half the threshold is noise.
+        const bool minor =
+            n.same_schedule(plan) &&
+            !drifted(plan.predicted_fragment_sync_s, n.predicted_fragment_sync_s, ocfg_.replan_threshold / 2) &&
+            !drifted(plan.step_time_s, n.step_time_s, ocfg_.replan_threshold / 2);
+        n.reason = fmt::format(
+            "Re-planned at step {}: measured fragment sync {:.1f} ms (plan {:.1f} ms), step {:.1f} ms "
+            "(plan {:.1f} ms), threshold {:.0f}%. {}",
+            step, min_sync * 1e3, plan.predicted_fragment_sync_s * 1e3, max_step * 1e3, plan.step_time_s * 1e3,
+            ocfg_.replan_threshold * 100, n.reason);
+        if (!minor) d = n;
+      }
+    }
+    report_recvs_.clear();
+    const nlohmann::json msg = {{"change", d.has_value()}, {"plan", d ? d->to_json() : nlohmann::json()}};
+    const std::string body = msg.dump();
+    for (int s = 1; s < S; ++s)
+      decision_sends_.push_back(
+          peers_.send(s, EnvelopeKind::kPlanDecision, key, kPlanDecisionShard, 0, text_bytes(body)));
+    next_due_ = d;
+    own_report_ = report;
+    for (int s = 1; s < S; ++s) report_recvs_.emplace_back(s, peers_.post_recv(s, key, kPlanReportShard));
+  } else {
+    for (auto& op : report_sends_) op.wait();
+    report_sends_.clear();
+    report_sends_.push_back(
+        peers_.send(0, EnvelopeKind::kPlanReport, key, kPlanReportShard, 0, text_bytes(report.dump())));
+    decision_recvs_.emplace_back(0, peers_.post_recv(0, key, kPlanDecisionShard));
+  }
+  return std::nullopt;
+}
+
+void PlanCoordinator::drain() {
+  // Every message posted has its counterpart posted at the same boundary on the other side,
+  // so these waits end (bounded by the transport's timeouts if a peer died).
+  for (auto& [s, op] : report_recvs_) op.wait();
+  for (auto& [s, op] : decision_recvs_) op.wait();
+  for (auto& op : report_sends_) op.wait();
+  for (auto& op : decision_sends_) op.wait();
+  report_recvs_.clear();
+  decision_recvs_.clear();
+  report_sends_.clear();
+  decision_sends_.clear();
+  next_due_.reset();
+  own_report_ = nullptr;
+  boundary_ = 0;
+}
+
+}  // namespace geoloco::outer

@@ -1,0 +1,31 @@
+// N MemoryTransports on one fabric, for the backend-generic tests (backend_tests.hpp).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tests/transport/test_util.hpp"
+#include "transport/memory/memory_fabric.hpp"
+
+namespace geoloco::transport::test {
+
+struct MemoryCluster : ClusterOps<MemoryCluster> {
+  static constexpr bool kUcx = false;
+  // Frames above 64 KiB come by rendezvous, so both receive paths are exercised.
+  memory::MemoryFabric fabric{memory::FabricOptions{0.0, 64 * 1024}};
+  std::vector<std::unique_ptr<memory::MemoryTransport>> t;
+  std::vector<PeerInfo> infos;
+
+  MemoryCluster(const std::vector<TransportConfig>& cfgs, const std::vector<Identity>& ids,
+                const std::vector<TestHooks>& hooks = {}) {
+    for (size_t i = 0; i < cfgs.size(); ++i) {
+      t.push_back(fabric.endpoint(cfgs[i], ids[i], i < hooks.size() ? hooks[i] : TestHooks{}));
+      infos.push_back(PeerInfo{ids[i].site, ids[i].rank, "memory", static_cast<int>(i)});
+    }
+  }
+  ~MemoryCluster() { t.clear(); }  // endpoints before the fabric
+  void connect(size_t i) { t[i]->connect(peers_of(i)); }
+};
+
+}  // namespace geoloco::transport::test

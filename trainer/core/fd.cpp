@@ -1,0 +1,27 @@
+#include "trainer/core/fd.hpp"
+
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace geoloco {
+
+int close_fd(int fd) noexcept {
+  if (fd < 0) return 0;
+  // Linux releases the descriptor before close() can be interrupted (man 2 close, "Dealing
+  // with error returns from close()"), so EINTR means closed; retrying could close a
+  // descriptor that another thread opened in between.
+  if (::close(fd) == 0 || errno == EINTR) return 0;
+  return errno;
+}
+
+void Fd::reset(int fd) noexcept {
+  if (fd < 0) fd = -1;
+  if (fd == fd_) return;
+  const int old = std::exchange(fd_, fd);
+  close_fd(old);
+}
+
+int Fd::close() noexcept { return close_fd(release()); }
+
+}  // namespace geoloco

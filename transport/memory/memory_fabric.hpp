@@ -1,0 +1,185 @@
+// The in-memory backend: a MemoryFabric connects MemoryTransports living in one process,
+// for tests. The protocol above it is the real one (channel.hpp: frames, reassembly,
+// credits, deadlines; handshake_session.hpp at connect); only the wire is memory.
+//
+// Deterministic delivery: one fabric thread runs every endpoint's protocol and delivers
+// frames in the order they were sent, per lane (a delayed frame holds back those behind it,
+// as on a TCP connection). So given the same calls, the same frames arrive in the same order
+// and a fault aimed at "the 3rd pseudo-gradient frame from lyon/0" lands at that frame.
+//
+// Faults (add_fault, or at once with kill/stall/resume):
+//   drop     the frame is lost (its sender sees it sent)
+//   delay    the frame (and its lane behind it) arrives delay_s later
+//   corrupt  one payload bit flips in flight: the receiver's checksum catches it
+//   garbage  the payload is replaced by random bytes with a valid checksum: a peer sending
+//            well-framed nonsense, which the layer above must refuse
+//   stall    from this frame on the sender is frozen, alive but stuck (as SIGSTOP): it sends,
+//            receives and times out nothing until resume() (or delay_s later, as SIGCONT)
+//   kill     the sender dies just before this frame: its connections drop, every peer's
+//            operations with it fail as on a lost TCP connection, its own fail too
+// Frames larger than `rendezvous_bytes` arrive as rendezvous (the receiver fetches the data;
+// the send completes then), exercising the same paths as UCX's rendezvous.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <queue>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "transport/engine.hpp"
+
+namespace geoloco::transport::memory {
+
+enum class FaultAction { kDrop, kDelay, kCorrupt, kGarbage, kStall, kKill };
+
+// Which frames a fault applies to, and what it does. Empty site / rank -1 / no kind: any.
+struct Fault {
+  FaultAction action = FaultAction::kDrop;
+  std::string from_site;
+  int from_rank = -1;
+  std::string to_site;
+  int to_rank = -1;
+  std::optional<FrameKind> kind;  // credit frames match only when named
+  uint64_t nth = 1;               // the first matching frame it applies to (1-based)
+  uint64_t count = 1;             // matching frames from the nth on it applies to (0: all)
+  double delay_s = 0;             // kDelay: how late; kStall: resumes after this long (0: at resume())
+  uint64_t seed = 1;              // kCorrupt (which bit), kGarbage (which bytes)
+};
+
+struct FabricOptions {
+  double latency_s = 0;           // one-way delay of every frame
+  uint64_t rendezvous_bytes = 0;  // payloads above this many bytes are fetched (0: never)
+};
+
+class MemoryTransport;
+
+class MemoryFabric {
+ public:
+  explicit MemoryFabric(FabricOptions options = {});
+  // Every endpoint must be destroyed before its fabric.
+  ~MemoryFabric();
+  MemoryFabric(const MemoryFabric&) = delete;
+  MemoryFabric& operator=(const MemoryFabric&) = delete;
+
+  // A transport on this fabric (then connect() it). The site/rank must be unique here.
+  std::unique_ptr<MemoryTransport> endpoint(TransportConfig cfg, Identity self, TestHooks hooks = {});
+
+  // Takes effect for frames sent after the call (thread-safe).
+  void add_fault(Fault f);
+  // Now, whatever is in flight: kill drops the endpoint's connections; stall freezes it;
+  // resume unfreezes it (what queued up for it is processed in order).
+  void kill(const std::string& site, int rank);
+  void stall(const std::string& site, int rank);
+  void resume(const std::string& site, int rank);
+  // Frames the fabric delivered so far from site/rank (any kind), and faults applied.
+  uint64_t frames_from(const std::string& site, int rank) const;
+  uint64_t faults_applied() const;
+
+  // Runs `fn` on the fabric thread and waits for it.
+  void run_sync(std::function<void()> fn);
+
+ private:
+  friend class MemoryTransport;
+  friend class MemoryLink;
+  // A frame on the fabric.
+  struct Message {
+    uint64_t id = 0;
+    int from = -1, to = -1, lane = 0;
+    std::vector<uint8_t> header, payload;
+    bool rndv = false;
+    Link::SendDone sender_done;  // rendezvous: the send completes when the data is fetched
+  };
+  struct Event {
+    Clock::time_point due;
+    uint64_t seq;
+    int owner;  // endpoint id, or -1
+    std::function<void()> fn;
+    bool operator>(const Event& o) const { return due != o.due ? due > o.due : seq > o.seq; }
+  };
+  struct Endpoint {
+    MemoryTransport* t = nullptr;
+    bool dead = false;
+    bool frozen = false;
+    std::vector<Event> backlog;  // events that reached it while frozen
+  };
+
+  void schedule(Clock::time_point due, int owner, std::function<void()> fn);
+  void loop();
+  void run_event(Event& e);
+  int register_endpoint(MemoryTransport* t);
+  void unregister_endpoint(int id);
+  int find(const std::string& site, int rank) const;  // fabric thread
+  // Fabric thread: a frame leaves `from` (its channel to `to`) on `lane`.
+  std::optional<std::string> transmit(int from, int to, int lane, std::span<const uint8_t> header,
+                                      std::span<const uint8_t> payload, bool eager, Link::SendDone done);
+  void deliver(std::shared_ptr<Message> m);
+  void do_kill(int id, const std::string& why);
+  void announce_death(int id, const std::string& why);
+  Clock::time_point after_frames_of(int id) const;
+  // Fails every peer's channel to endpoint `id` with message(peer as that endpoint names it).
+  void disconnect_peers(int id, const std::function<std::string(const PeerInfo&)>& message, bool quiet);
+  void do_stall(int id);
+  void do_resume(int id);
+  // Fabric thread: the first matching fault's action for a frame (and counts it).
+  std::optional<Fault> match_fault(int from, int to, const FrameHeader& h);
+
+  const FabricOptions opt_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::priority_queue<Event, std::vector<Event>, std::greater<Event>> queue_;
+  uint64_t seq_ = 0;
+  bool stopping_ = false;
+  std::vector<std::pair<Fault, uint64_t>> faults_;  // (fault, matching frames seen)
+  uint64_t faults_applied_ = 0;
+  std::map<std::pair<std::string, int>, uint64_t> frames_from_;
+
+  // fabric thread
+  std::vector<Endpoint> endpoints_;
+  std::map<std::pair<int, int>, Clock::time_point> lane_free_;  // (from, to*64 + lane) -> last delivery
+  std::map<uint64_t, std::shared_ptr<Message>> held_;           // frames a channel kept
+  uint64_t next_msg_ = 1;
+  std::thread thread_;
+};
+
+// A transport on a MemoryFabric: the same Transport API, peers found by (site, rank).
+class MemoryTransport : public EngineTransport {
+ public:
+  ~MemoryTransport() override;
+  // Connects to every peer (host and port are not used) and runs the handshake with each, so
+  // wrong keys, versions and configs are refused as they are over UCX; within
+  // connect_timeout_s. Throws HandshakeError / TimeoutError as UcxTransport::connect does.
+  void connect(std::vector<PeerInfo> peers);
+  void post(std::function<void()> fn) override;
+
+ private:
+  friend class MemoryFabric;
+  friend class MemoryLink;
+  MemoryTransport(MemoryFabric& fabric, TransportConfig cfg, Identity self, TestHooks hooks);
+  // Fabric thread.
+  void try_connect();
+  void check_connect_deadline(Clock::time_point now, Clock::time_point& next);
+  void finish_connect(FailKind kind, const std::string& msg);
+  bool pass(Clock::time_point now, Clock::time_point& next);
+
+  MemoryFabric& fabric_;
+  int id_ = -1;
+  uint16_t version_;
+  // Fabric thread state.
+  std::vector<PeerInfo> want_;  // the peers connect() named
+  std::vector<int> peer_ids_;   // fabric endpoint id per peer, -1 until paired
+  std::vector<std::string> last_error_;
+  std::string fatal_;
+  std::shared_ptr<detail::OpState> connect_done_;
+  Clock::time_point connect_deadline_{};
+  bool connected_ = false;
+  std::vector<std::unique_ptr<Link>> links_;
+};
+
+}  // namespace geoloco::transport::memory

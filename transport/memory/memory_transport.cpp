@@ -1,0 +1,237 @@
+// MemoryTransport: connection set-up on the fabric (pairing by site/rank, the real
+// handshake over direct calls, the connect deadline) and its Link (memory_link.hpp).
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "trainer/core/log.hpp"
+#include "transport/handshake_session.hpp"
+#include "transport/memory/memory_fabric.hpp"
+#include "transport/memory/memory_link.hpp"
+
+namespace geoloco::transport::memory {
+
+// ---- MemoryLink -----------------------------------------------------------------------------
+
+std::optional<std::string> MemoryLink::send_frame(int lane, std::span<const uint8_t> header,
+                                                  std::span<const uint8_t> payload, bool eager, SendDone done) {
+  if (!lane_up(lane)) return std::string("connection closed");
+  return fabric_.transmit(self_, peer_, lane, header, payload, eager, std::move(done));
+}
+
+std::optional<Link::Fetched> MemoryLink::fetch(const HeldData& data, std::span<uint8_t> dst, FetchDone) {
+  const auto id = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(data.token));
+  auto it = fabric_.held_.find(id);
+  if (it == fabric_.held_.end()) return Fetched{"the frame's data is gone", 0};
+  auto m = it->second;
+  fabric_.held_.erase(it);
+  const uint64_t n = std::min<uint64_t>(dst.size(), m->payload.size());
+  std::copy(m->payload.begin(), m->payload.begin() + static_cast<std::ptrdiff_t>(n), dst.begin());
+  if (m->sender_done) {
+    auto done = std::move(m->sender_done);
+    fabric_.schedule(Clock::now(), m->from, [done] { done(""); });
+  }
+  return Fetched{"", n};
+}
+
+void MemoryLink::release(const HeldData& data) {
+  if (data.token == nullptr) return;
+  const auto id = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(data.token));
+  auto it = fabric_.held_.find(id);
+  if (it == fabric_.held_.end()) return;
+  auto m = it->second;
+  fabric_.held_.erase(it);
+  if (m->sender_done) {
+    auto done = std::move(m->sender_done);
+    fabric_.schedule(Clock::now(), m->from, [done] { done(""); });
+  }
+}
+
+void MemoryLink::abort() {
+  aborted_ = true;
+  // Our rendezvous sends parked at the peer complete now (as a force-closed endpoint's would).
+  for (auto& [id, m] : fabric_.held_)
+    if (m->from == self_ && m->to == peer_ && m->sender_done) {
+      auto done = std::move(m->sender_done);
+      m->sender_done = nullptr;
+      fabric_.schedule(Clock::now(), self_, [done] { done("connection closed"); });
+    }
+}
+
+// ---- MemoryTransport ------------------------------------------------------------------------
+
+MemoryTransport::MemoryTransport(MemoryFabric& fabric, TransportConfig cfg, Identity self, TestHooks hooks)
+    : EngineTransport(std::move(cfg), std::move(self), std::move(hooks)), fabric_(fabric) {
+  version_ = hooks_.protocol_version != 0 ? hooks_.protocol_version : kProtocolVersion;
+}
+
+MemoryTransport::~MemoryTransport() {
+  detach_handles();
+  if (id_ < 0) return;
+  fabric_.run_sync([this] {
+    const std::string name = fmt::format("{}/{}", self_.site, self_.rank);
+    // Peers see a clean shutdown (as the UCX backend's BYE on every lane tells them) once the
+    // frames sent before it have arrived.
+    const int id = id_;
+    MemoryFabric& fabric = fabric_;
+    fabric_.schedule(fabric_.after_frames_of(id_), -1, [&fabric, id] {
+      fabric.disconnect_peers(
+          id, [](const PeerInfo& p) { return fmt::format("peer {} shut down", p.name()); }, /*quiet=*/true);
+    });
+    fail_all(FailKind::kTransport, fmt::format("transport {} shut down", name), /*quiet=*/true);
+    if (connect_done_) finish_connect(FailKind::kTransport, "transport shut down during connect");
+    abandon_requests();
+    fabric_.unregister_endpoint(id_);
+  });
+}
+
+void MemoryTransport::post(std::function<void()> fn) { fabric_.schedule(Clock::now(), id_, std::move(fn)); }
+
+void MemoryTransport::connect(std::vector<PeerInfo> peers) {
+  check_peer_list(peers);
+  auto st = std::make_shared<detail::OpState>();
+  post([this, peers = std::move(peers), st]() mutable {
+    if (connect_done_ || connected_) return st->finish(FailKind::kTransport, "transport: connect() called twice", 0);
+    want_ = std::move(peers);
+    peer_ids_.assign(want_.size(), -1);
+    last_error_.assign(want_.size(), "");
+    connect_done_ = st;
+    connect_deadline_ = Clock::now() + seconds_d(cfg_.connect_timeout_s);
+    // Channels exist from now on, so frames of peers that finished connecting first are held
+    // until their receives are posted; the API opens once every peer is connected.
+    std::vector<Link*> links;
+    for (size_t i = 0; i < want_.size(); ++i) {
+      links_.push_back(std::make_unique<MemoryLink>(fabric_, id_, cfg_.lanes));
+      links.push_back(links_.back().get());
+    }
+    open_channels(want_, links);
+    try_connect();
+    // Peers already waiting for us pair now too.
+    for (auto& other : fabric_.endpoints_)
+      if (other.t != nullptr && other.t != this && other.t->connect_done_) other.t->try_connect();
+  });
+  OpHandle(st).wait();
+}
+
+// Pairs with every wanted peer that has called connect() and wants us, running the handshake
+// (the smaller site/rank dials, as over UCX).
+void MemoryTransport::try_connect() {
+  if (!connect_done_) return;
+  for (size_t i = 0; i < want_.size(); ++i) {
+    if (peer_ids_[i] >= 0) continue;
+    const int pid = fabric_.find(want_[i].site, want_[i].rank);
+    if (pid < 0) {
+      last_error_[i] = "no such endpoint on the fabric yet";
+      continue;
+    }
+    MemoryTransport* peer = fabric_.endpoints_[static_cast<size_t>(pid)].t;
+    if (fabric_.endpoints_[static_cast<size_t>(pid)].dead || !peer->connect_done_) continue;
+    int back = -1;
+    for (size_t j = 0; j < peer->want_.size(); ++j)
+      if (peer->want_[j].site == self_.site && peer->want_[j].rank == self_.rank) back = static_cast<int>(j);
+    if (back < 0) {
+      last_error_[i] = fmt::format("{}/{} does not list us as a peer", want_[i].site, want_[i].rank);
+      continue;
+    }
+    if (peer->peer_ids_[static_cast<size_t>(back)] >= 0) continue;
+    const bool we_dial = dials(self_, want_[i]);
+    MemoryTransport* d = we_dial ? this : peer;
+    MemoryTransport* l = we_dial ? peer : this;
+    const size_t di = we_dial ? i : static_cast<size_t>(back), li = we_dial ? static_cast<size_t>(back) : i;
+    auto local = [](const MemoryTransport* t) {
+      return HsLocal{t->self_, t->cfg_.chunk_bytes, static_cast<uint16_t>(t->cfg_.lanes), t->version_, t->cfg_.psk};
+    };
+    auto ds = HandshakeSession::dialer(local(d), l->self_.site, l->self_.rank, 0, false);
+    auto admit = [l](const HsMessage& h) -> std::string {
+      for (const auto& p : l->want_)
+        if (p.site == h.site && p.rank == h.rank)
+          return dials(l->self_, p) ? "we dial this peer, it must not dial us" : "";
+      return fmt::format("{}/{} is not one of our peers", h.site, h.rank);
+    };
+    auto ls = HandshakeSession::listener(local(l), admit, 0);
+    std::vector<uint8_t> msg = ds.hello();
+    bool to_listener = true;
+    std::string refused;  // why, if a side refused
+    bool dialer_refused = false;
+    while (!(ls.done() && ds.done())) {
+      auto& who = to_listener ? ls : ds;
+      auto step = who.on_message(msg);
+      if (step.outcome == HandshakeSession::Outcome::kRefused || !step.reply) {
+        if (step.outcome == HandshakeSession::Outcome::kRefused) refused = step.error;
+        dialer_refused = !to_listener;
+        break;
+      }
+      msg = std::move(*step.reply);
+      to_listener = !to_listener;
+    }
+    if (!(ls.done() && ds.done())) {
+      if (refused.empty()) refused = "the handshake did not complete";
+      const std::string dname = d->want_[di].name(), lname = l->want_[li].name();
+      count_refused_handshake();
+      if (dialer_refused) {
+        spdlog::warn("transport: refusing {}: {}", dname, refused);
+        d->fatal_ = fmt::format("handshake with {} failed: {}", dname, refused);
+        l->last_error_[li] = fmt::format("{} refused us: {}", lname, refused);
+      } else {
+        spdlog::warn("transport: refused connection with {}: {}", lname, refused);
+        d->fatal_ = fmt::format("refused by {}: {}", dname, refused);
+        l->last_error_[li] = fmt::format("refused {}: {}", lname, refused);
+      }
+      d->finish_connect(FailKind::kHandshake, d->fatal_);
+      continue;
+    }
+    d->peer_ids_[di] = l->id_;
+    l->peer_ids_[li] = d->id_;
+    static_cast<MemoryLink&>(*d->links_[di]).set_peer(l->id_);
+    static_cast<MemoryLink&>(*l->links_[li]).set_peer(d->id_);
+    spdlog::info("transport: connected to {} ({} lane(s), memory)", d->want_[di].name(), d->cfg_.lanes);
+    for (MemoryTransport* t : {d, l}) {
+      bool all = true;
+      for (int p : t->peer_ids_) all = all && p >= 0;
+      if (all && t->connect_done_) {
+        t->connected_ = true;
+        t->open_api();
+        t->finish_connect(FailKind::kNone, "");
+      }
+    }
+  }
+}
+
+void MemoryTransport::finish_connect(FailKind kind, const std::string& msg) {
+  auto st = std::move(connect_done_);
+  connect_done_.reset();
+  if (kind != FailKind::kNone) {
+    // Nothing half-connected survives a failed connect.
+    fabric_.disconnect_peers(
+        id_,
+        [&](const PeerInfo& p) {
+          return fmt::format("connection to peer {} lost (lane 0): its connect failed", p.name());
+        },
+        true);
+    fail_all(FailKind::kTransport, msg, true);
+  }
+  if (st) st->finish(kind, msg, 0);
+}
+
+void MemoryTransport::check_connect_deadline(Clock::time_point now, Clock::time_point& next) {
+  if (!connect_done_) return;
+  if (now < connect_deadline_) {
+    if (next == Clock::time_point{} || connect_deadline_ < next) next = connect_deadline_;
+    return;
+  }
+  std::vector<std::string> missing;
+  for (size_t i = 0; i < want_.size(); ++i)
+    if (peer_ids_[i] < 0)
+      missing.push_back(fmt::format("{} (0/{} lanes{}{})", want_[i].name(), cfg_.lanes,
+                                    last_error_[i].empty() ? "" : "; last error: ", last_error_[i]));
+  finish_connect(FailKind::kTimeout,
+                 fmt::format("transport {}/{}: connect timed out after {} s; not connected: {}", self_.site, self_.rank,
+                             cfg_.connect_timeout_s, fmt::join(missing, "; ")));
+}
+
+bool MemoryTransport::pass(Clock::time_point now, Clock::time_point& next) {
+  check_connect_deadline(now, next);
+  if (channel_count() == 0) return false;
+  return run_protocol(now, next);
+}
+
+}  // namespace geoloco::transport::memory
