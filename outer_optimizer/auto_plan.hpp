@@ -1,9 +1,9 @@
 // outer.plan: auto -- the outer loop sized against what was measured.
 //
 // At start-up (after `plan_measure_steps` inner steps, before any sync) rank 0 of every site
-// probes every other site (tools/probe: RTT, one-connection and all-lanes throughput), every
+// probes every other site (transport/probe: RTT, one-connection and all-lanes throughput), every
 // rank times its inner steps, and site 0 turns the worst path and the slowest site's step
-// time into a plan with the budget model (tools/planner): the smallest H, and the fragment
+// time into a plan with the budget model (outer_optimizer/planner): the smallest H, and the fragment
 // count and bit width, that reach `outer.target_utilization` (ties prefer more bits, then
 // fewer fragments), with the run's overlap (tau) and the transport's lanes. Site 0 sends the
 // plan to every site, each site's rank 0 to its ranks: every rank applies the same plan.
@@ -45,20 +45,20 @@ struct PathMeasurement {
 struct PlanRequest {
   double params = 0;
   int sites = 2;
-  int ranks = 1;                // ranks per site: concurrent connections per site pair
+  int ranks = 1;  // ranks per site: concurrent connections per site pair
   int transport_lanes = 1;
   double eager_bytes = 8.0 * (1 << 20);  // transport.eager_bytes (budget: latency per round)
-  double rtts_per_round = -1;   // < 0: from eager_bytes; transport.emulate: 0.5 (no TCP handshakes)
-  int n_layer = 1;              // fragments <= n_layer
+  double rtts_per_round = -1;            // < 0: from eager_bytes; transport.emulate: 0.5 (no TCP handshakes)
+  int n_layer = 1;                       // fragments <= n_layer
   PathMeasurement path;
-  double step_time_s = 0;       // slowest site's inner step
-  double capacity_scale = 1.0;  // recalibration: measured / modelled WAN rate
+  double step_time_s = 0;              // slowest site's inner step
+  double capacity_scale = 1.0;         // recalibration: measured / modelled WAN rate
   const OuterConfig* outer = nullptr;  // tau, delayed update, target, H range, bits, block
 };
 
 struct PlanDecision {
-  int64_t epoch = 0;          // 0: the config's own schedule; 1: the start-up plan; then re-plans
-  int64_t interval = 0;       // H
+  int64_t epoch = 0;     // 0: the config's own schedule; 1: the start-up plan; then re-plans
+  int64_t interval = 0;  // H
   int fragments = 1;
   int bits = 32;
   std::string codec = "fp32";
@@ -68,7 +68,7 @@ struct PlanDecision {
   double predicted_utilization = 0;
   double capacity_scale = 1.0;
   bool target_met = false;
-  std::string reason;         // one paragraph: inputs, choice, why
+  std::string reason;  // one paragraph: inputs, choice, why
   PathMeasurement path;
 
   bool same_schedule(const PlanDecision& o) const {

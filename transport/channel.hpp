@@ -97,6 +97,11 @@ class Channel {
   Channel& operator=(const Channel&) = delete;
 
   const PeerInfo& info() const { return info_; }
+  // Tells the channel whether the caller has posted a receive for a key that the loop thread
+  // has not processed yet (any thread may call recv(); the post reaches the loop later). A
+  // frame of a cancelled key that arrives in between belongs to that new receive and is held
+  // for it, not discarded. Unset: frames of cancelled keys are always discarded.
+  void set_recv_pending(std::function<bool(const Key&)> pending) { recv_pending_ = std::move(pending); }
 
   // ---- operations (from the API, via the loop) ----
   void post_send(std::shared_ptr<SendOp> op);
@@ -174,6 +179,7 @@ class Channel {
   std::vector<std::shared_ptr<RecvOp>> draining_;  // failed or cancelled, requests outstanding
   std::set<Key> completed_;                        // replay detection
   std::set<Key> cancelled_;                        // frames of these transfers are discarded
+  std::function<bool(const Key&)> recv_pending_;   // see set_recv_pending
   struct Unexpected {
     FrameHeader h;
     HeldData data;

@@ -44,7 +44,9 @@ Disposition Channel::on_frame(std::span<const uint8_t> header, const HeldData& d
     reject_frame(fmt::format("replayed frame: {} already completed (offset {})", key_str(key), h.offset));
     return Disposition::kRelease;
   }
-  if (cancelled_.count(key)) {
+  // A cancelled transfer's frames are dropped, unless the caller has asked for the key again
+  // and that receive is on its way to this thread: then the frame is the new transfer's.
+  if (cancelled_.count(key) && !(recv_pending_ && recv_pending_(key))) {
     discard(h);
     return Disposition::kRelease;
   }

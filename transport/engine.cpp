@@ -108,7 +108,18 @@ RecvHandle EngineTransport::recv(int peer, FrameKind kind, uint64_t round, uint3
   check_api(peer, static_cast<uint16_t>(kind), *op->state);
   if (h.ready()) return h;
   watch_cancel(op->state, peer, op->id);
-  post([this, peer, op] { channel(peer).post_recv(op); });
+  {
+    std::lock_guard<std::mutex> lock(pending_mu_);
+    ++pending_recvs_[{peer, op->key}];
+  }
+  post([this, peer, op] {
+    {
+      std::lock_guard<std::mutex> lock(pending_mu_);
+      auto it = pending_recvs_.find({peer, op->key});
+      if (it != pending_recvs_.end() && --it->second == 0) pending_recvs_.erase(it);
+    }
+    channel(peer).post_recv(op);
+  });
   return h;
 }
 
@@ -135,6 +146,11 @@ void EngineTransport::open_channels(std::vector<PeerInfo> peers, const std::vect
   for (size_t i = 0; i < peer_infos_.size(); ++i)
     channels_.push_back(
         std::make_unique<Channel>(peer_infos_[i], cfg_, hooks_, *links[i], [this] { publish_stats(); }));
+  for (size_t i = 0; i < channels_.size(); ++i)
+    channels_[i]->set_recv_pending([this, peer = static_cast<int>(i)](const Key& k) {
+      std::lock_guard<std::mutex> lock(pending_mu_);
+      return pending_recvs_.count({peer, k}) > 0;
+    });
   publish_stats();
 }
 

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -76,6 +77,10 @@ class EngineTransport : public Transport {
   void watch_cancel(const std::shared_ptr<detail::OpState>& st, int peer, uint64_t id);
   void publish_stats_throttled(Clock::time_point now);
 
+  // Receives posted by callers and not yet run on the loop thread, by (peer, key): a frame of
+  // a cancelled key that arrives meanwhile is held for the new receive (Channel::set_recv_pending).
+  std::mutex pending_mu_;
+  std::map<std::pair<int, Key>, int> pending_recvs_;
   std::atomic<int> active_lanes_;
   std::atomic<uint64_t> next_op_id_{1};
   std::atomic<bool> api_open_{false};

@@ -210,6 +210,35 @@ TEST(Channel, CancelledReceiveWithoutRequestsFailsAtOnce) {
   }
 }
 
+// After a cancel, a frame of that key is the cancelled transfer's and is dropped -- unless the
+// caller has already asked for the key again and that receive has not reached the loop thread
+// yet (recv() returns before its post runs): then the frame is held for the new receive. (A
+// UCX test once lost the re-sent frame to that window.)
+TEST(Channel, FrameOfACancelledKeyIsHeldWhenItsReceiveIsAlreadyRequested) {
+  Fixture f;
+  bool pending = false;
+  f.ch->set_recv_pending([&](const Key& k) { return pending && std::get<1>(k) == 1; });
+  auto op = f.recv(1, 100);
+  f.ch->cancel(op->id, "by the caller");
+  ASSERT_TRUE(op->state->ready());
+  const auto late = pattern(100, 1), fresh = pattern(100, 2);
+  auto [hl, bl] = frame(late, 1, 0);
+  EXPECT_EQ(f.ch->on_frame(hl, eager(bl)), Disposition::kRelease);
+  EXPECT_EQ(f.ch->stats().frames_discarded, 1u);  // nobody asked again: dropped
+  pending = true;                                 // the caller's new recv is on its way
+  auto [hf, bf] = frame(fresh, 1, 0);
+  const int token = 0;
+  EXPECT_EQ(f.ch->on_frame(hf, eager(bf, (void*)&token)), Disposition::kKept);
+  EXPECT_EQ(f.ch->stats().frames_discarded, 1u);
+  pending = false;
+  auto again = f.recv(1, 100);  // the post arrives: the held frame completes it
+  ASSERT_TRUE(again->state->ready());
+  again->state->wait();
+  EXPECT_EQ(again->state->bytes(), 100u);
+  auto got = again->state->take();
+  EXPECT_EQ(std::vector<uint8_t>(got.begin(), got.begin() + 100), fresh);
+}
+
 // Sends: the window bounds chunks in flight; a cancelled send issues nothing more and
 // completes once its chunks in flight returned.
 TEST(Channel, SendWindowAndCancelMidSend) {
