@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <utility>
 
 #include "trainer/loop/metrics.hpp"
 #include "trainer/core/error.hpp"
@@ -349,6 +350,7 @@ void Diloco::finish_round(Fragment& f, trainer::SiteStrategy& strategy, int64_t 
   boundary_syncs_.push_back(seconds);
   frame_bytes_total_ += r.frame_bytes;
   elements_total_ += r.elements;
+  record_round(f, step, round, seconds, r);
   if (rank_ == 0) {
     const std::string frag = frags_.size() > 1 ? fmt::format(" fragment {}/{}", f.index, frags_.size()) : "";
     spdlog::info(
@@ -387,6 +389,35 @@ nlohmann::json Diloco::metrics() {
   }
   return j;
 }
+
+void Diloco::record_round(const Fragment& f, int64_t step, uint64_t round, double seconds, const ExchangeResult& r) {
+  nlohmann::json j = {{"round", round},
+                      {"fragment", f.index},
+                      {"step", step},
+                      {"sync_s", seconds},
+                      {"bytes_per_peer", r.envelope_bytes},
+                      {"frame_bytes", r.frame_bytes},
+                      {"elements", r.elements},
+                      {"compression_ratio", r.ratio},
+                      {"err2", r.err2},
+                      {"ref2", r.ref2},
+                      {"plan_epoch", plan_.epoch},
+                      {"global_hash", hex64(site_hash_)}};
+  if (plan_.predicted_fragment_sync_s > 0) j["predicted_sync_s"] = plan_.predicted_fragment_sync_s;
+  if (auto* t = peers_.transport()) {
+    nlohmann::json peers = nlohmann::json::array();
+    for (const auto& p : t->stats().peers)
+      peers.push_back({{"site", p.site},
+                       {"rank", p.rank},
+                       {"bytes_sent", p.bytes_sent},
+                       {"bytes_received", p.bytes_received},
+                       {"lane_bytes_sent", p.lane_bytes_sent}});
+    j["peers"] = std::move(peers);
+  }
+  round_records_.push_back(std::move(j));
+}
+
+std::vector<nlohmann::json> Diloco::take_rounds() { return std::exchange(round_records_, {}); }
 
 nlohmann::json Diloco::summary() {
   nlohmann::json j;

@@ -68,6 +68,7 @@ class Diloco : public trainer::OuterHook {
   void finish(int64_t step, trainer::SiteStrategy& strategy) override;
   nlohmann::json metrics() override;
   nlohmann::json summary() override;
+  std::vector<nlohmann::json> take_rounds() override;
   State save_state() override;                                        // diloco_state.cpp
   void restore_state(const trainer::SafetensorsFile& file) override;  // diloco_state.cpp
   void set_trace(trainer::TraceRecorder* trace) override { ctx_.trace = trace; }
@@ -107,6 +108,8 @@ class Diloco : public trainer::OuterHook {
   // Site hash (a collective) and accounting of a finished round.
   void finish_round(Fragment& f, trainer::SiteStrategy& strategy, int64_t step, uint64_t round, double seconds,
                     const ExchangeResult& r);
+  // The round's line for rounds.r<rank>.jsonl (take_rounds).
+  void record_round(const Fragment& f, int64_t step, uint64_t round, double seconds, const ExchangeResult& r);
   // Syncs (blocking) every fragment not yet blocking-synced at `step`: the run's end.
   void final_sync(int64_t step, trainer::SiteStrategy& strategy);
   uint64_t combined_hash() const;
@@ -134,9 +137,10 @@ class Diloco : public trainer::OuterHook {
   std::vector<PlanDecision> plan_history_;
   bool planned_ = false;  // the start-up plan is in effect (or plan: manual)
   std::chrono::steady_clock::time_point last_hook_end_{};
-  int64_t first_step_ = 0;              // the step before this process's first inner step
-  std::vector<double> step_times_;      // inner step times since the last boundary
-  std::vector<double> boundary_syncs_;  // fragment sync times since the last boundary
+  int64_t first_step_ = 0;                     // the step before this process's first inner step
+  std::vector<double> step_times_;             // inner step times since the last boundary
+  std::vector<double> boundary_syncs_;         // fragment sync times since the last boundary
+  std::vector<nlohmann::json> round_records_;  // finished rounds not yet taken by the trainer
   int64_t round_ = 0;
   uint64_t site_hash_ = 0;
 

@@ -119,6 +119,7 @@ ExchangeResult exchange(Fragment& f, const ExchangeContext& ctx, int64_t step, u
         weight[static_cast<size_t>(s)] = static_cast<float>(double(env[static_cast<size_t>(s)].value) / total);
     }
     std::fill(f.avg.begin(), f.avg.end(), 0.0f);
+    double err2 = 0, ref2 = 0;
     for (int s = 0; s < S; ++s) {
       try {
         f.pipeline->decode(env[static_cast<size_t>(s)].body, n, f.decoded);
@@ -128,6 +129,12 @@ ExchangeResult exchange(Fragment& f, const ExchangeContext& ctx, int64_t step, u
       }
       const float w = weight[static_cast<size_t>(s)];
       for (size_t i = 0; i < n; ++i) f.avg[i] += w * f.decoded[i];
+      if (s == self)
+        for (size_t i = 0; i < n; ++i) {
+          const double d = double(f.decoded[i]) - double(f.delta[i]);
+          err2 += d * d;
+          ref2 += double(f.delta[i]) * double(f.delta[i]);
+        }
     }
     decode_span.reset();
 
@@ -146,6 +153,8 @@ ExchangeResult exchange(Fragment& f, const ExchangeContext& ctx, int64_t step, u
     r.frame_bytes = info.frame_bytes;
     r.elements = info.elements;
     r.ratio = info.ratio();
+    r.err2 = err2;
+    r.ref2 = ref2;
     return r;
   });
 }

@@ -27,6 +27,9 @@ struct ExchangeResult {
   uint64_t envelope_bytes = 0, frame_bytes = 0, elements = 0;
   double ratio = 0;
   uint64_t hash = 0;  // of the fragment's new global weights
+  // This rank's own contribution as every site decoded it against the pseudo-gradient it
+  // encoded: sum of squared errors and of squared values (relative error = sqrt(err2/ref2)).
+  double err2 = 0, ref2 = 0;
 };
 
 // One fragment's part of this rank's shard and its outer-loop state.

@@ -15,7 +15,7 @@ packages=(
   libxxhash-dev libssl-dev libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev
   iproute2 iptables libnetfilter-queue-dev iperf3 jq
-  slurm-wlm munge python3-torch python3-numpy gnuplot-nox
+  slurm-wlm munge python3-torch python3-numpy gnuplot-nox chromium python3-pil
 )
 
 missing=()

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "outer_optimizer/planner/budget.hpp"
+#include "tools/planner/budget_plot.hpp"
 #include "tools/planner/budget_report.hpp"
 #include "outer_optimizer/planner/quantity.hpp"
 #include "tools/planner/strategy.hpp"
@@ -96,7 +97,9 @@ std::string run_budget(const BudgetFlags& f) {
         f.from.empty() ? config::load_string(fmt::format("format: {}\nversion: {}\n", kBudgetFormat, kBudgetVersion),
                                              "<flags>", specs)
                        : config::load_file(f.from, specs);
+    if (!f.plot.empty()) (void)plot::format_for(f.plot, "--plot");  // before any work
     auto report = plan_budget(BudgetInput::from_yaml(doc.node()));
+    if (!f.plot.empty()) write_budget_plot(report, f.plot);
     return f.json ? budget_json(report).dump(2) + "\n" : format_budget_table(report);
   } catch (const ConfigError& e) {
     // Core locates an overridden value as "(--set key=value)"; name the flag instead.
@@ -186,6 +189,8 @@ void add_budget_command(CLI::App& app) {
   cmd->add_option("--h-floor", f->h_floor, "smallest H allowed for model quality (default 25)");
   cmd->add_option("--h-max", f->h_max, "largest H searched");
   cmd->add_flag("--json", f->json, "print JSON");
+  cmd->add_option("--plot", f->plot,
+                  "also draw utilization against H and against distance per codec, the plan marked (.svg or .png)");
   cmd->callback([f] { std::cout << run_budget(*f) << std::flush; });
 }
 

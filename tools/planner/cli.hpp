@@ -24,6 +24,7 @@ struct BudgetFlags {
   std::string step_time, H, fragments, overlap, ranks, lanes, pattern, target, h_floor, h_max;
   bool slow_start = false;
   bool json = false;
+  std::string plot;  // --plot FILE (.svg or .png): the budget as a picture
 };
 std::vector<std::string> budget_overrides(const BudgetFlags& f);
 // Runs `geoloco budget` and returns what it prints.

@@ -36,8 +36,8 @@ nlohmann::json write_run_summary(const trainer::RunConfig& cfg, const std::vecto
 }
 
 void print_human_summary(const trainer::RunConfig& cfg, const nlohmann::json& s) {
-  fmt::print("\ngeoloco: run '{}' {} in {}\n", cfg.run.name,
-             s.value("completed", false) ? "finished" : "stopped", trainer::format_duration(num(s, "wall_s")));
+  fmt::print("\ngeoloco: run '{}' {} in {}\n", cfg.run.name, s.value("completed", false) ? "finished" : "stopped",
+             trainer::format_duration(num(s, "wall_s")));
   // A run stopped before its first evaluation has no validation loss yet.
   const double val = num(s, "val_loss");
   const std::string val_text = std::isnan(val) ? "no validation yet" : fmt::format("validation {:.4f}", val);
@@ -54,13 +54,15 @@ void print_human_summary(const trainer::RunConfig& cfg, const nlohmann::json& s)
     else
       fmt::print("  {} outer steps across {} sites; WAN {} sent", s.value("outer_steps", 0), cfg.sites.size(),
                  bytes_text(wan));
-    if (wan > 0 && std::isfinite(ddp)) fmt::print(", {:.0f}x fewer bytes than per-step data parallelism ({})", ddp / wan, bytes_text(ddp));
+    if (wan > 0 && std::isfinite(ddp))
+      fmt::print(", {:.0f}x fewer bytes than per-step data parallelism ({})", ddp / wan, bytes_text(ddp));
     fmt::print("\n");
   }
   if (s.contains("compute_utilization"))
     fmt::print("  compute utilization {:.1f}% (exposed wait {:.1f} s; timeline in trace.json)\n",
                100.0 * num(s, "compute_utilization"), num(s, "exposed_wait_s"));
-  fmt::print("  outputs: {}/ (summary.json, metrics.jsonl, checkpoints/)\n", cfg.run.output_dir);
+  fmt::print("  outputs: {}/ (summary.json, metrics.jsonl, checkpoints/); plots: geoloco report {}\n",
+             cfg.run.output_dir, cfg.run.output_dir);
 }
 
 }  // namespace geoloco::app

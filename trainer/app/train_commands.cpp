@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tools/planner/cli.hpp"
+#include "tools/report/cli.hpp"
 #include "tools/probe/cli.hpp"
 #include "tools/wan/cli.hpp"
 #include "trainer/app/commands.hpp"
@@ -38,12 +39,15 @@ void run_validate(const ConfigArgs& a) {
   // Data is part of the config: open it (validates files, token ranges, sizes).
   auto data = trainer::open_data(cfg.data, cfg.dir, cfg.model.vocab_size);
   std::string sites;
-  for (const auto& s : cfg.sites) sites += fmt::format("{}{}x{} ({})", sites.empty() ? "" : ", ", s.name, s.ranks, s.strategy);
-  fmt::print("{}: OK -- {:.2f}M parameters, sites: {}; {} steps of {} sequences x {} tokens per rank; "
-             "train {}; config hash {}\n",
-             a.config, cfg.model.num_params() / 1e6, sites, cfg.train.steps,
-             cfg.train.micro_batch * cfg.train.grad_accum, cfg.seq_len(), data.train->describe(), hex64(cfg.hash));
-  if (!cfg.train.init_from.empty()) fmt::print("  parameters start from {} (train.init_from; checked)\n", cfg.train.init_from);
+  for (const auto& s : cfg.sites)
+    sites += fmt::format("{}{}x{} ({})", sites.empty() ? "" : ", ", s.name, s.ranks, s.strategy);
+  fmt::print(
+      "{}: OK -- {:.2f}M parameters, sites: {}; {} steps of {} sequences x {} tokens per rank; "
+      "train {}; config hash {}\n",
+      a.config, cfg.model.num_params() / 1e6, sites, cfg.train.steps, cfg.train.micro_batch * cfg.train.grad_accum,
+      cfg.seq_len(), data.train->describe(), hex64(cfg.hash));
+  if (!cfg.train.init_from.empty())
+    fmt::print("  parameters start from {} (train.init_from; checked)\n", cfg.train.init_from);
 }
 
 struct TrainArgs : ConfigArgs {
@@ -54,9 +58,10 @@ struct TrainArgs : ConfigArgs {
 void run_train(const TrainArgs& a) {
   auto cfg = trainer::load_run_config(a.config, a.sets);
   if (cfg.world_size() != 1)
-    throw InputError(fmt::format("{}: `train` runs one process, but the config has {} ranks over {} site(s); "
-                                 "use `geoloco launch {}`",
-                                 a.config, cfg.world_size(), cfg.sites.size(), a.config));
+    throw InputError(
+        fmt::format("{}: `train` runs one process, but the config has {} ranks over {} site(s); "
+                    "use `geoloco launch {}`",
+                    a.config, cfg.world_size(), cfg.sites.size(), a.config));
   log::init("", cfg.run.log_level);
   RankOptions o;
   o.resume = a.resume;
@@ -93,6 +98,7 @@ void register_commands(CLI::App& app) {
   planner::add_budget_command(app);
   planner::add_topo_command(app);
   probe::add_probe_command(app);
+  report::add_report_command(app);
   wan::add_wan_commands(app);
 }
 

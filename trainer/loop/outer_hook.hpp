@@ -102,6 +102,9 @@ class OuterHook {
   // Fields merged into each metrics line and into summary.json.
   virtual nlohmann::json metrics() = 0;
   virtual nlohmann::json summary() = 0;
+  // One object per outer round finished since the last call (the trainer writes them to
+  // sites/<site>/rounds.r<rank>.jsonl; docs/report.md lists the fields).
+  virtual std::vector<nlohmann::json> take_rounds() { return {}; }
   // Checkpoint: this rank's outer state as extra tensors/metadata (owned buffers).
   struct State {
     std::map<std::string, std::vector<float>> tensors;

@@ -61,9 +61,7 @@ int RunConfig::site_index(const std::string& name) const {
   return -1;
 }
 
-int64_t RunConfig::global_batch() const {
-  return int64_t(train.micro_batch) * train.grad_accum * world_size();
-}
+int64_t RunConfig::global_batch() const { return int64_t(train.micro_batch) * train.grad_accum * world_size(); }
 
 int64_t RunConfig::site_batch(int site) const {
   return int64_t(train.micro_batch) * train.grad_accum * sites.at(static_cast<size_t>(site)).ranks;
@@ -125,7 +123,8 @@ std::vector<SiteConfig> parse_sites(const config::Node& root) {
     // Rank r uses port + r; the site's rendezvous uses port + ranks.
     for (int r = 0; r <= s.ranks; ++r) {
       if (!ports.insert({r < s.ranks ? s.host_of(r) : s.host, s.port + r}).second)
-        n.fail("port", fmt::format("port range {}..{} on {} overlaps another site's", s.port, s.port + s.ranks, s.host));
+        n.fail("port",
+               fmt::format("port range {}..{} on {} overlaps another site's", s.port, s.port + s.ranks, s.host));
     }
     s.strategy = n.get_choice("strategy", d.strategy, {"ddp", "zero1", "zero2", "fsdp"});
     s.device = n.get_choice("device", d.device, {"cpu", "cuda"});
@@ -174,9 +173,10 @@ RunConfig parse_run_config(const config::Document& doc) {
   c.data = DataConfig::from_yaml(root.child("data"));
   c.train = TrainConfig::from_yaml(root.child("train"));
   if (c.train.seq_len > c.model.block_size)
-    root.child("train").fail("seq_len", fmt::format("got {}, expected at most model.block_size ({})",
-                                                    c.train.seq_len, c.model.block_size));
-  if (!c.train.init_from.empty()) c.train.init_from = resolve_init_from(root.child("train"), c.train.init_from, c.dir, c.model);
+    root.child("train").fail(
+        "seq_len", fmt::format("got {}, expected at most model.block_size ({})", c.train.seq_len, c.model.block_size));
+  if (!c.train.init_from.empty())
+    c.train.init_from = resolve_init_from(root.child("train"), c.train.init_from, c.dir, c.model);
   c.sites = parse_sites(root);
   if (c.train.precision == "bf16")
     for (const auto& s : c.sites)
@@ -185,15 +185,16 @@ RunConfig parse_run_config(const config::Document& doc) {
                                                           "CPU (the CPU path is fp32)",
                                                           s.name));
   if (c.train.attention == "fused") {
-    const std::string why = cuda::fused_attention_refusal(cuda::parse_precision(c.train.precision), c.model.n_embd,
-                                                          c.model.n_head);
+    const std::string why =
+        cuda::fused_attention_refusal(cuda::parse_precision(c.train.precision), c.model.n_embd, c.model.n_head);
     if (!why.empty()) root.child("train").fail("attention", "fused: " + why);
   }
   if (root.has("outer") || c.sites.size() > 1) c.outer = outer::OuterConfig::from_yaml(root.child("outer"));
   if (c.outer.fragments > c.model.n_layer)
-    root.child("outer").fail("fragments", fmt::format("got {}, but the model has {} transformer blocks (a fragment holds "
-                                                      "at least one block)",
-                                                      c.outer.fragments, c.model.n_layer));
+    root.child("outer").fail("fragments",
+                             fmt::format("got {}, but the model has {} transformer blocks (a fragment holds "
+                                         "at least one block)",
+                                         c.outer.fragments, c.model.n_layer));
   if (root.has("transport")) c.transport = transport::TransportConfig::from_yaml(root.child("transport"), c.dir);
   if (c.sites.size() > 1) {
     if (!c.transport)
@@ -211,6 +212,7 @@ RunConfig parse_run_config(const config::Document& doc) {
   YAML::Emitter out;
   out << doc.root;
   c.hash = hash64(std::string_view(out.c_str(), out.size()));
+  c.canonical_yaml.assign(out.c_str(), out.size());
   return c;
 }
 

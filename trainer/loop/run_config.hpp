@@ -20,32 +20,32 @@ namespace geoloco::trainer {
 struct RunSection {
   std::string name = "geoloco";
   uint64_t seed = 1234;
-  std::string output_dir;        // default: runs/<name>, relative to the working directory
+  std::string output_dir;  // default: runs/<name>, relative to the working directory
   std::string log_level = "info";
 };
 
 struct LrScaling {
-  std::string kind = "none";     // none | linear: lr *= effective_batch / base_batch
-  int64_t base_batch = 0;        // sequences; required for linear
+  std::string kind = "none";  // none | linear: lr *= effective_batch / base_batch
+  int64_t base_batch = 0;     // sequences; required for linear
 };
 
 struct TrainConfig {
-  int64_t steps = 1000;          // inner optimizer steps per rank
-  int micro_batch = 8;           // sequences per forward/backward
-  int grad_accum = 1;            // micro-batches per optimizer step
-  int seq_len = 0;               // tokens per sequence; 0 = model.block_size
+  int64_t steps = 1000;  // inner optimizer steps per rank
+  int micro_batch = 8;   // sequences per forward/backward
+  int grad_accum = 1;    // micro-batches per optimizer step
+  int seq_len = 0;       // tokens per sequence; 0 = model.block_size
   AdamWConfig optimizer;
   ScheduleConfig schedule;
   LrScaling lr_scaling;
-  double grad_clip = 1.0;        // max global gradient norm; 0 disables
+  double grad_clip = 1.0;          // max global gradient norm; 0 disables
   std::string precision = "fp32";  // fp32 | bf16 (bf16 on CUDA devices only)
   std::string attention = "auto";  // auto | fused | materialized (CUDA; fused: bf16, head size 16k <= 64)
-  int threads = 1;               // CPU threads per rank (OpenMP + BLAS)
-  int64_t log_every = 10;        // steps between metrics.jsonl lines
-  int64_t eval_every = 0;        // steps between validation passes; 0 = only at the end
-  int eval_batches = 8;          // micro-batches per validation pass
-  int64_t checkpoint_every = 0;  // steps between checkpoints; 0 = only at the end
-  int keep_checkpoints = 2;      // newest checkpoints kept
+  int threads = 1;                 // CPU threads per rank (OpenMP + BLAS)
+  int64_t log_every = 10;          // steps between metrics.jsonl lines
+  int64_t eval_every = 0;          // steps between validation passes; 0 = only at the end
+  int eval_batches = 8;            // micro-batches per validation pass
+  int64_t checkpoint_every = 0;    // steps between checkpoints; 0 = only at the end
+  int keep_checkpoints = 2;        // newest checkpoints kept
   // Warm start: the model file the parameters start from instead of the seeded init (a
   // geoloco or Hugging Face GPT-2 safetensors file, a checkpoint step directory, a site's
   // checkpoint directory or a one-site run's output: find_model_file). Resolved against the
@@ -69,19 +69,20 @@ struct SiteConfig {
 };
 
 struct RunConfig {
-  std::string path;       // the config file as given
-  std::string dir;        // its directory: relative data/key paths resolve against it
+  std::string path;  // the config file as given
+  std::string dir;   // its directory: relative data/key paths resolve against it
   RunSection run;
   ModelConfig model;
   DataConfig data;
   TrainConfig train;
   std::vector<SiteConfig> sites;
-  outer::OuterConfig outer;  // enabled for every multi-site run (defaults), or when present
+  outer::OuterConfig outer;                             // enabled for every multi-site run (defaults), or when present
   std::optional<transport::TransportConfig> transport;  // required for multi-site runs
-  uint64_t hash = 0;      // hash of the canonical (post-override) YAML: sites refuse mismatches
+  uint64_t hash = 0;           // hash of the canonical (post-override) YAML: sites refuse mismatches
+  std::string canonical_yaml;  // that YAML: the config as it ran (written to <output_dir>/config.yaml)
 
-  int world_size() const;                     // ranks over all sites
-  int global_rank(int site, int rank) const;  // sites in config order, ranks contiguous
+  int world_size() const;                         // ranks over all sites
+  int global_rank(int site, int rank) const;      // sites in config order, ranks contiguous
   int site_index(const std::string& name) const;  // -1 when absent
   int seq_len() const { return train.seq_len > 0 ? train.seq_len : model.block_size; }
   // Sequences per optimizer step summed over every rank of every site.

@@ -56,6 +56,7 @@ struct Trainer::Impl {
   fs::path out_dir, site_dir, ckpt_dir;
   std::unique_ptr<MetricsWriter> metrics;      // sites/<site>/metrics.jsonl (site rank 0)
   std::unique_ptr<MetricsWriter> run_metrics;  // metrics.jsonl (global rank 0)
+  std::unique_ptr<MetricsWriter> rounds;       // sites/<site>/rounds.r<rank>.jsonl (every rank with an outer loop)
   std::unique_ptr<ProgressLine> progress;
 
   int64_t step = 0;               // completed inner steps
@@ -120,8 +121,18 @@ struct Trainer::Impl {
     const bool append = opt.resume;
     if (opt.rank == 0) metrics = std::make_unique<MetricsWriter>((site_dir / "metrics.jsonl").string(), append);
     if (global_rank == 0) run_metrics = std::make_unique<MetricsWriter>((out_dir / "metrics.jsonl").string(), append);
+    // Opened at the first finished outer round (the outer loop is set after construction);
+    // a fresh run removes an earlier run's file now, so none of its rounds survive.
+    if (!append) fs::remove(rounds_path());
+    // The config as it ran (after --set overrides), for `geoloco report` and for the record.
+    if (global_rank == 0)
+      write_text_atomically((out_dir / "config.yaml").string(),
+                            fmt::format("# {}: the config of run '{}' as it ran (overrides applied), hash {}\n{}\n",
+                                        cfg.path, cfg.run.name, hex64(cfg.hash), cfg.canonical_yaml));
     if (global_rank == 0 || (world == 1)) progress = std::make_unique<ProgressLine>(opt.progress, cfg.train.steps);
   }
+
+  fs::path rounds_path() const { return site_dir / fmt::format("rounds.r{}.jsonl", opt.rank); }
 
   // ---- checkpoints -------------------------------------------------------------------
 
@@ -369,6 +380,12 @@ struct Trainer::Impl {
         outer_step = opt.outer->after_inner_step(step, *strategy);
         if (last) opt.outer->finish(step, *strategy);
         const auto w1 = Clock::now();
+        for (auto& r : opt.outer->take_rounds()) {
+          if (!rounds) rounds = std::make_unique<MetricsWriter>(rounds_path().string(), opt.resume);
+          r["site"] = site.name;
+          r["rank"] = opt.rank;
+          rounds->write(r);
+        }
         const double w = std::chrono::duration<double>(w1 - w0).count();
         outer_wait_seconds += w;
         period_wait += w;
