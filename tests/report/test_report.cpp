@@ -39,25 +39,27 @@ void write_run(const TempDir& d, bool finished = true) {
     for (int s = 1; s <= 4; ++s) {
       m += "{\"step\":" + std::to_string(s * 10) + ",\"loss\":" + std::to_string(3.0 - 0.1 * s) +
            ",\"elapsed_s\":" + std::to_string(s * 1.5) + ",\"tokens_per_s\":1000,\"site\":\"" + site + "\"";
-      if (s % 2 == 0) m += ",\"val_loss\":" + std::to_string(3.2 - 0.1 * s) + ",\"compute_utilization\":0.9" +
-                           ",\"exposed_wait_s\":0.2";
+      if (s % 2 == 0)
+        m += ",\"val_loss\":" + std::to_string(3.2 - 0.1 * s) + ",\"compute_utilization\":0.9" +
+             ",\"exposed_wait_s\":0.2";
       m += "}\n";
     }
     d.file(std::string("run/sites/") + site + "/metrics.jsonl", m);
     const std::string peer = std::string(site) == "paris" ? "lyon" : "paris";
     d.file(std::string("run/sites/") + site + "/rounds.r0.jsonl",
            "{\"round\":1,\"fragment\":0,\"step\":20,\"sync_s\":0.5,\"frame_bytes\":1000,\"elements\":1000,"
-           "\"err2\":1,\"ref2\":100,\"plan_epoch\":0,\"peers\":[{\"site\":\"" + peer +
+           "\"err2\":1,\"ref2\":100,\"plan_epoch\":0,\"peers\":[{\"site\":\"" +
+               peer +
                "\",\"rank\":0,\"bytes_sent\":1000000,\"bytes_received\":1000000,\"lane_bytes_sent\":[1000000]}]}\n"
                "{\"round\":2,\"fragment\":0,\"step\":40,\"sync_s\":0.25,\"frame_bytes\":500,\"elements\":1000,"
-               "\"err2\":4,\"ref2\":100,\"plan_epoch\":0,\"peers\":[{\"site\":\"" + peer +
+               "\"err2\":4,\"ref2\":100,\"plan_epoch\":0,\"peers\":[{\"site\":\"" +
+               peer +
                "\",\"rank\":0,\"bytes_sent\":1500000,\"bytes_received\":1500000,\"lane_bytes_sent\":[1500000]}]}\n");
   }
-  d.file("run/trace.json",
-         R"([{"name":"process_name","ph":"M","pid":0,"args":{"name":"paris rank 0"}},)"
-         R"({"name":"forward_backward","ph":"X","ts":1000000,"dur":500000,"pid":0,"tid":0},)"
-         R"({"name":"wait","ph":"X","ts":1500000,"dur":200000,"pid":0,"tid":0},)"
-         R"({"name":"send","ph":"X","ts":1500000,"dur":150000,"pid":0,"tid":0}])");
+  d.file("run/trace.json", R"([{"name":"process_name","ph":"M","pid":0,"args":{"name":"paris rank 0"}},)"
+                           R"({"name":"forward_backward","ph":"X","ts":1000000,"dur":500000,"pid":0,"tid":0},)"
+                           R"({"name":"wait","ph":"X","ts":1500000,"dur":200000,"pid":0,"tid":0},)"
+                           R"({"name":"send","ph":"X","ts":1500000,"dur":150000,"pid":0,"tid":0}])");
   fs::create_directories(d.path() / "run/checkpoints/paris/step_20");
   if (finished) d.file("run/summary.json", R"({"run":"synthetic","completed":true,"steps":40,"final_loss":2.6})");
 }
@@ -238,14 +240,15 @@ TEST(ReportCommand, TwoSiteRunEndToEnd) {
   const int port = geoloco::test::fresh_port();
   d.file("k.psk", "0123456789abcdef-test-key");
   const std::string out = (d.path() / "out").string();
-  const std::string cfg = d.file(
-      "c.yaml", "run: {name: e2e, seed: 3, output_dir: " + out +
-                    "}\nmodel: {n_layer: 1, n_head: 2, n_embd: 32, block_size: 16, vocab_size: 64}\n"
-                    "data:\n  train: {kind: synthetic, vocab: 64, branching: 3, seed: 5}\n"
-                    "train: {steps: 20, micro_batch: 2, log_every: 2, eval_every: 10}\n"
-                    "outer: {interval: 5, compression: {codec: int8, error_feedback: true}}\n"
-                    "sites:\n  - {name: paris, port: " + std::to_string(port) + "}\n  - {name: lyon, port: " +
-                    std::to_string(port + 10) + "}\ntransport: {psk_file: k.psk, connect_timeout_s: 20}\n");
+  const std::string cfg =
+      d.file("c.yaml", "run: {name: e2e, seed: 3, output_dir: " + out +
+                           "}\nmodel: {n_layer: 1, n_head: 2, n_embd: 32, block_size: 16, vocab_size: 64}\n"
+                           "data:\n  train: {kind: synthetic, vocab: 64, branching: 3, seed: 5}\n"
+                           "train: {steps: 20, micro_batch: 2, log_every: 2, eval_every: 10}\n"
+                           "outer: {interval: 5, compression: {codec: int8, error_feedback: true}}\n"
+                           "sites:\n  - {name: paris, port: " +
+                           std::to_string(port) + "}\n  - {name: lyon, port: " + std::to_string(port + 10) +
+                           "}\ntransport: {psk_file: k.psk, connect_timeout_s: 20}\n");
   const std::string bin = std::string(GEOLOCO_BINARY_DIR) + "/geoloco";
   ASSERT_EQ(std::system((bin + " launch " + cfg + " > " + d.file("launch.log") + " 2>&1").c_str()), 0)
       << slurp(d.file("launch.log"));

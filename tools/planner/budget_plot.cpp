@@ -18,12 +18,9 @@ struct Codec {
 
 std::string bits_label(int bits) {
   switch (bits) {
-    case 32:
-      return "fp32";
-    case 16:
-      return "16-bit";
-    default:
-      return fmt::format("int{}", bits);
+    case 32: return "fp32";
+    case 16: return "16-bit";
+    default: return fmt::format("int{}", bits);
   }
 }
 
@@ -71,7 +68,8 @@ BudgetCurves budget_curves(const BudgetReport& r) {
   for (const auto& k : codecs(in)) {
     plot::Series by_h{k.label, {}}, by_km{k.label, {}};
     for (int64_t h : hs)
-      by_h.points.emplace_back(double(h), evaluate(in, h, k.bits, k.bytes_per_value, in.fragments, in.lanes).utilization);
+      by_h.points.emplace_back(double(h),
+                               evaluate(in, h, k.bits, k.bytes_per_value, in.fragments, in.lanes).utilization);
     for (double km : kms) {
       far.rtt_s = fiber_rtt_s(km);
       far.rtt_p99_s = far.rtt_s * p99_ratio;
@@ -99,17 +97,18 @@ std::string budget_plot_script(const BudgetReport& r) {
   // Panel 1: against H.
   s += "set xlabel 'H: inner steps between syncs'\n";
   s += fmt::format("set title {}\n", plot::quote(fmt::format("against H ({} fragment{}, {} lane{}, overlap {})",
-                                                              in.fragments, in.fragments == 1 ? "" : "s", in.lanes,
-                                                              in.lanes == 1 ? "" : "s", in.overlap_steps)));
+                                                             in.fragments, in.fragments == 1 ? "" : "s", in.lanes,
+                                                             in.lanes == 1 ? "" : "s", in.overlap_steps)));
   s += fmt::format("set arrow 1 from graph 0, first {0} to graph 1, first {0} nohead dashtype 2 lc rgb 'gray40'\n",
                    target);
   s += fmt::format("set label 1 {} at graph 0.02, first {} offset 0,0.7 font ',9' tc rgb 'gray30'\n",
                    plot::quote(fmt::format("target {:.0f}%", target)), target);
   std::string plot_cmd = "plot ";
   for (size_t i = 0; i < c.vs_h.size(); ++i)
-    plot_cmd += fmt::format("$byh index {} using 1:($2*100) with lines lw 2 title {}, ", i, plot::quote(c.vs_h[i].title));
-  plot_cmd += fmt::format("'+' using ({}):({}) every ::0::0 with points pt 7 ps 1.6 lc rgb 'black' title {}",
-                          in.H, 100.0 * r.current.utilization, plot::quote("as given: " + plan_label(r.current)));
+    plot_cmd +=
+        fmt::format("$byh index {} using 1:($2*100) with lines lw 2 title {}, ", i, plot::quote(c.vs_h[i].title));
+  plot_cmd += fmt::format("'+' using ({}):({}) every ::0::0 with points pt 7 ps 1.6 lc rgb 'black' title {}", in.H,
+                          100.0 * r.current.utilization, plot::quote("as given: " + plan_label(r.current)));
   if (r.search.found)
     plot_cmd += fmt::format(", '+' using ({}):({}) every ::0::0 with points pt 9 ps 2 lc rgb 'red' title {}",
                             r.search.best.H, 100.0 * r.search.best.utilization,
@@ -118,9 +117,8 @@ std::string budget_plot_script(const BudgetReport& r) {
   s += "unset arrow 1\nunset label 1\n";
   // Panel 2: against distance.
   s += "set xlabel 'fiber distance, km (round trip 10 us per km)'\n";
-  s += fmt::format("set title {}\n",
-                   plot::quote(fmt::format("against distance (H={}, {} fragment{})", in.H, in.fragments,
-                                           in.fragments == 1 ? "" : "s")));
+  s += fmt::format("set title {}\n", plot::quote(fmt::format("against distance (H={}, {} fragment{})", in.H,
+                                                             in.fragments, in.fragments == 1 ? "" : "s")));
   s += fmt::format("set arrow 2 from graph 0, first {0} to graph 1, first {0} nohead dashtype 2 lc rgb 'gray40'\n",
                    target);
   plot_cmd = "plot ";
@@ -128,9 +126,9 @@ std::string budget_plot_script(const BudgetReport& r) {
     plot_cmd +=
         fmt::format("$bykm index {} using 1:($2*100) with lines lw 2 title {}, ", i, plot::quote(c.vs_km[i].title));
   if (c.given_km >= 1.0 && c.given_km <= 20000.0)
-    plot_cmd += fmt::format("'+' using ({}):({}) every ::0::0 with points pt 7 ps 1.6 lc rgb 'black' title {}",
-                            c.given_km, 100.0 * r.current.utilization,
-                            plot::quote(fmt::format("this path: {:.0f} km", c.given_km)));
+    plot_cmd +=
+        fmt::format("'+' using ({}):({}) every ::0::0 with points pt 7 ps 1.6 lc rgb 'black' title {}", c.given_km,
+                    100.0 * r.current.utilization, plot::quote(fmt::format("this path: {:.0f} km", c.given_km)));
   else
     plot_cmd.resize(plot_cmd.size() - 2);
   s += plot_cmd + "\n";

@@ -74,9 +74,12 @@ Format format_for(const std::string& path, const std::string& flag) {
 std::string quote(const std::string& s) {
   std::string out = "'";
   for (char c : s) {
-    if (c == '\'') out += "''";
-    else if (c == '\n') out += ' ';
-    else out += c;
+    if (c == '\'')
+      out += "''";
+    else if (c == '\n')
+      out += ' ';
+    else
+      out += c;
   }
   return out + "'";
 }
@@ -85,7 +88,8 @@ std::string terminal(Format f, int width, int height) {
   if (f == Format::Svg)
     return fmt::format("set terminal svg size {},{} dynamic enhanced font 'sans,11' background rgb 'white'\n", width,
                        height);
-  return fmt::format("set terminal pngcairo size {},{} enhanced font 'sans,10' background rgb 'white'\n", width, height);
+  return fmt::format("set terminal pngcairo size {},{} enhanced font 'sans,10' background rgb 'white'\n", width,
+                     height);
 }
 
 std::string datablock(const std::string& name, const std::vector<Series>& series) {

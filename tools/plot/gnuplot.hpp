@@ -38,8 +38,7 @@ void run(const std::string& script, const std::string& what);
 // Renders `script` (which sets neither terminal nor output) into `path`, SVG or PNG by its
 // extension, width x height pixels: written to a temporary file beside it and renamed into
 // place, so a failed render leaves no partial figure.
-void render_to_file(const std::string& script, const std::string& path, const std::string& what, int width,
-                    int height);
+void render_to_file(const std::string& script, const std::string& path, const std::string& what, int width, int height);
 
 // Renders `script` (which sets neither terminal nor output) as SVG and returns the text.
 std::string render_svg(const std::string& script, const std::string& what, int width, int height);

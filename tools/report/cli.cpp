@@ -19,7 +19,8 @@ std::string run_report(const ReportFlags& f) {
   std::string out = f.output;
   if (out.empty()) out = f.runs.size() == 1 ? (fs::path(f.runs[0]) / "report.html").string() : "report.html";
   const fs::path parent = fs::absolute(out).parent_path();
-  if (!fs::is_directory(parent)) throw InputError(fmt::format("report: -o {}: folder {} does not exist", out, parent.string()));
+  if (!fs::is_directory(parent))
+    throw InputError(fmt::format("report: -o {}: folder {} does not exist", out, parent.string()));
   std::vector<RunData> runs;
   for (const auto& d : f.runs) runs.push_back(load_run(d));
   auto figs = build_figures(runs);

@@ -119,8 +119,8 @@ const char* category(const std::string& name) {
 }
 const std::vector<std::pair<std::string, std::string>>& categories() {
   static const std::vector<std::pair<std::string, std::string>> c = {
-      {"compute", "#4c9be8"},  {"exposed wait", "#e8524c"}, {"compress", "#f0a030"},  {"send/receive", "#7a4ce8"},
-      {"decode", "#30b070"},   {"outer step", "#8c6d31"},   {"hash check", "#999999"}};
+      {"compute", "#4c9be8"}, {"exposed wait", "#e8524c"}, {"compress", "#f0a030"},  {"send/receive", "#7a4ce8"},
+      {"decode", "#30b070"},  {"outer step", "#8c6d31"},   {"hash check", "#999999"}};
   return c;
 }
 
@@ -179,8 +179,8 @@ void add_timeline(FigureSet& set, const RunData& run, size_t nruns) {
     Series ser{cat, {}};
     std::string block = fmt::format("$tl{} << EOD\n", idx);
     for (const auto& b : it->second) {
-      block += fmt::format("{:.6f} {} {:.6f} {:.6f} {} {}\n", (b[1] + b[2]) / 2, b[0], b[1], b[2], b[0] - 0.35,
-                           b[0] + 0.35);
+      block +=
+          fmt::format("{:.6f} {} {:.6f} {:.6f} {} {}\n", (b[1] + b[2]) / 2, b[0], b[1], b[2], b[0] - 0.35, b[0] + 0.35);
       ser.points.emplace_back(b[1], b[0]);
     }
     script += block + "EOD\n";
@@ -195,7 +195,9 @@ void add_timeline(FigureSet& set, const RunData& run, size_t nruns) {
            "Every rank's spans from trace.json: compute, exposed wait (the inner loop blocked on the outer loop), "
            "compress, send/receive, decode, outer step, hash check. Spans of one kind closer than 0.1% of the run "
            "are drawn as one. Open trace.json in Perfetto (ui.perfetto.dev) for every span.",
-           std::move(series), std::move(script), ""};
+           std::move(series),
+           std::move(script),
+           ""};
   set.figures.push_back(std::move(f));
 }
 
@@ -233,7 +235,8 @@ FigureSet build_figures(const std::vector<RunData>& runs) {
       "overlapped one).",
       metric_series(runs, "step", "exposed_wait_s"), "inner step", "exposed wait, s");
   // Per round.
-  add(set, "sync", "Sync time per round, measured and planned",
+  add(
+      set, "sync", "Sync time per round, measured and planned",
       "Wall time of each outer round (fragment sync) at the slowest rank of the site; with outer.plan: auto the "
       "plan's prediction for the same round is the dashed series.",
       [&] {
@@ -324,7 +327,8 @@ FigureSet build_figures(const std::vector<RunData>& runs) {
 
 void render_figures(FigureSet& set) {
   for (auto& f : set.figures)
-    f.svg = plot::render_svg(f.script, "report: figure '" + f.title + "'", 980, f.id.rfind("timeline", 0) == 0 ? 380 : 400);
+    f.svg =
+        plot::render_svg(f.script, "report: figure '" + f.title + "'", 980, f.id.rfind("timeline", 0) == 0 ? 380 : 400);
 }
 
 }  // namespace geoloco::report

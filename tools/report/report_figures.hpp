@@ -12,7 +12,7 @@
 namespace geoloco::report {
 
 struct Figure {
-  std::string id;       // stable anchor: loss_step, loss_time, val_loss, tokens, ...
+  std::string id;  // stable anchor: loss_step, loss_time, val_loss, tokens, ...
   std::string title;
   std::string caption;  // what it shows, with units
   std::vector<plot::Series> series;

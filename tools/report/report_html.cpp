@@ -24,7 +24,8 @@ nav a { margin-right: 10px; font-size: 0.9em; }
 // one page without sharing ids.
 std::string inline_svg(const std::string& svg, const std::string& prefix) {
   std::string s = svg.substr(std::min(svg.size(), svg.find("<svg")));
-  for (const char* id : {"gpPt", "gpDot", "gpBkgnd", "gnuplot_plot_", "gnuplot_canvas", "gpPat", "textbox", "greybox"}) {
+  for (const char* id :
+       {"gpPt", "gpDot", "gpBkgnd", "gnuplot_plot_", "gnuplot_canvas", "gpPat", "textbox", "greybox"}) {
     const std::string from = id, to = prefix + id;
     for (size_t pos = s.find(from); pos != std::string::npos; pos = s.find(from, pos + to.size()))
       s.replace(pos, from.size(), to);
@@ -47,20 +48,11 @@ std::string html_escape(const std::string& s) {
   out.reserve(s.size());
   for (char c : s) {
     switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += c;
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
     }
   }
   return out;
@@ -105,8 +97,8 @@ std::string report_html(const std::vector<RunData>& runs, const FigureSet& figs)
     }
     h += "<table><tr><th>step</th><th>site</th><th>event</th></tr>";
     for (const auto& e : r.events)
-      h += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td></tr>", e.step, html_escape(e.site.empty() ? "all" : e.site),
-                       html_escape(e.what));
+      h += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td></tr>", e.step,
+                       html_escape(e.site.empty() ? "all" : e.site), html_escape(e.what));
     h += "</table>\n";
   }
 
@@ -128,10 +120,11 @@ std::string report_html(const std::vector<RunData>& runs, const FigureSet& figs)
            "<th>lanes</th><th>predicted sync, s</th><th>predicted utilization</th><th>why</th></tr>";
       for (const auto& p : r.plans)
         h += fmt::format(
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.4g}</td><td>{:.1f}%</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.4g}</td><td>{:.1f}%</td><td>{}</td></"
+            "tr>",
             p.value("epoch", 0), p.value("interval", 0), p.value("fragments", 1), html_escape(p.value("codec", "")),
-            p.value("lanes", 1), p.value("predicted_fragment_sync_s", 0.0), 100.0 * p.value("predicted_utilization", 0.0),
-            html_escape(p.value("reason", "")));
+            p.value("lanes", 1), p.value("predicted_fragment_sync_s", 0.0),
+            100.0 * p.value("predicted_utilization", 0.0), html_escape(p.value("reason", "")));
       h += "</table>\n";
     }
     // Bytes per lane at the last round, per (rank -> peer).
@@ -143,7 +136,8 @@ std::string report_html(const std::vector<RunData>& runs, const FigureSet& figs)
     if (!last.empty()) {
       h += "<h3>Bytes sent per lane (whole run)</h3><table><tr><th>from -> to</th><th>bytes</th><th>per lane</th></tr>";
       for (const auto& [k, p] : last)
-        h += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td></tr>", html_escape(k), p.value("bytes_sent", uint64_t{0}),
+        h += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td></tr>", html_escape(k),
+                         p.value("bytes_sent", uint64_t{0}),
                          html_escape(p.contains("lane_bytes_sent") ? p["lane_bytes_sent"].dump() : "[]"));
       h += "</table>\n";
     }

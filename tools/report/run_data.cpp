@@ -125,10 +125,10 @@ RunData load_run(const std::string& dir) {
       if (fs::exists(e.path() / "metrics.jsonl")) site_metrics.push_back(e.path());
   std::sort(site_metrics.begin(), site_metrics.end());
   if (site_metrics.empty() && !fs::exists(root / "metrics.jsonl"))
-    throw InputError(fmt::format(
-        "report: {} is not a geoloco run directory (no metrics.jsonl, no sites/*/metrics.jsonl; "
-        "give the run's output_dir)",
-        dir));
+    throw InputError(
+        fmt::format("report: {} is not a geoloco run directory (no metrics.jsonl, no sites/*/metrics.jsonl; "
+                    "give the run's output_dir)",
+                    dir));
 
   if (fs::exists(root / "summary.json")) {
     auto s = nlohmann::json::parse(slurp(root / "summary.json"), nullptr, false);
@@ -137,8 +137,10 @@ RunData load_run(const std::string& dir) {
     else
       run.summary = std::move(s);
   }
-  if (fs::exists(root / "config.yaml")) run.config_text = slurp(root / "config.yaml");
-  else run.notes.push_back("no config.yaml (runs before 2026-12-02 did not write one)");
+  if (fs::exists(root / "config.yaml"))
+    run.config_text = slurp(root / "config.yaml");
+  else
+    run.notes.push_back("no config.yaml (runs before 2026-12-02 did not write one)");
 
   // Site order: the config's, when the summary or config names it; else by name.
   std::vector<std::string> order;
@@ -147,8 +149,10 @@ RunData load_run(const std::string& dir) {
     std::istringstream in(run.config_text);
     bool in_sites = false;
     for (std::string line; std::getline(in, line);) {
-      if (line.rfind("sites:", 0) == 0) in_sites = true;
-      else if (!line.empty() && line[0] != ' ' && line[0] != '-' && line[0] != '#') in_sites = false;
+      if (line.rfind("sites:", 0) == 0)
+        in_sites = true;
+      else if (!line.empty() && line[0] != ' ' && line[0] != '-' && line[0] != '#')
+        in_sites = false;
       std::smatch m;
       if (in_sites && std::regex_search(line, m, site_re)) order.push_back(m[1]);
     }
@@ -164,7 +168,8 @@ RunData load_run(const std::string& dir) {
   if (!site_metrics.empty()) {
     for (const auto& sd : site_metrics) {
       const std::string site = sd.filename().string();
-      run.sites.push_back({site, by_step(read_json_lines((sd / "metrics.jsonl").string(), run.notes), site, run.events)});
+      run.sites.push_back(
+          {site, by_step(read_json_lines((sd / "metrics.jsonl").string(), run.notes), site, run.events)});
       load_rounds(run, sd, site);
     }
   } else {
@@ -177,8 +182,10 @@ RunData load_run(const std::string& dir) {
 
   if (fs::exists(root / "plan.json")) {
     auto p = nlohmann::json::parse(slurp(root / "plan.json"), nullptr, false);
-    if (!p.is_discarded() && p.is_object() && p.contains("plans") && p["plans"].is_array()) run.plans = p["plans"];
-    else run.notes.push_back("plan.json is not a geoloco plan document: skipped");
+    if (!p.is_discarded() && p.is_object() && p.contains("plans") && p["plans"].is_array())
+      run.plans = p["plans"];
+    else
+      run.notes.push_back("plan.json is not a geoloco plan document: skipped");
   }
   // Plan changes: a round whose plan epoch differs from the site's previous round.
   std::map<std::pair<std::string, int>, int64_t> epoch_of;
@@ -204,9 +211,8 @@ RunData load_run(const std::string& dir) {
           run.events.push_back({std::stoll(m[1]), sd.path().filename().string(), "checkpoint"});
       }
     }
-  std::stable_sort(run.events.begin(), run.events.end(), [](const Event& a, const Event& b) {
-    return a.step != b.step ? a.step < b.step : a.site < b.site;
-  });
+  std::stable_sort(run.events.begin(), run.events.end(),
+                   [](const Event& a, const Event& b) { return a.step != b.step ? a.step < b.step : a.site < b.site; });
 
   run.name = run.summary.is_object() && run.summary.contains("run") && run.summary["run"].is_string()
                  ? run.summary["run"].get<std::string>()
@@ -216,8 +222,10 @@ RunData load_run(const std::string& dir) {
     std::istringstream in(run.config_text);
     bool in_run = false;
     for (std::string line; std::getline(in, line);) {
-      if (line.rfind("run:", 0) == 0) in_run = true;
-      else if (!line.empty() && line[0] != ' ') in_run = false;
+      if (line.rfind("run:", 0) == 0)
+        in_run = true;
+      else if (!line.empty() && line[0] != ' ')
+        in_run = false;
       std::smatch m;
       if (in_run && std::regex_search(line, m, name_re)) {
         run.name = m[1];
@@ -232,7 +240,8 @@ RunData load_run(const std::string& dir) {
   for (const auto& s : run.sites)
     if (!s.lines.empty()) last_step = std::max(last_step, s.lines.back().value("step", int64_t{0}));
   if (!run.summary.is_object()) {
-    run.status = fmt::format("incomplete: no summary.json (still running, or it failed); last logged step {}", last_step);
+    run.status =
+        fmt::format("incomplete: no summary.json (still running, or it failed); last logged step {}", last_step);
   } else if (run.summary.value("completed", false)) {
     run.complete = true;
     run.status = "finished";

@@ -46,8 +46,8 @@ struct RunData {
   std::string dir;
   std::string name;  // run.name from the summary or config, else the directory's name
   bool complete = false;
-  std::string status;  // one line: "finished", "stopped at step 120 (--stop-at-step)", "incomplete: ..."
-  nlohmann::json summary;  // null when absent
+  std::string status;       // one line: "finished", "stopped at step 120 (--stop-at-step)", "incomplete: ..."
+  nlohmann::json summary;   // null when absent
   std::string config_text;  // config.yaml as written at start; empty when absent
   std::vector<SiteMetrics> sites;
   std::vector<RoundRecord> rounds;  // every rank, by (site, rank, round)
