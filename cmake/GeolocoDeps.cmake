@@ -14,6 +14,8 @@ find_package(CLI11 REQUIRED)
 find_package(fmt REQUIRED)
 find_package(spdlog REQUIRED)
 find_package(OpenSSL REQUIRED)           # HMAC-SHA256 for the inter-site handshake
+find_package(prometheus-cpp CONFIG REQUIRED)  # run.metrics_port: the text format (prometheus-cpp::core)
+pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)  # run.metrics_port: the HTTP server
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 find_package(Gloo REQUIRED PATHS /usr/share/cmake/Gloo)

@@ -16,6 +16,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev
   iproute2 iptables libnetfilter-queue-dev iperf3 jq
   slurm-wlm munge python3-torch python3-numpy gnuplot-nox chromium python3-pil
+  prometheus-cpp-dev libcpp-httplib-dev tmux
 )
 
 missing=()

@@ -131,8 +131,9 @@ TEST(LiveMetrics, ConfigKeysAreChecked) {
   EXPECT_NE(err("run: {metrics_port: 70000}\n").find("metrics_port"), std::string::npos);
   EXPECT_NE(err("run: {metrics_port: -1}\n").find("metrics_port"), std::string::npos);
   EXPECT_EQ(err("run: {metrics_port: 9400}\n"), "");
-  EXPECT_NE(err("run: {metrics_port: 65535}\nsites:\n  - {name: a}\n  - {name: b}\n").find("at most 65534"),
-            std::string::npos);
+  const std::string two_sites = "sites:\n  - {name: a, port: 7000}\n  - {name: b, port: 7100}\n";
+  EXPECT_NE(err("run: {metrics_port: 65535}\n" + two_sites).find("at most 65534"), std::string::npos)
+      << err("run: {metrics_port: 65535}\n" + two_sites);
 }
 
 // The binary: two sites, rank 0 of paris (global rank 0) scraped while it trains; every
@@ -143,15 +144,15 @@ TEST(LiveMetrics, ScrapedDuringATwoSiteRunMatchesMetricsJsonl) {
   const int mport = port + 40;
   d.file("k.psk", "0123456789abcdef-test-key");
   const std::string out = (d.path() / "out").string();
-  const std::string cfg = d.file(
-      "c.yaml", "run: {name: live, seed: 3, output_dir: " + out + ", metrics_port: " + std::to_string(mport) +
-                    "}\nmodel: {n_layer: 1, n_head: 2, n_embd: 32, block_size: 16, vocab_size: 64}\n"
-                    "data:\n  train: {kind: synthetic, vocab: 64, branching: 3, seed: 5}\n"
-                    "train: {steps: 120, micro_batch: 2, log_every: 2, eval_every: 20}\n"
-                    "outer: {interval: 10, compression: {codec: int8}}\n"
-                    "sites:\n  - {name: paris, port: " + std::to_string(port) + "}\n  - {name: lyon, port: " +
-                    std::to_string(port + 10) +
-                    "}\ntransport: {psk_file: k.psk, connect_timeout_s: 20, emulate: {delay_ms: 60}}\n");
+  const std::string cfg =
+      d.file("c.yaml", "run: {name: live, seed: 3, output_dir: " + out + ", metrics_port: " + std::to_string(mport) +
+                           "}\nmodel: {n_layer: 1, n_head: 2, n_embd: 32, block_size: 16, vocab_size: 64}\n"
+                           "data:\n  train: {kind: synthetic, vocab: 64, branching: 3, seed: 5}\n"
+                           "train: {steps: 120, micro_batch: 2, log_every: 2, eval_every: 20}\n"
+                           "outer: {interval: 10, compression: {codec: int8}}\n"
+                           "sites:\n  - {name: paris, port: " +
+                           std::to_string(port) + "}\n  - {name: lyon, port: " + std::to_string(port + 10) +
+                           "}\ntransport: {psk_file: k.psk, connect_timeout_s: 20, emulate: {delay_ms: 60}}\n");
   const pid_t pid = fork();
   if (pid == 0) {
     FILE* f = freopen(d.file("launch.log").c_str(), "w", stdout);
@@ -197,8 +198,15 @@ TEST(LiveMetrics, ScrapedDuringATwoSiteRunMatchesMetricsJsonl) {
 // metric its queries name is one a rank serves.
 TEST(LiveMetrics, TheGrafanaDashboardQueriesOnlyServedMetrics) {
   trainer::LiveMetrics m("127.0.0.1", test::fresh_port(), {"r", "s", 0}, 10, 2);
-  m.on_line({{"step", 1}, {"loss", 1.0}, {"val_loss", 1.0}, {"tokens_per_s", 1.0}, {"tokens", 1},
-             {"compute_utilization", 1.0}, {"exposed_wait_s", 0.0}, {"sync_s", 0.1}, {"elapsed_s", 1.0}});
+  m.on_line({{"step", 1},
+             {"loss", 1.0},
+             {"val_loss", 1.0},
+             {"tokens_per_s", 1.0},
+             {"tokens", 1},
+             {"compute_utilization", 1.0},
+             {"exposed_wait_s", 0.0},
+             {"sync_s", 0.1},
+             {"elapsed_s", 1.0}});
   m.on_round({{"compression_ratio", 4.0}, {"plan_epoch", 0}, {"peers", {{{"site", "b"}, {"rank", 0}}}}});
   const std::string served = m.scrape_text();
   const auto dash = nlohmann::json::parse(slurp(std::string(GEOLOCO_SOURCE_DIR) + "/docs/grafana/geoloco.json"));

@@ -191,8 +191,8 @@ TEST(Overlap, ResumeWithSyncInFlightIsExact) {
 // it behind tau steps of compute. Compared on the steady-state outer period (metrics.jsonl,
 // the period ending at the second sync/merge; the run's last step always syncs blocking,
 // so the whole-run figure includes one exposed sync): >= 95% with overlap (the issue's
-// target) and at least 10 points lower without (a blocking sync costs 200 ms for the
-// pseudo-gradient per 20 steps; the hash check is verified a round later, off the path).
+// target), and under a quarter of the blocking run's exposed wait (a blocking sync costs
+// 200 ms for the pseudo-gradient per 20 steps; the hash check is verified a round later).
 TEST(Overlap, HidesTwoHundredMsDelay) {
   struct Result {
     double period_util = -1, period_wait = -1;
@@ -237,7 +237,10 @@ TEST(Overlap, HidesTwoHundredMsDelay) {
   ASSERT_GE(b.period_util, 0.0);
   ASSERT_GE(o.period_util, 0.0);
   EXPECT_GE(o.period_util, 0.95);
-  EXPECT_LT(b.period_util, o.period_util - 0.10);
+  // Overlap hides what blocking exposes. Compared as exposed seconds, not utilization: the
+  // utilization a fixed 200 ms costs depends on how fast this machine computes 20 steps
+  // (on a slower host blocking reached 0.93 with overlap at 0.999).
+  EXPECT_LT(o.period_wait, 0.25 * b.period_wait);
   // Blocking pays the pseudo-gradient's 200 ms. The weights-hash check of a round is verified
   // at the next round, when the peers' hashes arrived long ago: only the run's final check
   // (after the last sync) may wait for the 200 ms delay, one per rank, where every round's

@@ -91,12 +91,22 @@ wan_cleanup() {
       fi
     done
   fi
+  # A delay line still starting when the namespaces' pids were listed (ip netns exec had not
+  # entered the namespace yet) would outlive the deleted namespace: find it by its state path.
+  local state j
+  state="$(wan_state_dir "$prefix")"
+  if pgrep -f -- "--stats-file $state/delayline-" >/dev/null 2>&1; then
+    pkill -TERM -f -- "--stats-file $state/delayline-" 2>/dev/null || true
+    for ((j = 0; j < 30; j++)); do
+      pgrep -f -- "--stats-file $state/delayline-" >/dev/null 2>&1 || break
+      sleep 0.1
+    done
+    pkill -KILL -f -- "--stats-file $state/delayline-" 2>/dev/null || true
+  fi
   for ns in "${nss[@]}"; do
     ip netns del "$ns" 2>/dev/null || wan_log "could not delete namespace $ns"
   done
   # Keep the delay lines' final stats (written on SIGTERM above) for inspection after down.
-  local state
-  state="$(wan_state_dir "$prefix")"
   if compgen -G "$state/delayline-*.json" >/dev/null; then
     rm -rf "$state.last"
     mkdir -p "$state.last"

@@ -93,6 +93,7 @@ nlohmann::json run_rank(const trainer::RunConfig& cfg, const RankOptions& o) {
   opt.resume = o.resume;
   opt.stop_at_step = o.stop_at_step;
   opt.progress = o.progress;
+  opt.status_fd = o.status_fd;
   opt.collective = coll.get();
   opt.cuda_device = gpu;
   trainer::Trainer trainer(cfg, opt);

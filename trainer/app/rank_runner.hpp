@@ -22,6 +22,7 @@ struct RankOptions {
   bool resume = false;
   int64_t stop_at_step = 0;
   bool progress = true;
+  int status_fd = -1;  // the launcher's status pipe (TrainerOptions::status_fd)
   // site.device: cuda: pin this rank to a GPU (tests); -1 selects it from the local rank.
   int cuda_device = -1;
   // How this rank reaches rank r of the other sites: a connected transport for (self,

@@ -66,11 +66,26 @@ void run_worker(const WorkerArgs& a) {
   o.resume = a.resume;
   o.stop_at_step = a.stop_at;
   o.outer_hooks.capture_dir = a.capture_dir;
+  // The launcher's terminal status view: the site's rank 0 reports there, and the per-step
+  // progress lines it replaces are not printed.
+  if (const char* fd = std::getenv("GEOLOCO_STATUS_FD"); launched && fd != nullptr && rank == 0) {
+    o.status_fd = std::atoi(fd);
+    o.progress = false;
+  }
   auto summary = run_rank(cfg, o);
   if (cfg.global_rank(site, rank) == 0 && !launched) print_human_summary(cfg, summary);
 }
 
-struct LaunchArgs : WorkerArgs {};
+struct LaunchArgs : WorkerArgs {
+  bool plain = false;  // --plain: prefixed lines only, even on a terminal
+};
+
+// The status view needs a terminal on both outputs (lines and block share the screen).
+bool wants_status_view(const LaunchArgs& a) {
+  if (a.plain || !::isatty(1) || !::isatty(2)) return false;
+  const char* term = std::getenv("TERM");
+  return term != nullptr && std::string(term) != "dumb" && std::string(term) != "";
+}
 
 void run_launch(const LaunchArgs& a) {
   auto cfg = trainer::load_run_config(a.config, a.sets);
@@ -106,7 +121,10 @@ void run_launch(const LaunchArgs& a) {
     }
   }
   fmt::print(stderr, "geoloco: launching {} ranks over {} sites ({})\n", procs.size(), cfg.sites.size(), a.config);
-  int rc = launch::launch(procs);
+  launch::LaunchOptions lo;
+  if (wants_status_view(a))
+    for (const auto& s : cfg.sites) lo.status_sites.push_back(s.name);
+  int rc = launch::launch(procs, lo);
   if (rc != 0) throw ExitCode{rc};
   const auto path = std::filesystem::path(cfg.run.output_dir) / "summary.json";
   std::ifstream in(path);
@@ -143,6 +161,8 @@ void add_worker_commands(CLI::App& app) {
     auto a = std::make_shared<LaunchArgs>();
     auto* cmd = app.add_subcommand("launch", "Run every rank of every site of a config on this machine");
     add_common(cmd, *a);
+    cmd->add_flag("--plain", a->plain,
+                  "plain prefixed lines even on a terminal (default there: a status block per site)");
     cmd->callback([a] { run_launch(*a); });
   }
 }

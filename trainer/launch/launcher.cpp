@@ -19,6 +19,7 @@
 #include "trainer/core/error.hpp"
 #include "trainer/core/fd.hpp"
 #include "trainer/launch/line_prefixer.hpp"
+#include "trainer/launch/status_block.hpp"
 
 extern char** environ;
 
@@ -108,7 +109,8 @@ class SubreaperScope {
 struct Child {
   const ProcessSpec* spec = nullptr;
   pid_t pid = -1;
-  Fd out, err;
+  Fd out, err, status;  // status: the status pipe's read end (status view only)
+  std::string status_pending;
   std::unique_ptr<LinePrefixer> out_lines, err_lines;
   bool reaped = false;
   int exit_code = 0;    // when exited normally
@@ -122,10 +124,11 @@ struct ExecArgs {
   std::vector<char*> argv, envp;
 };
 
-ExecArgs build_exec_args(const ProcessSpec& spec) {
+ExecArgs build_exec_args(const ProcessSpec& spec, const std::vector<std::pair<std::string, std::string>>& extra) {
   ExecArgs a;
   std::set<std::string> overridden;
   for (const auto& [k, v] : spec.env) overridden.insert(k);
+  for (const auto& [k, v] : extra) overridden.insert(k);
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     std::string entry(*e);
     auto eq = entry.find('=');
@@ -133,6 +136,7 @@ ExecArgs build_exec_args(const ProcessSpec& spec) {
     a.strings_env.push_back(std::move(entry));
   }
   for (const auto& [k, v] : spec.env) a.strings_env.push_back(k + "=" + v);
+  for (const auto& [k, v] : extra) a.strings_env.push_back(k + "=" + v);
   for (const auto& s : spec.argv) a.argv.push_back(const_cast<char*>(s.c_str()));
   a.argv.push_back(nullptr);
   for (auto& s : a.strings_env) a.envp.push_back(s.data());
@@ -153,9 +157,14 @@ std::string describe_exit(const Child& c) {
 bool failed(const Child& c) { return !c.start_error.empty() || c.term_signal != 0 || c.exit_code != 0; }
 
 // Forks and execs one child; fills pid/out/err or start_error.
-void start_child(Child& c, int devnull, const sigset_t& original_mask, const LaunchOptions& opts) {
-  ExecArgs args = build_exec_args(*c.spec);
+void start_child(Child& c, int devnull, const sigset_t& original_mask, const LaunchOptions& opts, StatusBlock* block) {
+  const bool status_view = block != nullptr;
+  ExecArgs args = build_exec_args(
+      *c.spec, status_view ? std::vector<std::pair<std::string, std::string>>{{"GEOLOCO_STATUS_FD", "3"}}
+                           : std::vector<std::pair<std::string, std::string>>{});
   Pipe out = make_pipe(), err = make_pipe(), exec_status = make_pipe();
+  Pipe status;
+  if (status_view) status = make_pipe();
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) sys_fail(fmt::format("fork for {}", c.spec->label));
@@ -167,6 +176,12 @@ void start_child(Child& c, int devnull, const sigset_t& original_mask, const Lau
     ::dup2(devnull, 0);
     ::dup2(out.write.get(), 1);
     ::dup2(err.write.get(), 2);
+    int exec_fd = exec_status.write.get();
+    if (status_view) {
+      if (exec_fd == 3) exec_fd = ::fcntl(3, F_DUPFD_CLOEXEC, 10);  // keep it out of fd 3's way
+      if (status.write.get() != 3) ::dup2(status.write.get(), 3);
+      ::fcntl(3, F_SETFD, 0);
+    }
     for (int fd = 0; fd <= 2; ++fd) ::fcntl(fd, F_SETFD, 0);
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
@@ -175,7 +190,7 @@ void start_child(Child& c, int devnull, const sigset_t& original_mask, const Lau
     ::pthread_sigmask(SIG_SETMASK, &original_mask, nullptr);
     ::execvpe(args.argv[0], args.argv.data(), args.envp.data());
     int e = errno;
-    [[maybe_unused]] ssize_t n = ::write(exec_status.write.get(), &e, sizeof(e));
+    [[maybe_unused]] ssize_t n = ::write(exec_fd, &e, sizeof(e));
     ::_exit(127);
   }
   // Parent. Set the group here too, so kill(-pid) works even before the child runs.
@@ -184,6 +199,7 @@ void start_child(Child& c, int devnull, const sigset_t& original_mask, const Lau
   out.write.reset();
   err.write.reset();
   exec_status.write.reset();
+  status.write.reset();
   int e = 0;
   ssize_t n;
   do {
@@ -195,8 +211,39 @@ void start_child(Child& c, int devnull, const sigset_t& original_mask, const Lau
   ::fcntl(err.read.get(), F_SETFL, O_NONBLOCK);
   c.out = std::move(out.read);
   c.err = std::move(err.read);
-  c.out_lines = std::make_unique<LinePrefixer>(c.spec->label, opts.out_fd);
-  c.err_lines = std::make_unique<LinePrefixer>(c.spec->label, opts.err_fd);
+  if (status_view) {
+    ::fcntl(status.read.get(), F_SETFL, O_NONBLOCK);
+    c.status = std::move(status.read);
+    auto sink = [block](const std::string& line) { block->print(line); };
+    c.out_lines = std::make_unique<LinePrefixer>(c.spec->label, sink);
+    c.err_lines = std::make_unique<LinePrefixer>(c.spec->label, sink);
+  } else {
+    c.out_lines = std::make_unique<LinePrefixer>(c.spec->label, opts.out_fd);
+    c.err_lines = std::make_unique<LinePrefixer>(c.spec->label, opts.err_fd);
+  }
+}
+
+// Reads a child's status reports (JSON lines) and hands each whole one to the block.
+void pump_status(Child& c, StatusBlock& block) {
+  if (c.status.get() < 0) return;
+  char buf[16384];
+  for (;;) {
+    ssize_t n = ::read(c.status.get(), buf, sizeof(buf));
+    if (n > 0) {
+      c.status_pending.append(buf, static_cast<size_t>(n));
+      for (size_t nl; (nl = c.status_pending.find('\n')) != std::string::npos;) {
+        auto j = nlohmann::json::parse(c.status_pending.substr(0, nl), nullptr, false);
+        c.status_pending.erase(0, nl + 1);
+        if (!j.is_discarded()) block.update(j);  // a garbled report is dropped, not fatal
+      }
+      if (c.status_pending.size() > 65536) c.status_pending.clear();
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    c.status.reset();  // EOF
+    return;
+  }
 }
 
 // Reads what is available now; closes the fd at EOF. Returns false when nothing was read.
@@ -222,6 +269,7 @@ bool pump(Fd& fd, LinePrefixer& lines) {
 class Launcher {
  public:
   Launcher(const std::vector<ProcessSpec>& procs, const LaunchOptions& opts) : opts_(opts) {
+    if (!opts.status_sites.empty()) block_ = std::make_unique<StatusBlock>(opts.out_fd, opts.status_sites);
     children_.resize(procs.size());
     for (size_t i = 0; i < procs.size(); ++i) children_[i].spec = &procs[i];
   }
@@ -231,7 +279,11 @@ class Launcher {
  private:
   void message(const std::string& text) {
     std::string line = "[launch] " + text + "\n";
-    write_all_fd(opts_.err_fd, line.data(), line.size());
+    if (block_) {
+      block_->print(line);
+    } else {
+      write_all_fd(opts_.err_fd, line.data(), line.size());
+    }
   }
   size_t live() const {
     size_t n = 0;
@@ -270,6 +322,7 @@ class Launcher {
   void handle_signal_bytes(int fd);
 
   const LaunchOptions& opts_;
+  std::unique_ptr<StatusBlock> block_;  // the terminal status view, when asked for
   std::vector<Child> children_;
   bool stopping_ = false;
   bool killed_ = false;
@@ -349,7 +402,7 @@ int Launcher::run() {
   ::pthread_sigmask(SIG_BLOCK, &block, &original);
   for (auto& c : children_) {
     try {
-      start_child(c, devnull.get(), original, opts_);
+      start_child(c, devnull.get(), original, opts_, block_.get());
     } catch (const Error& e) {
       c.start_error = e.what();
     }
@@ -383,6 +436,13 @@ int Launcher::run() {
         streams.push_back({&c.err, c.err_lines.get()});
       }
     }
+    const size_t status_first = pfds.size();
+    std::vector<Child*> reporting;
+    for (auto& c : children_)
+      if (c.status.get() >= 0) {
+        pfds.push_back({c.status.get(), POLLIN, 0});
+        reporting.push_back(&c);
+      }
     // 250 ms is only a safety net; SIGCHLD and output wake us up earlier.
     int timeout_ms = 250;
     if (stopping_ && !killed_) {
@@ -393,8 +453,10 @@ int Launcher::run() {
     if (rc < 0 && errno != EINTR) sys_fail("poll");
     if (rc > 0) {
       if (pfds[0].revents) handle_signal_bytes(sig_pipe.read.get());
-      for (size_t i = 1; i < pfds.size(); ++i)
+      for (size_t i = 1; i < status_first; ++i)
         if (pfds[i].revents) pump(*streams[i - 1].first, *streams[i - 1].second);
+      for (size_t i = status_first; i < pfds.size(); ++i)
+        if (pfds[i].revents) pump_status(*reporting[i - status_first], *block_);
     }
     collect_exits();
     if (stopping_ && !killed_ && Clock::now() >= kill_at_ && live() > 0) {
@@ -417,7 +479,10 @@ int Launcher::run() {
       if (s.second) s.second->finish();
       s.first->reset();
     }
+    if (block_) pump_status(c, *block_);
+    c.status.reset();
   }
+  if (block_) block_->finish();  // the screen is left with the output only
   return result_;
 }
 

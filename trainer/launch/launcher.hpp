@@ -10,6 +10,7 @@
 //    ranks die with it. (Linux ties this to the *thread* that forked: call launch() from a
 //    thread that outlives it, normally the main thread.);
 //  * stdout/stderr lines are prefixed "[label] " and written whole; stdin is /dev/null;
+//  * with status_sites, a status block is drawn below the output and erased at the end;
 //  * the first rank that exits non-zero or by a signal ends the run: one message names it
 //    and its code or signal, the others get SIGTERM (to their whole process group), then
 //    SIGKILL after `grace`; all are reaped; launch() returns kExitRankFailed;
@@ -39,6 +40,10 @@ struct LaunchOptions {
   int err_fd = 2;                         // children's stderr lines and the launcher's messages
   // Install SIGINT/SIGTERM handlers for the duration of launch() (restored afterwards).
   bool handle_signals = true;
+  // The terminal status view (status_block.hpp): one line per site (these names, config
+  // order), redrawn on out_fd below the ranks' output; every child gets a status pipe as fd 3
+  // (GEOLOCO_STATUS_FD=3) to report on. Empty: plain prefixed lines only.
+  std::vector<std::string> status_sites;
 };
 
 inline constexpr int kExitOk = 0;

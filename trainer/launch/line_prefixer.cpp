@@ -25,6 +25,8 @@ void write_all_fd(int fd, const char* data, size_t len) {
 }
 
 LinePrefixer::LinePrefixer(std::string label, int out_fd) : prefix_("[" + label + "] "), fd_(out_fd) {}
+LinePrefixer::LinePrefixer(std::string label, std::function<void(const std::string&)> sink)
+    : prefix_("[" + label + "] "), sink_(std::move(sink)) {}
 
 void LinePrefixer::emit(const char* line, size_t len) {
   while (len > kMaxLine) {
@@ -35,7 +37,11 @@ void LinePrefixer::emit(const char* line, size_t len) {
   std::string out;
   out.reserve(prefix_.size() + len + 1);
   out.append(prefix_).append(line, len).push_back('\n');
-  write_all_fd(fd_, out.data(), out.size());
+  if (sink_) {
+    sink_(out);
+  } else {
+    write_all_fd(fd_, out.data(), out.size());
+  }
 }
 
 void LinePrefixer::feed(const char* data, size_t len) {

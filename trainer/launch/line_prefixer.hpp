@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string>
 
 namespace geoloco::launch {
@@ -14,6 +15,9 @@ class LinePrefixer {
   static constexpr size_t kMaxLine = 64 * 1024;
 
   LinePrefixer(std::string label, int out_fd);
+  // Lines go to `sink` (whole, prefixed, newline-terminated) instead of a descriptor: the
+  // terminal status view prints them above its block.
+  LinePrefixer(std::string label, std::function<void(const std::string&)> sink);
   void feed(const char* data, size_t len);
   // Emits a trailing partial line (adding the newline). Call once at EOF.
   void finish();
@@ -22,7 +26,8 @@ class LinePrefixer {
   void emit(const char* line, size_t len);
 
   std::string prefix_;
-  int fd_;
+  int fd_ = -1;
+  std::function<void(const std::string&)> sink_;
   std::string pending_;
 };
 

@@ -1,11 +1,11 @@
 #include "trainer/loop/live_metrics.hpp"
 
 #include <fmt/format.h>
-#include <prometheus/collectable.h>
-#include <prometheus/exposer.h>
+#include <httplib.h>
 #include <prometheus/metric_family.h>
 #include <prometheus/text_serializer.h>
 
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -14,9 +14,10 @@
 
 namespace geoloco::trainer {
 
-class LiveMetrics::Collector : public prometheus::Collectable {
+class LiveMetrics::Collector {
  public:
-  Collector(Labels l, int64_t total_steps, int sites) : labels_(std::move(l)), total_steps_(total_steps), sites_(sites) {}
+  Collector(Labels l, int64_t total_steps, int sites)
+      : labels_(std::move(l)), total_steps_(total_steps), sites_(sites) {}
 
   void on_line(const nlohmann::json& j) {
     std::lock_guard lk(mu_);
@@ -58,7 +59,7 @@ class LiveMetrics::Collector : public prometheus::Collectable {
     completed_ = completed ? 1 : 0;
   }
 
-  std::vector<prometheus::MetricFamily> Collect() const override {
+  std::vector<prometheus::MetricFamily> Collect() const {
     std::lock_guard lk(mu_);
     std::vector<prometheus::MetricFamily> out;
     const std::vector<prometheus::ClientMetric::Label> base = {
@@ -100,8 +101,8 @@ class LiveMetrics::Collector : public prometheus::Collectable {
           tokens_per_s_);
     counter("geoloco_tokens_total", "Tokens trained by the whole run so far.", std::isnan(tokens_) ? 0 : tokens_);
     gauge("geoloco_elapsed_seconds", "Wall-clock seconds since the run started (resumes included).", elapsed_);
-    gauge("geoloco_compute_utilization_ratio",
-          "Share of the last outer period spent in inner steps (0-1).", utilization_);
+    gauge("geoloco_compute_utilization_ratio", "Share of the last outer period spent in inner steps (0-1).",
+          utilization_);
     gauge("geoloco_exposed_wait_seconds", "Seconds the inner loop waited for the outer loop in the last period.",
           exposed_wait_);
     gauge("geoloco_last_sync_seconds", "Wall time of the last outer round (fragment sync), seconds.", last_sync_);
@@ -111,8 +112,7 @@ class LiveMetrics::Collector : public prometheus::Collectable {
     gauge("geoloco_plan_epoch", "Plan in force (0: the config's schedule; 1: the start-up plan; then re-plans).",
           plan_epoch_);
     gauge("geoloco_sites", "Sites in the run's config.", double(sites_));
-    gauge("geoloco_round_members", "Sites whose contributions were in the last round (this one included).",
-          members_);
+    gauge("geoloco_round_members", "Sites whose contributions were in the last round (this one included).", members_);
     gauge("geoloco_running", "1 while the run trains, 0 once it ended.", running_);
     gauge("geoloco_completed", "1 once the run trained every step.", completed_);
     per_peer("geoloco_wan_bytes_sent_total", "Payload bytes this rank sent to a peer over the WAN.", sent_);
@@ -134,26 +134,33 @@ class LiveMetrics::Collector : public prometheus::Collectable {
 };
 
 LiveMetrics::LiveMetrics(const std::string& host, int port, Labels labels, int64_t total_steps, int sites)
-    : collector_(std::make_shared<Collector>(std::move(labels), total_steps, sites)) {
-  const std::string addr = fmt::format("{}:{}", host, port);
-  try {
-    exposer_ = std::make_unique<prometheus::Exposer>(addr, 1);
-  } catch (const std::exception& e) {
-    throw InputError(fmt::format("run.metrics_port: cannot serve metrics on {} ({}): is the port in use, or the "
-                                 "host not an address of this machine?",
-                                 addr, e.what()));
-  }
-  exposer_->RegisterCollectable(collector_);
+    : collector_(std::make_shared<Collector>(std::move(labels), total_steps, sites)),
+      server_(std::make_unique<httplib::Server>()) {
+  // One worker: a scrape is a few kilobytes, and the rank's cores belong to training.
+  server_->new_task_queue = [] { return new httplib::ThreadPool(1); };
+  server_->Get("/metrics", [c = collector_](const httplib::Request&, httplib::Response& res) {
+    res.set_content(prometheus::TextSerializer().Serialize(c->Collect()), "text/plain; version=0.0.4");
+  });
+  if (!server_->bind_to_port(host, port))
+    throw InputError(
+        fmt::format("run.metrics_port: cannot serve metrics on {}:{}: the port is in use, or the host "
+                    "is not an address of this machine (run.metrics_host)",
+                    host, port));
+  thread_ = std::thread([s = server_.get()] { s->listen_after_bind(); });
+  // stop() only stops a server that runs: wait until it does, so that a LiveMetrics destroyed
+  // right away does not leave listen_after_bind() serving forever (and the join hanging).
+  for (int i = 0; i < 5000 && !server_->is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
-LiveMetrics::~LiveMetrics() = default;
+LiveMetrics::~LiveMetrics() {
+  server_->stop();
+  if (thread_.joinable()) thread_.join();
+}
 
 void LiveMetrics::on_line(const nlohmann::json& line) { collector_->on_line(line); }
 void LiveMetrics::on_round(const nlohmann::json& round) { collector_->on_round(round); }
 void LiveMetrics::on_end(bool completed) { collector_->on_end(completed); }
 
-std::string LiveMetrics::scrape_text() const {
-  return prometheus::TextSerializer().Serialize(collector_->Collect());
-}
+std::string LiveMetrics::scrape_text() const { return prometheus::TextSerializer().Serialize(collector_->Collect()); }
 
 }  // namespace geoloco::trainer

@@ -3,15 +3,18 @@
 // (docs/report.md lists every metric; docs/grafana/geoloco.json is the dashboard). Global rank
 // g serves http://<run.metrics_host>:<run.metrics_port + g>/metrics. The values come from the
 // same JSON the rank writes to metrics.jsonl and rounds.r<rank>.jsonl, and a scrape sees one
-// consistent snapshot (all values of the same update).
+// consistent snapshot (all values of the same update). The text format is prometheus-cpp's;
+// the HTTP server is cpp-httplib's (prometheus-cpp's own civetweb server cannot start its
+// threads in a process that loaded OpenBLAS on this CPU: pthread_create EINVAL).
 #pragma once
 
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 
-namespace prometheus {
-class Exposer;
+namespace httplib {
+class Server;
 }
 
 namespace geoloco::trainer {
@@ -43,7 +46,8 @@ class LiveMetrics {
  private:
   class Collector;
   std::shared_ptr<Collector> collector_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<httplib::Server> server_;  // cpp-httplib: serves GET /metrics on thread_
+  std::thread thread_;
 };
 
 }  // namespace geoloco::trainer

@@ -167,6 +167,10 @@ RunConfig parse_run_config(const config::Document& doc) {
     c.run.seed = r.get<uint64_t>("seed", c.run.seed);
     c.run.output_dir = r.get<std::string>("output_dir", "runs/" + c.run.name);
     c.run.log_level = r.get_choice("log_level", c.run.log_level, {"debug", "info", "warn", "error"});
+    c.run.metrics_port = static_cast<int>(r.get_int("metrics_port", 0, 0, 65535));
+    c.run.metrics_host = r.get<std::string>("metrics_host", c.run.metrics_host);
+    if (c.run.metrics_host.empty())
+      r.fail_value("metrics_host", "an address of this machine (e.g. 127.0.0.1, 0.0.0.0)");
     r.finish();
   }
   c.model = ModelConfig::from_yaml(root.child("model"));
@@ -178,6 +182,11 @@ RunConfig parse_run_config(const config::Document& doc) {
   if (!c.train.init_from.empty())
     c.train.init_from = resolve_init_from(root.child("train"), c.train.init_from, c.dir, c.model);
   c.sites = parse_sites(root);
+  if (c.run.metrics_port > 0 && c.run.metrics_port + c.world_size() - 1 > 65535)
+    root.child("run").fail("metrics_port",
+                           fmt::format("got {}, but rank g serves on metrics_port + g and the run has {} ranks: "
+                                       "expected at most {}",
+                                       c.run.metrics_port, c.world_size(), 65536 - c.world_size()));
   if (c.train.precision == "bf16")
     for (const auto& s : c.sites)
       if (s.device != "cuda")

@@ -22,6 +22,10 @@ struct RunSection {
   uint64_t seed = 1234;
   std::string output_dir;  // default: runs/<name>, relative to the working directory
   std::string log_level = "info";
+  // Prometheus metrics over HTTP (trainer/loop/live_metrics.hpp): global rank g serves
+  // http://metrics_host:(metrics_port + g)/metrics. 0: off.
+  int metrics_port = 0;
+  std::string metrics_host = "127.0.0.1";
 };
 
 struct LrScaling {

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -20,6 +21,7 @@
 #include "trainer/data/open_data.hpp"
 #include "trainer/data/sampler.hpp"
 #include "trainer/loop/device_site.hpp"
+#include "trainer/loop/live_metrics.hpp"
 #include "trainer/loop/metrics.hpp"
 #include "trainer/model/gpt.hpp"
 #include "trainer/optim/schedule.hpp"
@@ -56,6 +58,8 @@ struct Trainer::Impl {
   fs::path out_dir, site_dir, ckpt_dir;
   std::unique_ptr<MetricsWriter> metrics;      // sites/<site>/metrics.jsonl (site rank 0)
   std::unique_ptr<MetricsWriter> run_metrics;  // metrics.jsonl (global rank 0)
+  std::unique_ptr<LiveMetrics> live;           // run.metrics_port: this rank's Prometheus endpoint
+  nlohmann::json status;                       // what the launcher's status view shows (status_fd)
   std::unique_ptr<MetricsWriter> rounds;       // sites/<site>/rounds.r<rank>.jsonl (every rank with an outer loop)
   std::unique_ptr<ProgressLine> progress;
 
@@ -121,6 +125,12 @@ struct Trainer::Impl {
     const bool append = opt.resume;
     if (opt.rank == 0) metrics = std::make_unique<MetricsWriter>((site_dir / "metrics.jsonl").string(), append);
     if (global_rank == 0) run_metrics = std::make_unique<MetricsWriter>((out_dir / "metrics.jsonl").string(), append);
+    if (cfg.run.metrics_port > 0) {
+      live = std::make_unique<LiveMetrics>(cfg.run.metrics_host, cfg.run.metrics_port + global_rank,
+                                           LiveMetrics::Labels{cfg.run.name, site.name, opt.rank}, cfg.train.steps,
+                                           static_cast<int>(cfg.sites.size()));
+      spdlog::info("metrics: http://{}:{}/metrics", cfg.run.metrics_host, cfg.run.metrics_port + global_rank);
+    }
     // Opened at the first finished outer round (the outer loop is set after construction);
     // a fresh run removes an earlier run's file now, so none of its rounds survive.
     if (!append) fs::remove(rounds_path());
@@ -130,6 +140,28 @@ struct Trainer::Impl {
                             fmt::format("# {}: the config of run '{}' as it ran (overrides applied), hash {}\n{}\n",
                                         cfg.path, cfg.run.name, hex64(cfg.hash), cfg.canonical_yaml));
     if (global_rank == 0 || (world == 1)) progress = std::make_unique<ProgressLine>(opt.progress, cfg.train.steps);
+  }
+
+  // One JSON line to the launcher's status view: the latest value of every field so far.
+  void report_status(const nlohmann::json& line, bool done) {
+    if (opt.status_fd < 0) return;
+    for (const char* k :
+         {"step", "loss", "val_loss", "tokens_per_s", "elapsed_s", "sync_s", "exposed_wait_s", "compute_utilization"})
+      if (line.contains(k)) status[k] = line[k];
+    status["site"] = site.name;
+    status["steps"] = cfg.train.steps;
+    status["sites"] = cfg.sites.size();
+    status["done"] = done;
+    const std::string text = status.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    const char* p = text.data();
+    size_t left = text.size();
+    while (left > 0) {  // a pipe: small writes are whole; a failure only loses the view
+      const ssize_t n = ::write(opt.status_fd, p, left);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return;
+      p += n;
+      left -= static_cast<size_t>(n);
+    }
   }
 
   fs::path rounds_path() const { return site_dir / fmt::format("rounds.r{}.jsonl", opt.rank); }
@@ -385,6 +417,8 @@ struct Trainer::Impl {
           r["site"] = site.name;
           r["rank"] = opt.rank;
           rounds->write(r);
+          if (live) live->on_round(r);
+          if (r.contains("peers")) status["members"] = 1 + r["peers"].size();
         }
         const double w = std::chrono::duration<double>(w1 - w0).count();
         outer_wait_seconds += w;
@@ -428,6 +462,8 @@ struct Trainer::Impl {
         if (!period.is_null()) line.update(period);
         if (metrics) metrics->write(line);
         if (run_metrics) run_metrics->write(line);
+        if (live) live->on_line(line);
+        report_status(line, false);
         if (progress)
           progress->update(step, mean_loss, tps, wall_before + seconds_since(start), do_eval ? last_val_loss : NAN);
         loss_acc = 0;
@@ -527,6 +563,8 @@ struct Trainer::Impl {
     s["global_rank"] = global_rank;
     s["steps"] = step;
     s["completed"] = step == cfg.train.steps;
+    if (live) live->on_end(step == cfg.train.steps);
+    if (step == cfg.train.steps) report_status({{"step", step}}, true);
     s["final_loss"] = last_loss;
     s["val_loss"] = last_val_loss;
     s["tokens"] = step * tokens_per_step_rank * world;

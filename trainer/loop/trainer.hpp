@@ -37,6 +37,9 @@ struct TrainerOptions {
   parallel::Collective* collective = nullptr;  // the site's collective (null: one-rank site)
   OuterHook* outer = nullptr;                  // the cross-site loop (null: no outer loop)
   bool progress = true;                        // live progress line on a terminal
+  // `geoloco launch`'s status view: the site's rank 0 writes one JSON status line per logged
+  // step here (GEOLOCO_STATUS_FD; trainer/launch/status_block.hpp). -1: none.
+  int status_fd = -1;
   // site.device: cuda: the GPU of this rank, already chosen by the caller (run_rank selects it
   // before creating NCCL); -1 lets the trainer select it (select_rank_device).
   int cuda_device = -1;
