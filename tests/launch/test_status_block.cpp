@@ -25,10 +25,12 @@ std::string drain(int fd) {
 }  // namespace
 
 TEST(StatusBlock, OneLinePerSiteWithEveryFigure) {
-  const nlohmann::json s = {{"site", "paris"}, {"step", 150},      {"steps", 300}, {"loss", 2.34567},
-                            {"val_loss", 2.8},  {"tokens_per_s", 24200.0}, {"elapsed_s", 30.0},
-                            {"sync_s", 0.25},   {"exposed_wait_s", 0.5},  {"compute_utilization", 0.954},
-                            {"members", 2},     {"sites", 2}};
+  const nlohmann::json s = {{"site", "paris"},       {"step", 150},
+                            {"steps", 300},          {"loss", 2.34567},
+                            {"val_loss", 2.8},       {"tokens_per_s", 24200.0},
+                            {"elapsed_s", 30.0},     {"sync_s", 0.25},
+                            {"exposed_wait_s", 0.5}, {"compute_utilization", 0.954},
+                            {"members", 2},          {"sites", 2}};
   const std::string line = StatusBlock::format_line("paris", 5, s, 200);
   EXPECT_EQ(line,
             "paris  step 150/300 [########--------]  50%  loss 2.3457 (val 2.8000)  24.2k tok/s  ETA 30s  "
@@ -39,8 +41,9 @@ TEST(StatusBlock, OneLinePerSiteWithEveryFigure) {
   nlohmann::json done = s;
   done["step"] = 300;
   done["done"] = true;
-  EXPECT_NE(StatusBlock::format_line("paris", 5, done, 200).find("100%  loss 2.3457 (val 2.8000)  24.2k tok/s  done in 30s"),
-            std::string::npos);
+  EXPECT_NE(
+      StatusBlock::format_line("paris", 5, done, 200).find("100%  loss 2.3457 (val 2.8000)  24.2k tok/s  done in 30s"),
+      std::string::npos);
 }
 
 TEST(StatusBlock, LogLinesGoAboveTheBlockAndTheEndLeavesNoBlock) {

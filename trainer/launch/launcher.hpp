@@ -29,9 +29,9 @@
 namespace geoloco::launch {
 
 struct ProcessSpec {
-  std::string label;                                       // "paris/0": the output prefix
-  std::vector<std::string> argv;                           // argv[0] is looked up in PATH
-  std::vector<std::pair<std::string, std::string>> env;    // added to (or replacing in) our environment
+  std::string label;                                     // "paris/0": the output prefix
+  std::vector<std::string> argv;                         // argv[0] is looked up in PATH
+  std::vector<std::pair<std::string, std::string>> env;  // added to (or replacing in) our environment
 };
 
 struct LaunchOptions {
@@ -47,9 +47,9 @@ struct LaunchOptions {
 };
 
 inline constexpr int kExitOk = 0;
-inline constexpr int kExitRankFailed = 1;       // a rank failed or could not be started
-inline constexpr int kExitInterrupted = 130;    // SIGINT (128 + 2)
-inline constexpr int kExitTerminated = 143;     // SIGTERM (128 + 15)
+inline constexpr int kExitRankFailed = 1;     // a rank failed or could not be started
+inline constexpr int kExitInterrupted = 130;  // SIGINT (128 + 2)
+inline constexpr int kExitTerminated = 143;   // SIGTERM (128 + 15)
 
 // Runs all processes to completion. Returns 0 when every one exited 0, otherwise one of the
 // codes above. Throws geoloco::InputError for an empty list, empty argv or duplicate labels,
