@@ -85,6 +85,33 @@ size_t markers_of_plot(const std::string& svg, int n) {
 
 }  // namespace
 
+// The saved config is read as YAML, whatever its style: block mappings whose `name` is not
+// the first key set the site order, and `run.name` names a run that has no summary yet.
+TEST(ReportData, SiteOrderAndNameFromBlockStyleConfig) {
+  TempDir d("report");
+  write_run(d, /*finished=*/false);
+  d.file("run/config.yaml",
+         "run: {seed: 3,\n  name: blocky}\nsites:\n  - host: 127.0.0.1\n    name: paris\n"
+         "  - ranks: 1\n    # lyon second, not alphabetical\n    name: lyon\n");
+  const RunData run = load_run(d.file("run"));
+  EXPECT_EQ(run.name, "blocky");
+  ASSERT_EQ(run.sites.size(), 2u);
+  EXPECT_EQ(run.sites[0].site, "paris");
+  EXPECT_EQ(run.sites[1].site, "lyon");
+}
+
+// A damaged config.yaml is a note, and the report still reads the metrics.
+TEST(ReportData, DamagedConfigIsANote) {
+  TempDir d("report");
+  write_run(d);
+  d.file("run/config.yaml", "sites: [ {name: paris\n");
+  const RunData run = load_run(d.file("run"));
+  ASSERT_EQ(run.sites.size(), 2u);
+  bool noted = false;
+  for (const auto& n : run.notes) noted |= n.find("config.yaml is not valid YAML") != std::string::npos;
+  EXPECT_TRUE(noted);
+}
+
 TEST(ReportData, ReadsEveryFileOfARun) {
   TempDir d("report");
   write_run(d);

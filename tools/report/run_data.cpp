@@ -8,6 +8,8 @@
 #include <regex>
 #include <sstream>
 
+#include <yaml-cpp/yaml.h>
+
 #include "trainer/core/error.hpp"
 
 namespace geoloco::report {
@@ -142,19 +144,20 @@ RunData load_run(const std::string& dir) {
   else
     run.notes.push_back("no config.yaml (runs before 2026-12-02 did not write one)");
 
-  // Site order: the config's, when the summary or config names it; else by name.
+  // Site order and run name from the config the run saved (parsed as YAML; a damaged file
+  // is a note, not a failure: the report still draws what the metrics hold).
   std::vector<std::string> order;
+  std::string config_run_name;
   if (!run.config_text.empty()) {
-    static const std::regex site_re(R"(^\s*-\s*\{?\s*name:\s*([A-Za-z0-9_.-]+))");
-    std::istringstream in(run.config_text);
-    bool in_sites = false;
-    for (std::string line; std::getline(in, line);) {
-      if (line.rfind("sites:", 0) == 0)
-        in_sites = true;
-      else if (!line.empty() && line[0] != ' ' && line[0] != '-' && line[0] != '#')
-        in_sites = false;
-      std::smatch m;
-      if (in_sites && std::regex_search(line, m, site_re)) order.push_back(m[1]);
+    try {
+      const YAML::Node cfg = YAML::Load(run.config_text);
+      if (cfg.IsMap() && cfg["sites"] && cfg["sites"].IsSequence())
+        for (const auto& site : cfg["sites"])
+          if (site.IsMap() && site["name"] && site["name"].IsScalar()) order.push_back(site["name"].as<std::string>());
+      if (cfg.IsMap() && cfg["run"] && cfg["run"].IsMap() && cfg["run"]["name"] && cfg["run"]["name"].IsScalar())
+        config_run_name = cfg["run"]["name"].as<std::string>();
+    } catch (const YAML::Exception& e) {
+      run.notes.push_back(fmt::format("config.yaml is not valid YAML ({}): site order by name", e.what()));
     }
   }
   std::stable_sort(site_metrics.begin(), site_metrics.end(), [&](const fs::path& a, const fs::path& b) {
@@ -217,22 +220,7 @@ RunData load_run(const std::string& dir) {
   run.name = run.summary.is_object() && run.summary.contains("run") && run.summary["run"].is_string()
                  ? run.summary["run"].get<std::string>()
                  : "";
-  if (run.name.empty() && !run.config_text.empty()) {
-    static const std::regex name_re(R"(^\s+name:\s*([^\s#]+))");
-    std::istringstream in(run.config_text);
-    bool in_run = false;
-    for (std::string line; std::getline(in, line);) {
-      if (line.rfind("run:", 0) == 0)
-        in_run = true;
-      else if (!line.empty() && line[0] != ' ')
-        in_run = false;
-      std::smatch m;
-      if (in_run && std::regex_search(line, m, name_re)) {
-        run.name = m[1];
-        break;
-      }
-    }
-  }
+  if (run.name.empty()) run.name = config_run_name;
   if (run.name.empty()) run.name = fs::absolute(root).lexically_normal().filename().string();
   if (run.name.empty()) run.name = dir;
 
