@@ -27,7 +27,14 @@ inline constexpr uint8_t kEnvelopeMagic[4] = {'G', 'L', 'O', 'S'};
 inline constexpr uint16_t kEnvelopeVersion = 1;
 inline constexpr size_t kEnvelopeBytes = 40;
 
-enum class EnvelopeKind : uint16_t { kPseudoGradient = 1, kWeightsHash = 2, kRankSummary = 3, kPlanReport = 4, kPlanDecision = 5 };
+enum class EnvelopeKind : uint16_t {
+  kPseudoGradient = 1,
+  kWeightsHash = 2,
+  kRankSummary = 3,
+  kPlanReport = 4,
+  kPlanDecision = 5,
+  kMembership = 6
+};
 
 struct Envelope {
   EnvelopeKind kind = EnvelopeKind::kPseudoGradient;
@@ -47,7 +54,7 @@ class EnvelopeError : public Error {
 void write_envelope(const Envelope& e, std::vector<uint8_t>& out);  // header + body
 // Parses and checks magic, version, kind, round, site, rank and the body length against
 // the bytes received and `max_body`. `who` names the peer in errors.
-Envelope read_envelope(std::span<const uint8_t> bytes, EnvelopeKind kind, uint64_t round, uint32_t site,
-                       uint32_t rank, uint64_t max_body, const std::string& who);
+Envelope read_envelope(std::span<const uint8_t> bytes, EnvelopeKind kind, uint64_t round, uint32_t site, uint32_t rank,
+                       uint64_t max_body, const std::string& who);
 
 }  // namespace geoloco::outer

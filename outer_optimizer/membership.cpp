@@ -85,7 +85,8 @@ MemberMsg decode_member_msg(std::span<const uint8_t> bytes, int sites, uint32_t 
   if (bytes.size() != kMemberMsgBytes) throw bad(fmt::format("{} bytes, expected {}", bytes.size(), kMemberMsgBytes));
   if (std::memcmp(bytes.data(), kMagic, 4) != 0) throw bad("bad magic (not a GLMB record)");
   const auto version = get<uint16_t>(bytes, 4);
-  if (version != kMemberMsgVersion) throw bad(fmt::format("version {}, this build speaks {}", version, kMemberMsgVersion));
+  if (version != kMemberMsgVersion)
+    throw bad(fmt::format("version {}, this build speaks {}", version, kMemberMsgVersion));
   const uint8_t type = bytes[6];
   if (type < 1 || type > 6) throw bad(fmt::format("unknown type {}", type));
   if (bytes[7] != 0) throw bad("reserved byte 7 is not zero");
@@ -100,10 +101,12 @@ MemberMsg decode_member_msg(std::span<const uint8_t> bytes, int sites, uint32_t 
   m.value = get<uint64_t>(bytes, 48);
   m.holds = get<uint64_t>(bytes, 56);
   const auto n = static_cast<uint32_t>(sites);
-  if (m.from >= n || m.to >= n) throw bad(fmt::format("{} names site {} -> {}, the config has {}", type_name(m.type), m.from, m.to, sites));
+  if (m.from >= n || m.to >= n)
+    throw bad(fmt::format("{} names site {} -> {}, the config has {}", type_name(m.type), m.from, m.to, sites));
   if (m.from == m.to) throw bad(fmt::format("{} from site {} to itself", type_name(m.type), m.from));
   if (m.from != expected_from)
-    throw bad(fmt::format("{} claims to come from site {}, the connection is site {}", type_name(m.type), m.from, expected_from));
+    throw bad(fmt::format("{} claims to come from site {}, the connection is site {}", type_name(m.type), m.from,
+                          expected_from));
   const SiteMask config = all_sites(sites);
   if ((m.value & ~config) != 0 || (m.holds & ~config) != 0)
     throw bad(fmt::format("{} names sites outside the config's {} (value {}, holds {})", type_name(m.type), sites,
@@ -128,16 +131,16 @@ void RoundConsensus::add_holds(SiteMask holds) {
   holds_ |= holds;
 }
 
-int RoundConsensus::position() const {
-  return mask_count(holds_ & ((SiteMask{1} << cfg_.self) - 1));
-}
+int RoundConsensus::position() const { return mask_count(holds_ & ((SiteMask{1} << cfg_.self) - 1)); }
 
 double RoundConsensus::offset() const { return patience() * cfg_.self / cfg_.sites; }
 
 // A ballot's patience doubles with every ballot this site started (up to 8x): a retry_s
 // shorter than the network's round trip then still ends in a decision instead of ballots
 // pre-empting each other forever.
-double RoundConsensus::patience() const { return cfg_.retry_s * static_cast<double>(1 << std::min(std::max(ballots_ - 1, 0), 3)); }
+double RoundConsensus::patience() const {
+  return cfg_.retry_s * static_cast<double>(1 << std::min(std::max(ballots_ - 1, 0), 3));
+}
 
 void RoundConsensus::ready(double now) {
   if (ready_) return;
@@ -145,7 +148,8 @@ void RoundConsensus::ready(double now) {
   ready_ = true;
   // The lowest held site proposes first; the others give it `position` retry periods. A
   // foreign ballot seen while not ready postpones us as it would have if we had been.
-  next_attempt_ = std::max(now + position() * cfg_.retry_s, last_foreign_ >= 0 ? last_foreign_ + cfg_.retry_s + offset() : now);
+  next_attempt_ =
+      std::max(now + position() * cfg_.retry_s, last_foreign_ >= 0 ? last_foreign_ + cfg_.retry_s + offset() : now);
   std::vector<MemberMsg> queued;
   queued.swap(queued_prepares_);
   for (const auto& m : queued) on_prepare(m);
@@ -273,8 +277,12 @@ void RoundConsensus::on_prepare(const MemberMsg& m) {
   // (a resend): promising it again changes nothing.
   if (m.ballot >= promised_) {
     promised_ = m.ballot;
-    send({.type = MemberMsgType::kPromise, .to = m.from, .ballot = m.ballot, .accepted_ballot = accepted_ballot_,
-          .value = accepted_value_, .holds = holds_});
+    send({.type = MemberMsgType::kPromise,
+          .to = m.from,
+          .ballot = m.ballot,
+          .accepted_ballot = accepted_ballot_,
+          .value = accepted_value_,
+          .holds = holds_});
   } else {
     send({.type = MemberMsgType::kNack, .to = m.from, .ballot = m.ballot, .promised = promised_});
   }

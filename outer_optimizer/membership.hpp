@@ -47,7 +47,7 @@ enum class MemberMsgType : uint8_t { kPrepare = 1, kPromise = 2, kAccept = 3, kA
 
 struct MemberMsg {
   MemberMsgType type = MemberMsgType::kPrepare;
-  uint32_t from = 0, to = 0;     // site indices
+  uint32_t from = 0, to = 0;  // site indices
   uint64_t round = 0;
   uint64_t ballot = 0;           // the ballot the message is about (Decide: the deciding one)
   uint64_t promised = 0;         // Nack: the ballot the acceptor has promised instead
@@ -81,9 +81,9 @@ std::vector<uint8_t> encode_member_msg(const MemberMsg& m);
 MemberMsg decode_member_msg(std::span<const uint8_t> bytes, int sites, uint32_t expected_from, const std::string& who);
 
 struct ConsensusConfig {
-  int sites = 0;   // in the config, 1..64
-  int self = 0;    // this site's index
-  int quorum = 0;  // outer.min_sites: 1..sites
+  int sites = 0;           // in the config, 1..64
+  int self = 0;            // this site's index
+  int quorum = 0;          // outer.min_sites: 1..sites
   double retry_s = 1.0;    // a ballot's patience before the next one
   double degrade_s = 0.5;  // quorum below a majority: how long a ballot waits for a majority
 };
@@ -136,7 +136,7 @@ class RoundConsensus {
   void resend(double now, SiteMask answered, MemberMsg m);
   // Delivers what this site sent itself (the acceptor of its own ballots).
   void drain_self();
-  int position() const;   // sites held with a lower index than self
+  int position() const;     // sites held with a lower index than self
   double offset() const;    // this site's share of patience(), spreading retries apart
   double patience() const;  // retry_s, doubled per ballot started (at most 8x)
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Checks that the C++ files a change touched follow .clang-format.
-#   tools/check_format.sh            files changed since the commit in .ci/format-base
+#   tools/check_format.sh            files changed since the commit in .ci/format-base, with
+#                                    what is staged, modified or untracked (not ignored) now
 #   tools/check_format.sh BASE       files changed since BASE (a commit)
 #   tools/check_format.sh --fix ...  rewrite them instead of checking
 # Exit 0 when every file is formatted, 1 naming the files that are not (with the first
@@ -14,7 +15,8 @@ command -v clang-format >/dev/null || { echo "check_format: clang-format is not 
 if [[ -z "$base" ]]; then echo "check_format: no base commit (give one, or write it to .ci/format-base)" >&2; exit 2; fi
 if git cat-file -e "$base^{commit}" 2>/dev/null; then
   mapfile -t files < <(git diff --name-only --diff-filter=ACMR "$base" HEAD -- '*.cpp' '*.hpp' '*.cu' '*.cuh'
-                       git diff --name-only --diff-filter=ACMR -- '*.cpp' '*.hpp' '*.cu' '*.cuh')
+                       git diff --name-only --diff-filter=ACMR HEAD -- '*.cpp' '*.hpp' '*.cu' '*.cuh'
+                       git ls-files --others --exclude-standard -- '*.cpp' '*.hpp' '*.cu' '*.cuh')
   what="changed since $(git rev-parse --short "$base")"
 else
   # A shallow clone without the base: the last commit's files, said so.

@@ -31,9 +31,13 @@ struct SimOptions {
 // partition separates them (checked at delivery).
 class Sim {
  public:
-  explicit Sim(const SimOptions& o) : o_(o), rng_(o.seed), alive_(o.sites, true), group_(o.sites, 0), ready_at_(o.sites, 0.0) {
+  explicit Sim(const SimOptions& o)
+      : o_(o), rng_(o.seed), alive_(o.sites, true), group_(o.sites, 0), ready_at_(o.sites, 0.0) {
     for (int s = 0; s < o.sites; ++s) {
-      nodes_.emplace_back(ConsensusConfig{.sites = o.sites, .self = s, .quorum = o.quorum, .retry_s = o.retry_s, .degrade_s = o.degrade_s}, 7);
+      nodes_.emplace_back(
+          ConsensusConfig{
+              .sites = o.sites, .self = s, .quorum = o.quorum, .retry_s = o.retry_s, .degrade_s = o.degrade_s},
+          7);
     }
   }
   RoundConsensus& node(int s) { return nodes_[s]; }
@@ -59,7 +63,10 @@ class Sim {
         const auto f = inflight_.top();
         inflight_.pop();
         if (!alive_[f.m.to] || !alive_[f.m.from] || group_[f.m.to] != group_[f.m.from]) continue;
-        if (getenv("TRACE")) fprintf(stderr, "%.3f %u->%u t%d b%lu p%lu ab%lu v%s h%s\n", now_, f.m.from, f.m.to, (int)f.m.type, f.m.ballot, f.m.promised, f.m.accepted_ballot, mask_string(f.m.value).c_str(), mask_string(f.m.holds).c_str());
+        if (getenv("TRACE"))
+          fprintf(stderr, "%.3f %u->%u t%d b%lu p%lu ab%lu v%s h%s\n", now_, f.m.from, f.m.to, (int)f.m.type,
+                  f.m.ballot, f.m.promised, f.m.accepted_ballot, mask_string(f.m.value).c_str(),
+                  mask_string(f.m.holds).c_str());
         nodes_[f.m.to].receive(f.m, now_);
         ++delivered_;
         collect(static_cast<int>(f.m.to));
@@ -278,7 +285,8 @@ struct Hand {
   std::vector<RoundConsensus> n;
   std::vector<MemberMsg> held;  // produced, not yet delivered
   explicit Hand(int sites, int quorum) {
-    for (int s = 0; s < sites; ++s) n.emplace_back(ConsensusConfig{.sites = sites, .self = s, .quorum = quorum, .retry_s = 1.0, .degrade_s = 0.5}, 7);
+    for (int s = 0; s < sites; ++s)
+      n.emplace_back(ConsensusConfig{.sites = sites, .self = s, .quorum = quorum, .retry_s = 1.0, .degrade_s = 0.5}, 7);
   }
   void collect() {
     for (auto& node : n)
@@ -328,7 +336,7 @@ TEST(Membership, AcceptBelowAPromiseIsRefused) {
   h.deliver(1, 2, T::kAccepted, 1.32);
   ASSERT_TRUE(h.n[2].decided());
   EXPECT_EQ(*h.n[2].decided(), 0b110u);
-  h.deliver(0, 1, T::kAccept, 1.33);  // the stale accept finally arrives
+  h.deliver(0, 1, T::kAccept, 1.33);    // the stale accept finally arrives
   h.deliver(1, 0, std::nullopt, 1.34);  // and site 1's answer to it reaches site 0 first
   EXPECT_FALSE(h.n[0].decided()) << "site 0 decided " << mask_string(*h.n[0].decided());
   h.run_all(1.35, 10);
@@ -351,8 +359,13 @@ int undecided_but_possible = 0;  // seeds whose live sites could have decided bu
 bool check_seed(int sites, int quorum, uint64_t seed, double drop, double retry_s = 0.3, double max_delay = 0.02,
                 bool live_must_decide = true) {
   std::mt19937_64 r(seed * 7919 + sites);
-  SimOptions o{.sites = sites, .quorum = quorum, .retry_s = retry_s, .degrade_s = retry_s * 2 / 3, .max_delay = max_delay,
-               .drop = drop, .seed = seed};
+  SimOptions o{.sites = sites,
+               .quorum = quorum,
+               .retry_s = retry_s,
+               .degrade_s = retry_s * 2 / 3,
+               .max_delay = max_delay,
+               .drop = drop,
+               .seed = seed};
   Sim sim(o);
   std::vector<SiteMask> holds(sites);
   for (int s = 0; s < sites; ++s) {
@@ -373,7 +386,8 @@ bool check_seed(int sites, int quorum, uint64_t seed, double drop, double retry_
     const auto& d = sim.node(s).decided();
     if (!d) continue;
     if (value) {
-      EXPECT_EQ(*d, *value) << "seed " << seed << ": site " << s << " decided " << mask_string(*d) << ", another " << mask_string(*value);
+      EXPECT_EQ(*d, *value) << "seed " << seed << ": site " << s << " decided " << mask_string(*d) << ", another "
+                            << mask_string(*value);
     }
     value = d;
     EXPECT_FALSE(sim.node(s).conflict()) << "seed " << seed;
@@ -384,7 +398,8 @@ bool check_seed(int sites, int quorum, uint64_t seed, double drop, double retry_
     int live = 0;
     for (int s = 0; s < sites; ++s) {
       if (sim.alive(s)) common &= holds[s], ++live;
-      fprintf(stderr, "site %d alive %d ready %d ballots %d holds %s\n", s, (int)sim.alive(s), (int)sim.node(s).is_ready(), sim.node(s).ballots_started(), mask_string(sim.node(s).holds()).c_str());
+      fprintf(stderr, "site %d alive %d ready %d ballots %d holds %s\n", s, (int)sim.alive(s),
+              (int)sim.node(s).is_ready(), sim.node(s).ballots_started(), mask_string(sim.node(s).holds()).c_str());
     }
     const bool possible = live >= quorum && mask_count(common) >= quorum;
     if (live_must_decide) {
@@ -401,7 +416,8 @@ bool check_seed(int sites, int quorum, uint64_t seed, double drop, double retry_
   // Every live site learns the decision.
   for (int s = 0; s < sites; ++s) {
     if (sim.alive(s)) {
-      EXPECT_TRUE(sim.node(s).decided() || !live_must_decide) << "seed " << seed << ": live site " << s << " never learned";
+      EXPECT_TRUE(sim.node(s).decided() || !live_must_decide)
+          << "seed " << seed << ": live site " << s << " never learned";
     }
   }
   return true;
@@ -457,8 +473,15 @@ TEST(Membership, DegradedQuorumStillAgreesWhenConnected) {
 // ---- wire form ----
 
 MemberMsg sample() {
-  return {.type = MemberMsgType::kPromise, .from = 2, .to = 1, .round = 0x0102030405060708ull, .ballot = 130,
-          .promised = 129, .accepted_ballot = 66, .value = 0b0101, .holds = 0b0111};
+  return {.type = MemberMsgType::kPromise,
+          .from = 2,
+          .to = 1,
+          .round = 0x0102030405060708ull,
+          .ballot = 130,
+          .promised = 129,
+          .accepted_ballot = 66,
+          .value = 0b0101,
+          .holds = 0b0111};
 }
 
 TEST(MembershipWire, RoundTripsEveryField) {

@@ -1,0 +1,156 @@
+// The membership consensus over a real Transport (the in-memory fabric): four site leaders
+// agree on a round's membership; a site killed before or during the round is left out and
+// the others agree; a stalled site is left out too; below the quorum the wait ends with
+// QuorumLost naming the reachable sites; garbage from a peer is refused naming it.
+#include <gtest/gtest.h>
+
+#include <future>
+#include <variant>
+
+#include "outer_optimizer/membership_driver.hpp"
+#include "tests/transport/memory_cluster.hpp"
+
+namespace geoloco::outer {
+namespace {
+
+using transport::test::MemoryCluster;
+
+const std::vector<std::string> kNames = {"paris", "lyon", "nice", "lille"};
+
+struct Leaders {
+  trainer::RunConfig cfg;
+  std::unique_ptr<MemoryCluster> cluster;
+  std::vector<std::unique_ptr<SitePeers>> peers;
+
+  explicit Leaders(int sites) {
+    std::vector<transport::TransportConfig> cfgs;
+    std::vector<transport::Identity> ids;
+    for (int s = 0; s < sites; ++s) {
+      trainer::SiteConfig sc;
+      sc.name = kNames[static_cast<size_t>(s)];
+      cfg.sites.push_back(sc);
+      auto tc = transport::test::small_config();
+      tc.transfer_timeout_s = 3;
+      cfgs.push_back(tc);
+      ids.push_back(transport::test::ident(sc.name));
+    }
+    cluster = std::make_unique<MemoryCluster>(cfgs, ids);
+    for (const auto& e : cluster->connect_all()) EXPECT_EQ(e, "");
+    for (int s = 0; s < sites; ++s)
+      peers.push_back(std::make_unique<SitePeers>(cfg, s, 0, cluster->t[static_cast<size_t>(s)].get()));
+  }
+  ~Leaders() {
+    peers.clear();
+    cluster.reset();
+  }
+  ConsensusConfig cc(int s, int quorum) const {
+    return {.sites = static_cast<int>(cfg.sites.size()), .self = s, .quorum = quorum, .retry_s = 0.2, .degrade_s = 0.1};
+  }
+  // Runs agree_membership on every listed site in parallel; each one's outcome or error text.
+  std::vector<std::variant<MembershipOutcome, std::string>> agree(const std::vector<int>& sites, int quorum,
+                                                                  std::vector<SiteMask> holds, double wait_s = 5) {
+    std::vector<std::future<std::variant<MembershipOutcome, std::string>>> f;
+    for (int s : sites)
+      f.push_back(std::async(std::launch::async, [&, s]() -> std::variant<MembershipOutcome, std::string> {
+        try {
+          return agree_membership(*peers[static_cast<size_t>(s)], cc(s, quorum), 3, holds[static_cast<size_t>(s)],
+                                  wait_s);
+        } catch (const std::exception& e) {
+          return std::string(e.what());
+        }
+      }));
+    std::vector<std::variant<MembershipOutcome, std::string>> out;
+    for (auto& x : f) out.push_back(x.get());
+    return out;
+  }
+};
+
+MembershipOutcome ok(const std::variant<MembershipOutcome, std::string>& v) {
+  if (auto* e = std::get_if<std::string>(&v)) {
+    ADD_FAILURE() << "failed: " << *e;
+    return {};
+  }
+  return std::get<MembershipOutcome>(v);
+}
+
+TEST(MembershipDriver, FourLeadersAgreeOnEveryone) {
+  Leaders L(4);
+  const auto r = L.agree({0, 1, 2, 3}, 3, std::vector<SiteMask>(4, 0b1111));
+  for (int s = 0; s < 4; ++s) {
+    const auto o = ok(r[static_cast<size_t>(s)]);
+    EXPECT_EQ(o.members, 0b1111u) << "site " << s;
+    EXPECT_TRUE(o.can_apply);
+  }
+  EXPECT_EQ(ok(r[0]).ballots, 1);  // the lowest site proposes, once
+}
+
+TEST(MembershipDriver, SiteKilledBeforeTheRoundIsLeftOut) {
+  Leaders L(4);
+  L.cluster->fabric.kill("lille", 0);
+  const auto r = L.agree({0, 1, 2}, 3, std::vector<SiteMask>(4, 0b0111));
+  for (int s = 0; s < 3; ++s) EXPECT_EQ(ok(r[static_cast<size_t>(s)]).members, 0b0111u) << "site " << s;
+}
+
+TEST(MembershipDriver, FirstSiteKilledMidConsensusTheOthersGoOn) {
+  Leaders L(4);
+  // Site 0 (paris) dies after its first few frames: prepares out, the rest never.
+  transport::memory::Fault f;
+  f.action = transport::memory::FaultAction::kKill;
+  f.from_site = "paris";
+  f.from_rank = 0;
+  f.kind = transport::FrameKind::kControl;
+  f.nth = 3;  // prepares to lyon and nice leave; paris dies before the one to lille
+  L.cluster->fabric.add_fault(f);
+  std::vector<SiteMask> holds = {0b1111, 0b1110, 0b1110, 0b1110};
+  const auto r = L.agree({0, 1, 2, 3}, 3, holds, /*wait_s=*/2);
+  for (int s = 1; s < 4; ++s) EXPECT_EQ(ok(r[static_cast<size_t>(s)]).members, 0b1110u) << "site " << s;
+  // The dead site learns nothing and says so; it never decides on its own.
+  EXPECT_TRUE(std::holds_alternative<std::string>(r[0]));
+}
+
+TEST(MembershipDriver, StalledSiteIsLeftOut) {
+  Leaders L(4);
+  L.cluster->fabric.stall("nice", 0);
+  std::vector<SiteMask> holds = {0b1011, 0b1011, 0b1111, 0b1011};
+  const auto r = L.agree({0, 1, 3}, 3, holds);
+  for (int s : {0, 1, 2}) EXPECT_EQ(ok(r[static_cast<size_t>(s)]).members, 0b1011u);
+  L.cluster->fabric.resume("nice", 0);
+}
+
+TEST(MembershipDriver, BelowQuorumTheWaitEndsNamingWhoIsReachable) {
+  Leaders L(4);
+  L.cluster->fabric.kill("nice", 0);
+  L.cluster->fabric.kill("lille", 0);
+  const auto r = L.agree({0, 1}, 3, std::vector<SiteMask>(4, 0b0011), /*wait_s=*/1.0);
+  for (int s = 0; s < 2; ++s) {
+    const auto* e = std::get_if<std::string>(&r[static_cast<size_t>(s)]);
+    ASSERT_NE(e, nullptr) << "site " << s << " decided below the quorum";
+    EXPECT_NE(e->find("no membership agreed within 1.0 s"), std::string::npos) << *e;
+    EXPECT_NE(e->find("2 of 4 sites reachable {0,1}"), std::string::npos) << *e;
+    EXPECT_NE(e->find("min_sites 3"), std::string::npos) << *e;
+  }
+}
+
+TEST(MembershipDriver, MinSitesOneLoneSurvivorDecides) {
+  Leaders L(4);
+  for (const char* s : {"paris", "nice", "lille"}) L.cluster->fabric.kill(s, 0);
+  const auto r = L.agree({1}, 1, std::vector<SiteMask>(4, 0b0010));
+  EXPECT_EQ(ok(r[0]).members, 0b0010u);
+}
+
+TEST(MembershipDriver, GarbageFromAPeerIsRefusedNamingIt) {
+  Leaders L(2);
+  // lyon sends a control message of the membership kind whose body is not a GLMB record.
+  std::vector<uint8_t> junk(kMemberMsgBytes, 0xAB);
+  auto h = L.peers[1]->send(0, EnvelopeKind::kMembership, 3, kMembershipShard, 0, junk);
+  try {
+    agree_membership(*L.peers[0], L.cc(0, 2), 3, 0b11, 2);
+    ADD_FAILURE() << "garbage accepted";
+  } catch (const MembershipError& e) {
+    EXPECT_NE(std::string(e.what()).find("lyon"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("magic"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace geoloco::outer
