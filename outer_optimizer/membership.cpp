@@ -152,7 +152,7 @@ void RoundConsensus::ready(double now) {
       std::max(now + position() * cfg_.retry_s, last_foreign_ >= 0 ? last_foreign_ + cfg_.retry_s + offset() : now);
   std::vector<MemberMsg> queued;
   queued.swap(queued_prepares_);
-  for (const auto& m : queued) on_prepare(m);
+  for (const auto& m : queued) handle(m);
   drain_self();
 }
 
@@ -238,9 +238,14 @@ void RoundConsensus::drain_self() {
 
 void RoundConsensus::handle(const MemberMsg& m) {
   highest_seen_ = std::max({highest_seen_, m.ballot, m.promised});
+  const bool request = m.type == MemberMsgType::kPrepare || m.type == MemberMsgType::kAccept;
+  if (request && decided_) {  // a site that missed the decision learns it from anyone
+    send({.type = MemberMsgType::kDecide, .to = m.from, .ballot = decided_ballot_, .value = *decided_});
+    return;
+  }
   switch (m.type) {
     case MemberMsgType::kPrepare:
-      if (!ready_ && !decided_ && m.from != static_cast<uint32_t>(cfg_.self)) {
+      if (!ready_ && m.from != static_cast<uint32_t>(cfg_.self)) {
         // Our holdings are not final yet: answering now would let a proposal leave out a
         // contribution still arriving. The deadline makes us ready soon.
         note_foreign(m.ballot);
@@ -268,10 +273,6 @@ void RoundConsensus::note_foreign(uint64_t ballot) {
 }
 
 void RoundConsensus::on_prepare(const MemberMsg& m) {
-  if (decided_) {
-    send({.type = MemberMsgType::kDecide, .to = m.from, .ballot = decided_ballot_, .value = *decided_});
-    return;
-  }
   note_foreign(m.ballot);
   // Ballots are unique per proposer, so an equal ballot is the same proposer asking again
   // (a resend): promising it again changes nothing.
@@ -289,10 +290,6 @@ void RoundConsensus::on_prepare(const MemberMsg& m) {
 }
 
 void RoundConsensus::on_accept(const MemberMsg& m) {
-  if (decided_) {
-    send({.type = MemberMsgType::kDecide, .to = m.from, .ballot = decided_ballot_, .value = *decided_});
-    return;
-  }
   note_foreign(m.ballot);
   // Accepting needs no readiness: the value was fixed by others' holdings, and a member
   // that lacks a contribution learns so from can_apply() and rejoins from peers.

@@ -86,10 +86,8 @@ MembershipOutcome agree_membership(const SitePeers& peers, const ConsensusConfig
       Envelope e;
       try {
         e = peers.read(*l.recv, l.site, EnvelopeKind::kMembership, round, bytes, kMemberMsgBytes);
-      } catch (const EnvelopeError&) {
-        throw;
-      } catch (const transport::TransportError&) {
-        l.alive = false;  // died, cancelled or timed out: no longer heard from
+      } catch (const transport::TransportError&) {  // an EnvelopeError (garbage) goes up
+        l.alive = false;                            // died, cancelled or timed out: no longer heard from
         l.recv.reset();
         continue;
       }
