@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "trainer/core/log.hpp"
 
 namespace geoloco::transport {
@@ -77,6 +79,49 @@ void Channel::fail(FailKind kind, const std::string& msg, bool quiet) {
       op->fail = kind;
       op->fail_msg = msg;
     }
+}
+
+void Channel::peer_closed(const std::string& msg) {
+  if (failed_ || closed_) return;
+  closed_ = true;
+  failure_ = msg;  // what later receives fail with
+  fail_kind_ = FailKind::kTransport;
+  stats_.failure = msg;
+  publish_();  // whoever sees an operation fail also sees why in the stats
+  // Held messages the peer finished stay for their receives; a partial one never completes,
+  // nor does one whose data would still have to be fetched from the peer.
+  for (auto it = unexpected_.begin(); it != unexpected_.end();) {
+    const auto& q = it->second;
+    const bool whole = q.size() == chunk_count(q.front().h.total_length, cfg_.chunk_bytes) &&
+                       std::none_of(q.begin(), q.end(), [](const Unexpected& e) { return e.data.needs_fetch; });
+    if (whole) {
+      ++it;
+      continue;
+    }
+    for (auto& e : q) {
+      if (!e.data.needs_fetch) unexpected_eager_bytes_ -= e.data.length;
+      link_.release(e.data);
+    }
+    unexpected_count_ -= q.size();
+    it = unexpected_.erase(it);
+  }
+  std::vector<std::shared_ptr<RecvOp>> partial;
+  for (auto& [k, op] : recvs_)
+    if (!op->have_total || op->got != op->nchunks) partial.push_back(op);
+  for (auto& op : partial) fail_recv(op, FailKind::kTransport, msg);
+  // Nothing sent to it will be received.
+  sendq_.clear();
+  for (auto& [id, op] : std::map<uint64_t, std::shared_ptr<SendOp>>(sends_)) {
+    if (op->fail == FailKind::kNone) op->fail = FailKind::kTransport, op->fail_msg = msg;
+    maybe_finish_send(*op);
+  }
+  settle_closed();
+}
+
+void Channel::settle_closed() {
+  if (!closed_ || failed_ || !recvs_.empty() || !unexpected_.empty()) return;
+  const std::string msg = failure_;
+  fail(FailKind::kTransport, msg, /*quiet=*/true);
 }
 
 bool Channel::process_failure() {

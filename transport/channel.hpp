@@ -113,8 +113,14 @@ class Channel {
   // ---- the binding ----
   // A frame arrived from this peer (on an authenticated lane).
   Disposition on_frame(std::span<const uint8_t> header, const HeldData& data);
-  // Breaks the channel with its first error (quiet: not logged, e.g. a clean shutdown).
+  // Breaks the channel with its first error (quiet: not logged).
   void fail(FailKind kind, const std::string& msg, bool quiet = false);
+  // The peer shut down cleanly: everything it sent has arrived (the UCX binding knows it from
+  // the goodbye on every lane). What it sent is still delivered: a receive that holds all of
+  // its chunks completes (fetches may be in flight), a message held whole for a receive not
+  // posted yet completes that receive when it comes. Everything else fails with `msg`, as
+  // does every later receive; once nothing deliverable is left the channel fails (quietly).
+  void peer_closed(const std::string& msg);
 
   // ---- the loop ----
   // Issues chunks within the window; books the emulator's next release in `next`.
@@ -127,7 +133,8 @@ class Channel {
   // Shutdown: completes whatever still waits on requests the binding will never return.
   void abandon_requests();
 
-  bool failed() const { return failed_; }
+  // Failed, or closed by the peer (nothing more will come from it).
+  bool failed() const { return failed_ || closed_; }
   FailKind fail_kind() const { return fail_kind_; }
   const std::string& failure() const { return failure_; }
   // Transfers posted or in flight.
@@ -153,6 +160,8 @@ class Channel {
   void fail_recv(const std::shared_ptr<RecvOp>& op, FailKind kind, const std::string& msg);
   void reject_frame(const std::string& why);
   void discard(const FrameHeader& h);
+  // Closed by the peer and nothing deliverable left: fail quietly with the close message.
+  void settle_closed();
 
   PeerInfo info_;
   const TransportConfig& cfg_;
@@ -164,6 +173,7 @@ class Channel {
   FailKind fail_kind_ = FailKind::kTransport;
   std::string failure_;
   bool failure_processed_ = false;
+  bool closed_ = false;  // peer_closed(): delivering what arrived, then failed_ with failure_
 
   // send side
   std::deque<std::shared_ptr<SendOp>> sendq_;          // not fully issued yet

@@ -24,7 +24,7 @@ void Channel::discard(const FrameHeader& h) {
 }
 
 Disposition Channel::on_frame(std::span<const uint8_t> header, const HeldData& data) {
-  if (failed_) return Disposition::kRelease;
+  if (failed_ || closed_) return Disposition::kRelease;  // closed: the peer said it sent nothing more
   auto hdr = FrameHeader::decode(header);
   if (!hdr) {
     reject_frame(fmt::format("header: {} bytes, expected {}", header.size(), kFrameHeaderBytes));
@@ -78,6 +78,7 @@ Disposition Channel::on_frame(std::span<const uint8_t> header, const HeldData& d
 
 void Channel::post_recv(std::shared_ptr<RecvOp> op) {
   if (failed_) return op->state->finish(fail_kind_, failure_, 0);
+  if (closed_ && !unexpected_.count(op->key)) return op->state->finish(fail_kind_, failure_, 0);
   if (recvs_.count(op->key) || completed_.count(op->key))
     return op->state->finish(
         FailKind::kTransport,
@@ -191,7 +192,7 @@ void Channel::maybe_finish_recv(const std::shared_ptr<RecvOp>& op) {
     if (op->fail == FailKind::kCancelled) ++stats_.ops_cancelled;
     op->state->finish(op->fail, op->fail_msg, 0);
     std::erase(draining_, op);
-    return;
+    return settle_closed();
   }
   if (!op->have_total || op->verified != op->nchunks) return;
   completed_.insert(op->key);
@@ -200,6 +201,7 @@ void Channel::maybe_finish_recv(const std::shared_ptr<RecvOp>& op) {
   op->credit_bytes = 0;
   publish_();
   op->state->finish_ok(op->total, std::move(op->dest));
+  settle_closed();
 }
 
 }  // namespace geoloco::transport

@@ -10,7 +10,7 @@
 namespace geoloco::transport {
 
 void Channel::post_send(std::shared_ptr<SendOp> op) {
-  if (failed_) return op->state->finish(fail_kind_, failure_, 0);
+  if (failed_ || closed_) return op->state->finish(fail_kind_, failure_, 0);
   if (active_sends_.count(op->key))
     return op->state->finish(FailKind::kTransport,
                              fmt::format("send {} to peer {}: already in progress", key_str(op->key), info_.name()), 0);
@@ -44,7 +44,7 @@ void Channel::decide_eager(SendOp& op) {
 
 // Returns `bytes` of the peer's eager window: a header-only frame on its first lane that is up.
 void Channel::send_credit(uint64_t bytes) {
-  if (failed_ || bytes == 0) return;
+  if (failed_ || closed_ || bytes == 0) return;
   int lane = -1;
   for (int l = 0; l < cfg_.lanes && lane < 0; ++l)
     if (link_.lane_up(l)) lane = l;
@@ -69,7 +69,7 @@ void Channel::on_credit(uint64_t bytes) {
 
 bool Channel::pump(int active_lanes, Clock::time_point now, Clock::time_point& next) {
   bool any = false;
-  while (!failed_ && !sendq_.empty() && inflight_ < cfg_.inflight_chunks) {
+  while (!failed_ && !closed_ && !sendq_.empty() && inflight_ < cfg_.inflight_chunks) {
     auto op = sendq_.front();
     if (op->next_chunk == op->nchunks) {
       sendq_.pop_front();  // fully issued; completes in the continuations

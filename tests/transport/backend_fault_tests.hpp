@@ -232,6 +232,34 @@ TYPED_TEST_P(BackendFaultTest, WhatAPeerSentBeforeShuttingDownIsDelivered) {
   }
 }
 
+// A message that arrived whole before its sender shut down is delivered to a receive posted
+// after the shutdown (the race the loop can lose: frames and goodbye in one progress pass,
+// the receive's post in the next); a partial one, or any other key, fails "shut down".
+TYPED_TEST_P(BackendFaultTest, WhatArrivedBeforeAShutdownIsDeliveredToALaterRecv) {
+  auto cfg = small_config(3, 64 * 1024);
+  TypeParam c({cfg, cfg}, {ident("a"), ident("b")});
+  for (auto& e : c.connect_all()) ASSERT_EQ(e, "");
+  const auto x = pattern(5 * 64 * 1024 + 7, 3), y = pattern(100, 4);
+  c.t[0]->send(0, FrameKind::kControl, 1, 0, P(x)).wait();
+  c.t[0]->send(0, FrameKind::kControl, 4, 0, P(y)).wait();
+  // Both went out eagerly (under eager_bytes): they wait at b, unposted, and the goodbye
+  // comes after them.
+  c.t[0].reset();
+  // A key a never sent fails once b has taken in the shutdown; that shows it has.
+  const std::string other = error_of(c.t[1]->recv(0, FrameKind::kControl, 2, 0, size_t{10}));
+  EXPECT_TRUE(contains(other, "peer a/0")) << other;
+  EXPECT_TRUE(contains(other, "shut down")) << other;
+  auto r = c.t[1]->recv(0, FrameKind::kControl, 1, 0, x.size());
+  ASSERT_EQ(error_of(r), "");
+  EXPECT_EQ(r.take(), x);
+  auto r4 = c.t[1]->recv(0, FrameKind::kControl, 4, 0, y.size());
+  ASSERT_EQ(error_of(r4), "");
+  EXPECT_EQ(r4.take(), y);
+  const std::string later = error_of(c.t[1]->recv(0, FrameKind::kControl, 3, 0, size_t{10}));
+  EXPECT_TRUE(contains(later, "shut down")) << later;
+  EXPECT_EQ(c.t[1]->stats().peers.at(0).frames_rejected, 0u);
+}
+
 // ---- cancellation --------------------------------------------------------------------------
 
 // A cancelled receive completes with CancelledError; the peer stays healthy; frames that
@@ -364,6 +392,7 @@ REGISTER_TYPED_TEST_SUITE_P(BackendFaultTest, UntamperedTransferSucceeds, BadMag
                             CorruptedPayloadFailsTheChecksum, MissingChunkTimesOut,
                             RecvWithNoSenderTimesOutNamingThePeer, PeerShutdownFailsPendingOperations,
                             WhatAPeerSentBeforeShuttingDownIsDelivered,
+                            WhatArrivedBeforeAShutdownIsDeliveredToALaterRecv,
                             CancelledRecvFailsAloneAndLateFramesAreDiscarded, CancelAllOfAPeerLeavesOthersAlone,
                             CancelMidTransferReleasesNothingUnderARequest, HandlesOutliveTheirTransport);
 

@@ -208,7 +208,8 @@ void MemoryFabric::do_kill(int id, const std::string& why) {
   schedule(after_frames_of(id), -1, [this, id, why] { announce_death(id, why); });
 }
 
-void MemoryFabric::disconnect_peers(int id, const std::function<std::string(const PeerInfo&)>& message, bool quiet) {
+void MemoryFabric::disconnect_peers(int id, const std::function<std::string(const PeerInfo&)>& message, bool quiet,
+                                    bool clean) {
   for (auto& other : endpoints_) {
     if (other.t == nullptr || other.dead || other.t->id_ == id) continue;
     for (size_t i = 0; i < other.t->peer_ids_.size(); ++i) {
@@ -216,12 +217,17 @@ void MemoryFabric::disconnect_peers(int id, const std::function<std::string(cons
       MemoryTransport* t = other.t;
       const int idx = static_cast<int>(i);
       const std::string msg = message(t->peers()[i]);
+      auto tell = [t, idx, msg, quiet, clean] {
+        if (clean)
+          t->channel(idx).peer_closed(msg);
+        else
+          t->channel(idx).fail(FailKind::kTransport, msg, quiet);
+      };
       // A frozen endpoint learns it when it resumes, as a stopped process would.
       if (other.frozen)
-        other.backlog.push_back(Event{
-            Clock::now(), 0, t->id_, [t, idx, msg, quiet] { t->channel(idx).fail(FailKind::kTransport, msg, quiet); }});
+        other.backlog.push_back(Event{Clock::now(), 0, t->id_, tell});
       else
-        t->channel(idx).fail(FailKind::kTransport, msg, quiet);
+        tell();
     }
   }
 }

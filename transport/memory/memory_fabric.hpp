@@ -123,8 +123,10 @@ class MemoryFabric {
   void do_kill(int id, const std::string& why);
   void announce_death(int id, const std::string& why);
   Clock::time_point after_frames_of(int id) const;
-  // Fails every peer's channel to endpoint `id` with message(peer as that endpoint names it).
-  void disconnect_peers(int id, const std::function<std::string(const PeerInfo&)>& message, bool quiet);
+  // Fails every peer's channel to endpoint `id` with message(peer as that endpoint names it);
+  // `clean`: a shutdown after everything it sent arrived (Channel::peer_closed).
+  void disconnect_peers(int id, const std::function<std::string(const PeerInfo&)>& message, bool quiet,
+                        bool clean = false);
   void do_stall(int id);
   void do_resume(int id);
   // Fabric thread: the first matching fault's action for a frame (and counts it).

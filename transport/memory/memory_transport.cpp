@@ -75,7 +75,8 @@ MemoryTransport::~MemoryTransport() {
     MemoryFabric& fabric = fabric_;
     fabric_.schedule(fabric_.after_frames_of(id_), -1, [&fabric, id] {
       fabric.disconnect_peers(
-          id, [](const PeerInfo& p) { return fmt::format("peer {} shut down", p.name()); }, /*quiet=*/true);
+          id, [](const PeerInfo& p) { return fmt::format("peer {} shut down", p.name()); }, /*quiet=*/true,
+          /*clean=*/true);
     });
     fail_all(FailKind::kTransport, fmt::format("transport {} shut down", name), /*quiet=*/true);
     if (connect_done_) finish_connect(FailKind::kTransport, "transport shut down during connect");

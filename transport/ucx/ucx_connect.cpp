@@ -252,7 +252,7 @@ void UcxTransport::on_hs_message(EpRec& rec, std::span<const uint8_t> bytes) {
         if (!c.bye[l] && c.lane_ep[l] != nullptr) return;
       const std::string name = peers()[static_cast<size_t>(rec.peer)].name();
       spdlog::info("transport: peer {} shut down", name);
-      channel(rec.peer).fail(FailKind::kTransport, fmt::format("peer {} shut down", name), /*quiet=*/true);
+      channel(rec.peer).peer_closed(fmt::format("peer {} shut down", name));
       return;
     }
     return send_hs(rec, HandshakeSession::reject(version_, "unexpected handshake message on an established connection"),
