@@ -28,8 +28,10 @@ Diloco::Diloco(const trainer::RunConfig& cfg, int site, int rank, transport::Tra
       site_(site),
       rank_(rank),
       hooks_(std::move(hooks)),
+      strategy_(&strategy),
       peers_(cfg, site, rank, transport),
       ctx_{cfg, peers_, hooks_, nullptr},
+      membership_(cfg, peers_, hooks_),
       n_(strategy.shard_params().size()),
       layout_(layout),
       interval_(ocfg_.interval),
@@ -67,8 +69,10 @@ Diloco::~Diloco() {
   } catch (const std::exception& e) {
     spdlog::debug("outer loop: cancel at shutdown: {}", e.what());
   }
-  for (auto& f : frags_)
+  for (auto& f : frags_) {
     if (f->worker.joinable()) f->worker.join();
+    if (f->agreer.joinable()) f->agreer.join();
+  }
 }
 
 void Diloco::build_fragments(int fragments, std::span<const float> shard) {
@@ -179,6 +183,9 @@ bool Diloco::after_inner_step(int64_t step, trainer::SiteStrategy& strategy) {
       complete(*f, strategy);
       any = true;
     }
+  for (auto& f : frags_)
+    if (f->awaiting_decision && !f->voted && step >= f->vote_step && step < f->merge_step)
+      vote(*f, strategy, /*background=*/true);
   if (step == cfg_.train.steps) {
     // The last step: blocking syncs, so that every site ends with the same weights.
     final_sync(step, strategy);
@@ -282,8 +289,9 @@ void Diloco::sync(Fragment& f, int64_t step, trainer::SiteStrategy& strategy) {
   auto shard = strategy.shard_params();
   f.snapshot.resize(f.n);
   gather_local(f, shard, f.snapshot);
-  const ExchangeResult r = exchange(f, ctx_, step, round, tokens_since(step, f.last_sync_step), f.snapshot,
-                                    trainer::TraceRecorder::kMainThread);
+  collect_round(f, ctx_, step, round, tokens_since(step, f.last_sync_step), f.snapshot, membership_.active(round),
+                membership_.deadline_s(), trainer::TraceRecorder::kMainThread);
+  const ExchangeResult r = decide_and_apply(f, trainer::TraceRecorder::kMainThread, strategy);
   f.last_sync_step = step;
   f.blocking_step = step;
 
@@ -312,12 +320,73 @@ void Diloco::launch(Fragment& f, int64_t step, trainer::SiteStrategy& strategy) 
   f.launch_step = step;
   f.round = round;
   f.merge_step = step + tau();
+  // The site votes on the round's membership halfway to the merge, so the consensus with
+  // the other sites runs behind the remaining steps (tau 1: at the merge).
+  f.vote_step = tau() >= 2 ? step + (tau() + 1) / 2 : f.merge_step;
+  f.voted = false;
+  f.awaiting_decision = true;
   f.pending_merge = true;
-  launch_worker(f, ctx_, step, round, tokens, trace_tid(f));
+  launch_worker(f, ctx_, step, round, tokens, membership_.active(round), membership_.deadline_s(), trace_tid(f));
+}
+
+void Diloco::vote(Fragment& f, trainer::SiteStrategy& strategy, bool background) {
+  join_worker(f);  // the collection
+  const RoundInbox& in = f.inbox;
+  membership_.record_wait(in.wait_s);
+  trainer::TraceSpan sp(ctx_.trace, "membership_vote", trainer::TraceRecorder::kMainThread);
+  f.vote_t0 = Clock::now();
+  try {
+    f.site_holds = membership_.vote_site(in.round, in.holds, strategy);
+  } catch (Error& e) {
+    e.add_context(fmt::format("outer step {} (inner step {})", in.round, in.step));
+    throw;
+  }
+  f.voted = true;
+  f.verdict.clear();
+  if (rank_ == 0) {
+    const uint64_t round = in.round;
+    const SiteMask holds = f.site_holds, expected = membership_.active(round);
+    if (background) {
+      Fragment* fp = &f;
+      const RoundMembership* m = &membership_;
+      f.agreer = std::thread([fp, m, round, holds, expected] { fp->verdict = m->agree(round, holds, expected); });
+    } else {
+      f.verdict = membership_.agree(round, holds, expected);
+    }
+  }
+  f.vote_s = std::chrono::duration<double>(Clock::now() - f.vote_t0).count();
+}
+
+ExchangeResult Diloco::decide_and_apply(Fragment& f, int tid, trainer::SiteStrategy& strategy) {
+  if (!f.voted) vote(f, strategy, /*background=*/false);
+  const RoundInbox& in = f.inbox;
+  SiteMask members = 0;
+  double exposed = f.vote_s;
+  {
+    trainer::TraceSpan sp(ctx_.trace, "membership", tid);
+    const auto t0 = Clock::now();
+    if (f.agreer.joinable()) f.agreer.join();
+    try {
+      members = membership_.share(in.round, in.step, f.site_holds, std::move(f.verdict), in.missing, strategy);
+    } catch (Error& e) {
+      e.add_context(fmt::format("outer step {} (inner step {})", in.round, in.step));
+      f.voted = false;
+      throw;
+    }
+    exposed += std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  f.voted = false;
+  f.awaiting_decision = false;
+  ExchangeResult r = apply_round(f, ctx_, members, tid);
+  r.membership_s = exposed;
+  f.inbox = RoundInbox{};  // applied: nothing left to decide
+  return r;
 }
 
 void Diloco::complete(Fragment& f, trainer::SiteStrategy& strategy) {
   join_worker(f);
+  // A restored checkpoint's pending merge has its round applied already (no inbox).
+  if (f.awaiting_decision) f.result = decide_and_apply(f, trace_tid(f), strategy);
   // local <- alpha * local + (1 - alpha) * global: keeps part of the inner progress made
   // while the sync was in flight. Elementwise and contraction-free: bit-identical on every
   // rank that holds the same local values.
@@ -402,6 +471,9 @@ void Diloco::record_round(const Fragment& f, int64_t step, uint64_t round, doubl
                       {"err2", r.err2},
                       {"ref2", r.ref2},
                       {"plan_epoch", plan_.epoch},
+                      {"members", member_names(r.members)},
+                      {"wait_s", r.wait_s},
+                      {"membership_s", r.membership_s},
                       {"global_hash", hex64(site_hash_)}};
   if (plan_.predicted_fragment_sync_s > 0) j["predicted_sync_s"] = plan_.predicted_fragment_sync_s;
   if (auto* t = peers_.transport()) {
@@ -464,7 +536,20 @@ nlohmann::json Diloco::summary() {
   j["wan_bytes_sent"] = sent;
   j["wan_bytes_received"] = recv;
   j["global_weights_hash"] = hex64(site_hash_);
+  nlohmann::json ev = nlohmann::json::array();
+  for (const auto& e : membership_.evictions())
+    ev.push_back(
+        {{"round", e.round}, {"step", e.step}, {"site", cfg_.sites[static_cast<size_t>(e.site)].name}, {"why", e.why}});
+  j["membership"] = {
+      {"min_sites", membership_.quorum()}, {"members", member_names(membership_.members())}, {"evictions", ev}};
   return j;
+}
+
+nlohmann::json Diloco::member_names(SiteMask m) const {
+  nlohmann::json a = nlohmann::json::array();
+  for (size_t s = 0; s < cfg_.sites.size(); ++s)
+    if ((m >> s) & 1) a.push_back(cfg_.sites[s].name);
+  return a;
 }
 
 }  // namespace geoloco::outer

@@ -5,8 +5,10 @@
 //   2. compresses it (error feedback optional) and sends it to rank r of every other site,
 //      receiving theirs (one UCX connection -- or `lanes` -- per peer pair, in parallel
 //      with every other rank of the site);
-//   3. decodes every site's frame, its own included, and sums them in site order with the
-//      site weights -- so every site computes bit-identical averages;
+//   3. decides with the other sites which sites' contributions are in the round (its
+//      membership: round_membership.hpp), decodes every member's frame, its own included,
+//      and sums them in site order with the member weights -- so every member computes
+//      bit-identical averages; a site left out is evicted;
 //   4. applies the outer optimizer to its shard of the global weights;
 //   5. overwrites its local shard with the new global shard; the site all-gathers.
 // Then the shard hashes are compared with the other sites (a mismatch stops the run) and
@@ -46,6 +48,7 @@
 #include "outer_optimizer/outer_config.hpp"
 #include "outer_optimizer/outer_hooks.hpp"
 #include "outer_optimizer/plan_coordinator.hpp"
+#include "outer_optimizer/round_membership.hpp"
 #include "outer_optimizer/site_peers.hpp"
 #include "trainer/loop/outer_hook.hpp"
 #include "trainer/loop/run_config.hpp"
@@ -72,6 +75,7 @@ class Diloco : public trainer::OuterHook {
   State save_state() override;                                        // diloco_state.cpp
   void restore_state(const trainer::SafetensorsFile& file) override;  // diloco_state.cpp
   void set_trace(trainer::TraceRecorder* trace) override { ctx_.trace = trace; }
+  uint64_t member_sites() const override { return membership_.members(); }
 
   int64_t rounds() const { return round_; }
   uint64_t site_hash() const { return site_hash_; }
@@ -80,6 +84,8 @@ class Diloco : public trainer::OuterHook {
   // The plan in effect (epoch 0: the config's own schedule) and every plan of the run.
   const PlanDecision& plan() const { return plan_; }
   const std::vector<PlanDecision>& plan_history() const { return plan_history_; }
+  // The sites in the run: the latest round's members.
+  SiteMask members() const { return membership_.members(); }
 
  private:
   // The outer state in shard layout (whatever the fragments): checkpoints and re-plans.
@@ -105,6 +111,10 @@ class Diloco : public trainer::OuterHook {
   // Overlap: start a fragment's round on its worker; join + merge + all-gather.
   void launch(Fragment& f, int64_t step, trainer::SiteStrategy& strategy);
   void complete(Fragment& f, trainer::SiteStrategy& strategy);
+  // The round's membership (collectives: every rank at the same point), then steps 3-4.
+  ExchangeResult decide_and_apply(Fragment& f, int tid, trainer::SiteStrategy& strategy);
+  // The site's vote on a collected round; the leader's consensus inline or on f.agreer.
+  void vote(Fragment& f, trainer::SiteStrategy& strategy, bool background);
   // Site hash (a collective) and accounting of a finished round.
   void finish_round(Fragment& f, trainer::SiteStrategy& strategy, int64_t step, uint64_t round, double seconds,
                     const ExchangeResult& r);
@@ -113,6 +123,7 @@ class Diloco : public trainer::OuterHook {
   // Syncs (blocking) every fragment not yet blocking-synced at `step`: the run's end.
   void final_sync(int64_t step, trainer::SiteStrategy& strategy);
   uint64_t combined_hash() const;
+  nlohmann::json member_names(SiteMask m) const;
   uint64_t combine_site_hash(trainer::SiteStrategy& strategy, uint64_t shard_hash);
   void verify_pending_checks();
 
@@ -120,8 +131,10 @@ class Diloco : public trainer::OuterHook {
   const OuterConfig& ocfg_;
   int site_, rank_;
   const OuterHooks hooks_;
+  trainer::SiteStrategy* strategy_;  // the site's (outlives this): save_state's membership vote
   SitePeers peers_;
   ExchangeContext ctx_;
+  RoundMembership membership_;
   size_t n_;                    // shard elements
   parallel::ShardRange shard_;  // this rank's shard of the flat parameter buffer
   trainer::ParamLayout layout_;

@@ -15,7 +15,11 @@ Diloco::State Diloco::save_state() {
   // Syncs in flight: wait for their results (global weights, outer optimizer and error
   // feedback state all advance in the worker) and checkpoint the merges still due, so a
   // resumed run merges at the same steps as an uninterrupted one.
-  for (auto& f : frags_) join_worker(*f);
+  for (auto& f : frags_) {
+    join_worker(*f);
+    // Collected, not applied yet: decide and apply it now.
+    if (f->awaiting_decision) f->result = decide_and_apply(*f, trace_tid(*f), *strategy_);
+  }
   // A checkpoint holds weights every site agreed on.
   verify_pending_checks();
   ShardState st = pack_state();

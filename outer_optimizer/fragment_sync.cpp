@@ -1,13 +1,17 @@
-// One fragment's round (pseudo-gradient, compress, exchange, decode, average, outer step) and its worker (fragment_sync.hpp).
+// One fragment's round in two halves around its membership (collect: pseudo-gradient, compress, exchange until the
+// deadline; apply: decode and average the members, outer step) and its worker (fragment_sync.hpp).
 #include "outer_optimizer/fragment_sync.hpp"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "trainer/checkpoint/safetensors.hpp"
 #include "trainer/core/error.hpp"
 #include "trainer/core/hash.hpp"
+#include "transport/transport_error.hpp"
 
 namespace geoloco::outer {
 
@@ -37,13 +41,19 @@ struct CancelOnExit {
 
 }  // namespace
 
-ExchangeResult exchange(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64_t round, uint64_t tokens,
-                        std::span<const float> local, int tid) {
-  return in_outer_step(round, step, [&] {
+void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64_t round, uint64_t tokens,
+                   std::span<const float> local, SiteMask active, double deadline_s, int tid) {
+  in_outer_step(round, step, [&] {
     const size_t n = f.n;
     const SitePeers& peers = ctx.peers;
     const int S = peers.sites(), self = peers.site(), rank = peers.rank();
-    const OuterConfig& ocfg = ctx.cfg.outer;
+    RoundInbox& in = f.inbox;
+    in = RoundInbox{};
+    in.round = round;
+    in.step = step;
+    in.bytes.assign(static_cast<size_t>(S), {});
+    in.missing.assign(static_cast<size_t>(S), {});
+    in.holds = SiteMask{1} << self;
 
     // 1. Pseudo-gradient of this shard.
     for (size_t i = 0; i < n; ++i) f.delta[i] = f.global[i] - local[i];
@@ -59,68 +69,115 @@ ExchangeResult exchange(Fragment& f, const ExchangeContext& ctx, int64_t step, u
     // sent them right after that round's outer step), so this rarely waits.
     if (f.check) {
       trainer::TraceSpan sp(ctx.trace, "hash_check", tid);
-      verify_hash_check(peers, ctx.cfg, *f.check);
+      verify_hash_check(peers, ctx.cfg, *f.check, /*tolerate_lost=*/true);
       f.check.reset();
     }
 
-    // 2. Compress, wrap, exchange.
+    // 2. Compress, wrap, exchange with the active sites.
     std::optional<trainer::TraceSpan> compress_span(std::in_place, ctx.trace, "compress", tid);
     std::vector<uint8_t> frame;
-    auto info = f.pipeline->encode(f.delta, f.ef.get(), frame);
+    in.info = f.pipeline->encode(f.delta, f.ef.get(), frame);
     std::vector<uint8_t> mine_bytes;
     write_envelope(
         {EnvelopeKind::kPseudoGradient, round, static_cast<uint32_t>(self), static_cast<uint32_t>(rank), tokens, frame},
         mine_bytes);
-    const transport::Payload mine = transport::make_payload(std::move(mine_bytes));
+    in.mine = transport::make_payload(std::move(mine_bytes));
     // Every site encodes with the same pipeline config, so a peer's frame is at most our raw
     // size plus framing (zstd is only kept when it shrinks the payload).
-    const uint64_t max_frame = compression::kHeaderBytes + info.raw_bytes + compression::kTrailerBytes;
+    in.max_frame = compression::kHeaderBytes + in.info.raw_bytes + compression::kTrailerBytes;
     compress_span.reset();
     const auto exchange_t0 = Clock::now();
+    const auto deadline =
+        exchange_t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(deadline_s));
+    std::vector<int> others;
+    for (int s = 0; s < S; ++s)
+      if (s != self && ((active >> s) & 1)) others.push_back(s);
     std::vector<transport::OpHandle> recvs, sends;
     CancelOnExit cancel_recvs{recvs}, cancel_sends{sends};
-    for (int s = 0; s < S; ++s)
-      if (s != self)
-        recvs.push_back(peers.transport()->recv(peers.peer(s), transport::FrameKind::kPseudoGradient, round,
-                                                static_cast<uint32_t>(rank), kEnvelopeBytes + max_frame));
-    for (int s = 0; s < S; ++s)
-      if (s != self)
-        sends.push_back(peers.transport()->send(peers.peer(s), transport::FrameKind::kPseudoGradient, round,
-                                                static_cast<uint32_t>(rank), mine));
-    for (auto& op : sends) op.wait();
-    // Spans from posting to completion as seen by this thread (the transport's own loop
-    // thread does the work).
+    for (int s : others)
+      recvs.push_back(peers.transport()->recv(peers.peer(s), transport::FrameKind::kPseudoGradient, round,
+                                              static_cast<uint32_t>(rank), kEnvelopeBytes + in.max_frame));
+    for (int s : others)
+      sends.push_back(peers.transport()->send(peers.peer(s), transport::FrameKind::kPseudoGradient, round,
+                                              static_cast<uint32_t>(rank), in.mine));
+    // Waits for `op` until the deadline; "" when it succeeded, else why not.
+    auto await = [&](transport::OpHandle& op) -> std::string {
+      try {
+        const auto left = std::max(Clock::duration::zero(), deadline - Clock::now());
+        if (op.wait_for(left)) return "";
+        op.cancel();
+        return fmt::format("no contribution within the round's deadline ({:.3g} s)", deadline_s);
+      } catch (const transport::TransportError& e) {
+        return e.what();
+      }
+    };
+    std::vector<std::string> send_error(static_cast<size_t>(S));
+    for (size_t k = 0; k < others.size(); ++k) send_error[static_cast<size_t>(others[k])] = await(sends[k]);
     if (ctx.trace && !sends.empty()) ctx.trace->span("send", tid, exchange_t0, Clock::now());
-    std::vector<std::vector<uint8_t>> inbox(static_cast<size_t>(S));
-    for (int s = 0, k = 0; s < S; ++s) {
-      if (s == self) continue;
-      auto& op = recvs[static_cast<size_t>(k++)];
-      op.wait();
-      inbox[static_cast<size_t>(s)] = op.take();
-      inbox[static_cast<size_t>(s)].resize(op.bytes());
+    for (size_t k = 0; k < others.size(); ++k) {
+      const int s = others[k];
+      auto& op = recvs[k];
+      std::string why = await(op);
+      if (why.empty()) {
+        auto& b = in.bytes[static_cast<size_t>(s)];
+        b = op.take();
+        b.resize(op.bytes());
+        try {
+          read_envelope(b, EnvelopeKind::kPseudoGradient, round, static_cast<uint32_t>(s), static_cast<uint32_t>(rank),
+                        in.max_frame, peers.name(s));
+        } catch (const EnvelopeError& e) {
+          why = e.what();
+          spdlog::error("outer round {}: {}", round, why);
+          b.clear();
+        }
+      }
+      // A site we could not send to cannot average our contribution: it is not held either.
+      if (why.empty() && !send_error[static_cast<size_t>(s)].empty()) why = send_error[static_cast<size_t>(s)];
+      if (why.empty())
+        in.holds |= SiteMask{1} << s;
+      else
+        in.missing[static_cast<size_t>(s)] = why;
     }
+    in.wait_s = std::chrono::duration<double>(Clock::now() - exchange_t0).count();
     if (ctx.trace && !recvs.empty()) ctx.trace->span("receive", tid, exchange_t0, Clock::now());
+    return 0;
+  });
+}
+
+ExchangeResult apply_round(Fragment& f, const ExchangeContext& ctx, SiteMask members, int tid) {
+  RoundInbox& in = f.inbox;
+  const uint64_t round = in.round;
+  return in_outer_step(round, in.step, [&] {
+    const size_t n = f.n;
+    const SitePeers& peers = ctx.peers;
+    const int S = peers.sites(), self = peers.site(), rank = peers.rank();
+    const OuterConfig& ocfg = ctx.cfg.outer;
+    GEOLOCO_CHECK((members & ~in.holds) == 0 && ((members >> self) & 1), "round {}: members {} not all held ({})",
+                  round, mask_string(members), mask_string(in.holds));
     std::optional<trainer::TraceSpan> decode_span(std::in_place, ctx.trace, "decode", tid);
 
-    // 3. Decode every site's contribution, own included, and average in site order.
+    // 3. Decode every member's contribution, own included, and average in site order.
     std::vector<Envelope> env(static_cast<size_t>(S));
+    std::vector<int> m;
     for (int s = 0; s < S; ++s) {
+      if (!((members >> s) & 1)) continue;
+      m.push_back(s);
       const std::span<const uint8_t> bytes =
-          s == self ? std::span<const uint8_t>(*mine) : inbox[static_cast<size_t>(s)];
+          s == self ? std::span<const uint8_t>(*in.mine) : std::span<const uint8_t>(in.bytes[static_cast<size_t>(s)]);
       env[static_cast<size_t>(s)] = read_envelope(bytes, EnvelopeKind::kPseudoGradient, round, static_cast<uint32_t>(s),
-                                                  static_cast<uint32_t>(rank), max_frame, peers.name(s));
+                                                  static_cast<uint32_t>(rank), in.max_frame, peers.name(s));
     }
-    std::vector<float> weight(static_cast<size_t>(S), 1.0f / static_cast<float>(S));
+    std::vector<float> weight(static_cast<size_t>(S), 1.0f / static_cast<float>(m.size()));
     if (ocfg.weighting == "tokens") {
       double total = 0;
-      for (auto& e : env) total += static_cast<double>(e.value);
-      if (total <= 0) throw Error(fmt::format("outer round {}: no site reported any tokens", round));
-      for (int s = 0; s < S; ++s)
+      for (int s : m) total += static_cast<double>(env[static_cast<size_t>(s)].value);
+      if (total <= 0) throw Error(fmt::format("outer round {}: no member site reported any tokens", round));
+      for (int s : m)
         weight[static_cast<size_t>(s)] = static_cast<float>(double(env[static_cast<size_t>(s)].value) / total);
     }
     std::fill(f.avg.begin(), f.avg.end(), 0.0f);
     double err2 = 0, ref2 = 0;
-    for (int s = 0; s < S; ++s) {
+    for (int s : m) {
       try {
         f.pipeline->decode(env[static_cast<size_t>(s)].body, n, f.decoded);
       } catch (const compression::FrameError& e) {
@@ -148,26 +205,30 @@ ExchangeResult exchange(Fragment& f, const ExchangeContext& ctx, int64_t step, u
     ExchangeResult r;
     r.hash = hash64(f.global.data(), f.global.size() * sizeof(float));
     // Posted now, verified at this fragment's next round (or a checkpoint, re-plan, the end).
-    if (ocfg.check_hash && peers.transport()) f.check = post_hash_check(peers, r.hash, round);
-    r.envelope_bytes = mine->size();
-    r.frame_bytes = info.frame_bytes;
-    r.elements = info.elements;
-    r.ratio = info.ratio();
+    if (ocfg.check_hash && peers.transport()) f.check = post_hash_check(peers, r.hash, round, members);
+    r.envelope_bytes = in.mine->size();
+    r.frame_bytes = in.info.frame_bytes;
+    r.elements = in.info.elements;
+    r.ratio = in.info.ratio();
     r.err2 = err2;
     r.ref2 = ref2;
+    r.members = members;
+    r.wait_s = in.wait_s;
+    in.bytes.clear();  // the contributions are in f.global now
     return r;
   });
 }
 
-void launch_worker(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64_t round, uint64_t tokens, int tid) {
+void launch_worker(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64_t round, uint64_t tokens,
+                   SiteMask active, double deadline_s, int tid) {
   f.in_flight = true;
   f.error = nullptr;
   f.t0 = Clock::now();
   Fragment* fp = &f;
   const ExchangeContext* c = &ctx;
-  f.worker = std::thread([fp, c, step, round, tokens, tid] {
+  f.worker = std::thread([fp, c, step, round, tokens, active, deadline_s, tid] {
     try {
-      fp->result = exchange(*fp, *c, step, round, tokens, fp->snapshot, tid);
+      collect_round(*fp, *c, step, round, tokens, fp->snapshot, active, deadline_s, tid);
     } catch (...) {
       fp->error = std::current_exception();  // rethrown by the inner loop at the join
     }

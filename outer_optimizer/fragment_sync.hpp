@@ -1,6 +1,9 @@
-// One fragment's round of the outer loop (steps 1-4 of diloco.hpp), and the worker thread it
-// runs on when the sync overlaps compute. Touches no collective: the site's all-gather and the
-// merge stay on the inner loop's thread (diloco.cpp), so every rank calls them at the same step.
+// One fragment's round of the outer loop (steps 1-4 of diloco.hpp) in two halves around the
+// round's membership decision (round_membership.hpp): collect_round (send, receive until the
+// deadline; on the fragment's worker thread when the sync overlaps compute) and apply_round
+// (average over the members, outer step; on the inner loop's thread). Touches no collective:
+// the membership vote, the site's all-gather and the merge stay on the inner loop's thread
+// (diloco.cpp), so every rank calls them at the same step.
 #pragma once
 
 #include <chrono>
@@ -16,6 +19,7 @@
 #include "compression/pipeline.hpp"
 #include "outer_optimizer/fragments.hpp"
 #include "outer_optimizer/hash_check.hpp"
+#include "outer_optimizer/membership.hpp"
 #include "outer_optimizer/outer_hooks.hpp"
 #include "outer_optimizer/outer_optimizer.hpp"
 #include "outer_optimizer/site_peers.hpp"
@@ -30,6 +34,22 @@ struct ExchangeResult {
   // This rank's own contribution as every site decoded it against the pseudo-gradient it
   // encoded: sum of squared errors and of squared values (relative error = sqrt(err2/ref2)).
   double err2 = 0, ref2 = 0;
+  SiteMask members = 0;     // the sites whose contributions are in the round
+  double wait_s = 0;        // this rank: from posting its receives to the last contribution (or the deadline)
+  double membership_s = 0;  // the site's membership decision
+};
+
+// What one round gathered before its membership is decided (collect_round).
+struct RoundInbox {
+  uint64_t round = 0;
+  int64_t step = 0;
+  transport::Payload mine;                  // this rank's envelope
+  std::vector<std::vector<uint8_t>> bytes;  // by site: the envelope it sent (held sites only)
+  SiteMask holds = 0;                       // sites whose whole, well-formed contribution arrived (self included)
+  std::vector<std::string> missing;         // by site: why its contribution is not held ("" if held or not asked)
+  compression::FrameInfo info;
+  uint64_t max_frame = 0;
+  double wait_s = 0;
 };
 
 // One fragment's part of this rank's shard and its outer-loop state.
@@ -54,6 +74,17 @@ struct Fragment {
   bool in_flight = false, pending_merge = false, joined = false;
   int64_t merge_step = 0, launch_step = 0;
   uint64_t round = 0;
+  RoundInbox inbox;  // the round being decided (collect_round -> apply_round)
+  // Overlap: at vote_step the site votes on the round's membership and its leader starts the
+  // consensus on `agreer` (its verdict lands in `verdict`); the merge shares and applies it.
+  int64_t vote_step = 0;
+  bool voted = false;
+  bool awaiting_decision = false;  // launched, membership not applied yet (main thread only)
+  SiteMask site_holds = 0;
+  std::vector<std::byte> verdict;
+  std::thread agreer;
+  std::chrono::steady_clock::time_point vote_t0;
+  double vote_s = 0;  // exposed: the vote's collective and the wait for the collection
   ExchangeResult result;
   std::exception_ptr error;
   std::chrono::steady_clock::time_point t0, t1;
@@ -68,16 +99,24 @@ struct ExchangeContext {
   trainer::TraceRecorder* trace = nullptr;
 };
 
-// Steps 1-4 of one round on `local` (the fragment's values, gathered): pseudo-gradient,
-// compress, exchange with every other site, decode every contribution (own included) and
-// average in site order, outer step on f.global; then post the hash check of the new global
-// weights (verified at the fragment's next round). A failure names the round and step.
-ExchangeResult exchange(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64_t round, uint64_t tokens,
-                        std::span<const float> local, int tid);
+// Steps 1-2 of one round on `local` (the fragment's values, gathered): pseudo-gradient,
+// compress, send to every site in `active`, and receive theirs until `deadline_s` after the
+// receives were posted. A site that does not deliver in time, whose connection fails or whose
+// envelope is malformed is not held (inbox.missing says why); its operations are cancelled.
+// Verifies the fragment's previous hash check first. Fills f.inbox; may run on the worker.
+void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64_t round, uint64_t tokens,
+                   std::span<const float> local, SiteMask active, double deadline_s, int tid);
 
-// Overlap: runs exchange() on the fragment's worker thread from f.snapshot; join_worker()
-// rethrows its error on the inner loop's thread.
-void launch_worker(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64_t round, uint64_t tokens, int tid);
+// Steps 3-4 once the round's members are decided (every member held, self included): decode
+// the members' contributions and average them in site order (uniform over the members, or by
+// their tokens), outer step on f.global, and post the hash check to the members (verified at
+// the fragment's next round). Runs on the inner loop's thread.
+ExchangeResult apply_round(Fragment& f, const ExchangeContext& ctx, SiteMask members, int tid);
+
+// Overlap: runs collect_round() on the fragment's worker thread from f.snapshot;
+// join_worker() rethrows its error on the inner loop's thread.
+void launch_worker(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64_t round, uint64_t tokens,
+                   SiteMask active, double deadline_s, int tid);
 void join_worker(Fragment& f);
 
 }  // namespace geoloco::outer

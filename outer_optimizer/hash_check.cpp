@@ -2,29 +2,47 @@
 #include "outer_optimizer/hash_check.hpp"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "trainer/core/hash.hpp"
+#include "transport/transport_error.hpp"
 
 namespace geoloco::outer {
 
-HashCheck post_hash_check(const SitePeers& peers, uint64_t h, uint64_t round) {
+HashCheck post_hash_check(const SitePeers& peers, uint64_t h, uint64_t round, uint64_t members) {
   HashCheck c;
   c.round = round;
   c.hash = h;
   const auto shard = static_cast<uint32_t>(peers.rank());
   for (int s = 0; s < peers.sites(); ++s) {
-    if (s == peers.site()) continue;
+    if (s == peers.site() || !((members >> s) & 1)) continue;
     c.replies.emplace_back(s, peers.post_recv(s, round, shard, 0));
     c.sends.push_back(peers.send(s, EnvelopeKind::kWeightsHash, round, shard, h, {}));
   }
   return c;
 }
 
-void verify_hash_check(const SitePeers& peers, const trainer::RunConfig& cfg, HashCheck& c) {
-  for (auto& op : c.sends) op.wait();
+uint64_t verify_hash_check(const SitePeers& peers, const trainer::RunConfig& cfg, HashCheck& c, bool tolerate_lost) {
+  uint64_t lost = 0;
+  for (auto& op : c.sends) {
+    try {
+      op.wait();
+    } catch (const transport::TransportError&) {
+      if (!tolerate_lost) throw;  // the reply from that site fails too, naming it
+    }
+  }
   for (auto& [s, op] : c.replies) {
     std::vector<uint8_t> bytes;
-    const Envelope e = peers.read(op, s, EnvelopeKind::kWeightsHash, c.round, bytes, 0);
+    Envelope e;
+    try {
+      e = peers.read(op, s, EnvelopeKind::kWeightsHash, c.round, bytes, 0);
+    } catch (const transport::TransportError& err) {
+      if (!tolerate_lost) throw;
+      spdlog::warn("outer round {}: the hash check from site {} did not arrive ({}); it left after the round", c.round,
+                   cfg.sites[static_cast<size_t>(s)].name, err.what());
+      lost |= uint64_t{1} << s;
+      continue;
+    }
     if (e.value == c.hash) continue;
     const std::string& here = cfg.sites[static_cast<size_t>(peers.site())].name;
     const std::string& there = cfg.sites[static_cast<size_t>(s)].name;
@@ -41,6 +59,7 @@ void verify_hash_check(const SitePeers& peers, const trainer::RunConfig& cfg, Ha
                     "{} ({}); stopping",
                     c.round, peers.rank(), hex64(c.hash), here, hex64(e.value), there, peers.name(s)));
   }
+  return lost;
 }
 
 }  // namespace geoloco::outer

@@ -3,6 +3,8 @@
 // and verifies theirs at the fragment's next round (or a checkpoint, a re-plan, the run's end),
 // so it costs no round trip on the sync path. Round 0 is the start: every site must begin
 // from the same weights. A mismatch stops the run naming the round, the shard and both sites.
+// A round's check covers its members; a member whose reply cannot arrive (it died or left
+// since) is no divergence: its loss shows in the next round's membership.
 #pragma once
 
 #include <cstdint>
@@ -21,8 +23,12 @@ struct HashCheck {
   std::vector<transport::SendHandle> sends;
 };
 
-HashCheck post_hash_check(const SitePeers& peers, uint64_t shard_hash, uint64_t round);
-// Waits for every reply and compares; throws Error naming the divergence.
-void verify_hash_check(const SitePeers& peers, const trainer::RunConfig& cfg, HashCheck& check);
+// To every site of `members` but this one (all sites: ~0).
+HashCheck post_hash_check(const SitePeers& peers, uint64_t shard_hash, uint64_t round, uint64_t members = ~uint64_t{0});
+// Waits for every reply and compares; throws Error naming the divergence. `tolerate_lost`:
+// a reply that fails in the transport (peer died, cancelled) is logged and skipped.
+// Returns the sites whose reply did not come.
+uint64_t verify_hash_check(const SitePeers& peers, const trainer::RunConfig& cfg, HashCheck& check,
+                           bool tolerate_lost = false);
 
 }  // namespace geoloco::outer

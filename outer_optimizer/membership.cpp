@@ -56,6 +56,7 @@ const char* type_name(MemberMsgType t) {
     case MemberMsgType::kAccepted: return "accepted";
     case MemberMsgType::kDecide: return "decide";
     case MemberMsgType::kNack: return "nack";
+    case MemberMsgType::kHolds: return "holds";
   }
   return "?";
 }
@@ -88,7 +89,7 @@ MemberMsg decode_member_msg(std::span<const uint8_t> bytes, int sites, uint32_t 
   if (version != kMemberMsgVersion)
     throw bad(fmt::format("version {}, this build speaks {}", version, kMemberMsgVersion));
   const uint8_t type = bytes[6];
-  if (type < 1 || type > 6) throw bad(fmt::format("unknown type {}", type));
+  if (type < 1 || type > 7) throw bad(fmt::format("unknown type {}", type));
   if (bytes[7] != 0) throw bad("reserved byte 7 is not zero");
   MemberMsg m;
   m.type = static_cast<MemberMsgType>(type);
@@ -150,10 +151,18 @@ void RoundConsensus::ready(double now) {
   // foreign ballot seen while not ready postpones us as it would have if we had been.
   next_attempt_ =
       std::max(now + position() * cfg_.retry_s, last_foreign_ >= 0 ? last_foreign_ + cfg_.retry_s + offset() : now);
+  if (cfg_.expected) broadcast({.type = MemberMsgType::kHolds, .holds = holds_}, /*include_self=*/false);
   std::vector<MemberMsg> queued;
   queued.swap(queued_prepares_);
   for (const auto& m : queued) handle(m);
+  try_fast();
   drain_self();
+}
+
+void RoundConsensus::try_fast() {
+  if (!cfg_.expected || decided_ || !ready_ || !fast_ok_ || holds_ != cfg_.expected) return;
+  const SiteMask others = cfg_.expected & ~(SiteMask{1} << cfg_.self);
+  if ((fast_from_ & others) == others) decide(cfg_.expected, 0);
 }
 
 void RoundConsensus::receive(const MemberMsg& m, double now) {
@@ -244,6 +253,11 @@ void RoundConsensus::handle(const MemberMsg& m) {
     return;
   }
   switch (m.type) {
+    case MemberMsgType::kHolds:
+      fast_from_ |= SiteMask{1} << m.from;
+      fast_ok_ = fast_ok_ && m.holds == cfg_.expected;
+      try_fast();
+      return;
     case MemberMsgType::kPrepare:
       if (!ready_ && m.from != static_cast<uint32_t>(cfg_.self)) {
         // Our holdings are not final yet: answering now would let a proposal leave out a
@@ -322,7 +336,7 @@ void RoundConsensus::start_ballot() {
   phase_start_ = last_send_ = now_;
   collect_until_ = -1;
   promised_by_ = 0;
-  promise_holds_ = all_sites(cfg_.sites);
+  promise_holds_.assign(static_cast<size_t>(cfg_.sites), 0);
   best_accepted_ballot_ = 0;
   best_accepted_value_ = 0;
   ++ballots_;
@@ -332,7 +346,7 @@ void RoundConsensus::start_ballot() {
 void RoundConsensus::on_promise(const MemberMsg& m) {
   if (phase_ != Phase::kPreparing || m.ballot != ballot_) return;  // a stale ballot's answer
   promised_by_ |= SiteMask{1} << m.from;
-  promise_holds_ &= m.holds;
+  promise_holds_[m.from] = m.holds;
   if (m.accepted_ballot > best_accepted_ballot_) {
     best_accepted_ballot_ = m.accepted_ballot;
     best_accepted_value_ = m.value;
@@ -347,11 +361,54 @@ void RoundConsensus::on_promise(const MemberMsg& m) {
   }
 }
 
+MemberChoice choose_members(SiteMask promisers, std::span<const SiteMask> holds) {
+  SiteMask q = promisers;
+  for (;;) {
+    SiteMask v = ~SiteMask{0};
+    for (size_t s = 0; s < holds.size(); ++s)
+      if ((q >> s) & 1) v &= holds[s];
+    v &= all_sites(static_cast<int>(holds.size()));
+    const SiteMask unheld = q & ~v;
+    if (unheld == 0) {
+      SiteMask holders = 0;
+      for (size_t s = 0; s < holds.size(); ++s)
+        if (((promisers >> s) & 1) && (v & ~holds[s]) == 0) holders |= SiteMask{1} << s;
+      return {v, holders};
+    }
+    // Drop the promiser the fewest others hold (the highest index on a tie): its own
+    // holdings no longer narrow the value.
+    int drop = -1, fewest = 65;
+    for (int s = static_cast<int>(holds.size()) - 1; s >= 0; --s) {
+      if (!((unheld >> s) & 1)) continue;
+      int held_by = 0;
+      for (size_t o = 0; o < holds.size(); ++o)
+        if (((q >> o) & 1) && ((holds[o] >> s) & 1)) ++held_by;
+      if (held_by < fewest) fewest = held_by, drop = s;
+    }
+    q &= ~(SiteMask{1} << drop);
+  }
+}
+
 void RoundConsensus::propose() {
   // Paxos: a value some acceptor may have accepted must be proposed again; only a free
-  // proposer chooses, and it chooses what every promiser holds.
-  const SiteMask value = best_accepted_ballot_ ? best_accepted_value_ : promise_holds_;
-  if (mask_count(value) < cfg_.quorum) {
+  // proposer chooses (choose_members).
+  SiteMask value = best_accepted_value_;
+  bool enough = true;
+  if (!best_accepted_ballot_) {
+    // The round must be applicable by a quorum: at least that many promisers hold it all.
+    // What every promiser holds; if that is too little, what every promiser left holds
+    // once promisers the others do not hold are left out (choose_members).
+    SiteMask all = all_sites(cfg_.sites);
+    for (int s = 0; s < cfg_.sites; ++s)
+      if ((promised_by_ >> s) & 1) all &= promise_holds_[static_cast<size_t>(s)];
+    value = all;
+    if (mask_count(all) < cfg_.quorum) {
+      const MemberChoice c = choose_members(promised_by_, promise_holds_);
+      value = c.members;
+      enough = mask_count(c.holders) >= cfg_.quorum;
+    }
+  }
+  if (!enough || mask_count(value) < cfg_.quorum) {
     // Too few contributions are held by all promisers: wait for more holdings or sites.
     phase_ = Phase::kIdle;
     next_attempt_ = now_ + patience() + offset();

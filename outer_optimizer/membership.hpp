@@ -10,8 +10,9 @@
 //
 //  * Value: a SiteMask, the round's members. A free proposer proposes the intersection of
 //    the holdings (sites whose whole contribution the site holds) of the sites that
-//    promised, so every promiser holds every member; a member that does not hold them all
-//    must leave and rejoin from peers (can_apply()).
+//    promised, leaving out promisers the others do not hold (choose_members), so every
+//    promiser left holds every member; a member that does not hold them all must leave and
+//    rejoin from peers (can_apply()).
 //  * Quorum: a decision needs promises and acceptances from `quorum` sites and a
 //    membership of at least `quorum` sites (outer.min_sites, default a strict majority).
 //    When quorum is below a majority, a ballot first waits `degrade_s` for a majority and
@@ -43,7 +44,16 @@ SiteMask all_sites(int sites);
 // "{0,2,3}" (site indices), for logs and errors.
 std::string mask_string(SiteMask m);
 
-enum class MemberMsgType : uint8_t { kPrepare = 1, kPromise = 2, kAccept = 3, kAccepted = 4, kDecide = 5, kNack = 6 };
+// kHolds: a site's final holdings, sent to every site when it becomes ready (the fast path).
+enum class MemberMsgType : uint8_t {
+  kPrepare = 1,
+  kPromise = 2,
+  kAccept = 3,
+  kAccepted = 4,
+  kDecide = 5,
+  kNack = 6,
+  kHolds = 7
+};
 
 struct MemberMsg {
   MemberMsgType type = MemberMsgType::kPrepare;
@@ -59,7 +69,7 @@ struct MemberMsg {
 // The wire form, a fixed 64-byte little-endian record:
 //   off size field
 //     0    4 magic "GLMB"
-//     4    2 version (1)
+//     4    2 version (2: adds kHolds)
 //     6    1 type (MemberMsgType)
 //     7    1 zero
 //     8    4 from site          12 4 to site
@@ -67,7 +77,7 @@ struct MemberMsg {
 //    32    8 promised           40 8 accepted ballot
 //    48    8 value              56 8 holds
 inline constexpr size_t kMemberMsgBytes = 64;
-inline constexpr uint16_t kMemberMsgVersion = 1;
+inline constexpr uint16_t kMemberMsgVersion = 2;
 
 class MembershipError : public Error {
  public:
@@ -86,9 +96,24 @@ struct ConsensusConfig {
   int quorum = 0;          // outer.min_sites: 1..sites
   double retry_s = 1.0;    // a ballot's patience before the next one
   double degrade_s = 0.5;  // quorum below a majority: how long a ballot waits for a majority
+  // The fast path: the sites still in the run (0: none). When every one of them reports, in
+  // its kHolds, that it holds exactly `expected`, and so does this site, the round is decided
+  // as `expected` after one message delay, without a ballot. Safe: every final holding is
+  // then `expected`, so any ballot's value is `expected` too.
+  SiteMask expected = 0;
 };
 
 int majority(int sites);  // sites / 2 + 1
+
+// A free proposer's membership from the promisers' holdings (`holds` by site): what every
+// promiser holds, after leaving out, one at a time, promisers that some other promiser does
+// not hold (the least held first): every promiser left holds every member, and one site that
+// holds little (e.g. one of its ranks lost every contribution) cannot empty the round.
+// `holders`: the promisers that hold every member.
+struct MemberChoice {
+  SiteMask members = 0, holders = 0;
+};
+MemberChoice choose_members(SiteMask promisers, std::span<const SiteMask> holds);
 
 class RoundConsensus {
  public:
@@ -147,6 +172,10 @@ class RoundConsensus {
   double now_ = 0;
   std::vector<MemberMsg> outbox_, self_inbox_;
   std::vector<MemberMsg> queued_prepares_;  // received before ready()
+  // Fast path: sites whose kHolds arrived, and whether every one said `expected`.
+  SiteMask fast_from_ = 0;
+  bool fast_ok_ = true;
+  void try_fast();
 
   // Acceptor.
   uint64_t promised_ = 0, accepted_ballot_ = 0;
@@ -160,7 +189,7 @@ class RoundConsensus {
   double last_send_ = 0;
   double last_foreign_ = -1;  // when another site's ballot was last seen
   SiteMask promised_by_ = 0, accepted_by_ = 0;
-  SiteMask promise_holds_ = 0;  // intersection of the promisers' holdings
+  std::vector<SiteMask> promise_holds_;  // by site: a promiser's holdings
   uint64_t best_accepted_ballot_ = 0;
   SiteMask best_accepted_value_ = 0;
   SiteMask proposal_ = 0;

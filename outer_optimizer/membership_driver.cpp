@@ -119,7 +119,10 @@ MembershipOutcome agree_membership(const SitePeers& peers, const ConsensusConfig
     if (!progressed) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   // Sends still in flight keep their own buffers (transport/op.hpp); a decide to a slow peer
-  // completes or fails on its own after we return.
+  // completes or fails on its own after we return. The round's later messages (answers to
+  // ballots that no longer matter, holdings after the decision) are not wanted any more:
+  // without this they would pile up in the transport, round after round.
+  peers.transport()->expire(transport::FrameKind::kControl, round + 1, kMembershipShard);
   out.members = *rc.decided();
   out.can_apply = rc.can_apply();
   out.ballots = rc.ballots_started();

@@ -59,6 +59,11 @@ OuterConfig OuterConfig::from_yaml(const config::Node& n) {
       if (b != 32 && b != 16 && b != 8 && b != 4 && b != 2)
         n.fail_value("plan_bits", "a non-empty list of 32, 16, 8, 4, 2");
   }
+  c.min_sites = static_cast<int>(n.get_int("min_sites", c.min_sites, 0, 64));
+  c.deadline_s = n.get_double("deadline_s", c.deadline_s, 0.0, 1e6);
+  c.deadline_floor_s = n.get_double("deadline_floor_s", c.deadline_floor_s, 0.001, 1e6);
+  c.quorum_wait_s = n.get_double("quorum_wait_s", c.quorum_wait_s, 0.01, 1e7);
+  c.consensus_retry_s = n.get_double("consensus_retry_s", c.consensus_retry_s, 0.001, 600.0);
   if (c.auto_plan() && c.overlap_steps + 1 > c.plan_h_max)
     n.fail("plan_h_max", fmt::format("must exceed overlap_steps ({})", c.overlap_steps));
   if (c.auto_plan() && c.compression.topk)

@@ -19,6 +19,11 @@
 //     plan_h_min: 25                # H range the plan searches (quality floor: FINDINGS.md)
 //     plan_h_max: 5000
 //     plan_bits: [16, 8, 4]         # codecs the plan may pick (16 fp16, 8 int8, 4 int4, 2 int2)
+//     min_sites: 0                  # quorum: sites a round needs (0: a majority of the config's)
+//     deadline_s: 0                 # how long a round waits for a site (0: auto, from recent rounds)
+//     deadline_floor_s: 30          # auto deadline: at least this
+//     quorum_wait_s: 60             # below quorum: wait this long for a decision, then exit 1
+//     consensus_retry_s: 1.0        # membership ballots: patience before the next one
 #pragma once
 
 #include <cstdint>
@@ -33,22 +38,22 @@ namespace geoloco::outer {
 struct OuterOptimizerConfig {
   std::string kind = "nesterov";  // sgd | nesterov | adam
   double lr = 0.7;
-  double momentum = 0.9;          // sgd (heavy ball when > 0) and nesterov
+  double momentum = 0.9;                          // sgd (heavy ball when > 0) and nesterov
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam
 
   static OuterOptimizerConfig from_yaml(const config::Node& node);
 };
 
 struct OuterConfig {
-  bool enabled = false;           // true when the section is present
-  int64_t interval = 100;         // H
+  bool enabled = false;    // true when the section is present
+  int64_t interval = 100;  // H
   OuterOptimizerConfig optimizer;
   compression::PipelineConfig compression;
   std::string weighting = "uniform";
   std::string inner_state = "keep";
   bool check_hash = true;
-  int fragments = 1;              // F: streaming fragments, each synced at its own offset
-  int64_t overlap_steps = 0;      // tau, 0 <= tau < interval
+  int fragments = 1;          // F: streaming fragments, each synced at its own offset
+  int64_t overlap_steps = 0;  // tau, 0 <= tau < interval
   double merge_alpha = 0.5;
   bool delayed_update = false;
   std::string plan = "manual";
@@ -58,7 +63,14 @@ struct OuterConfig {
   double replan_threshold = 0.5;
   int64_t plan_h_min = 25, plan_h_max = 5000;
   std::vector<int> plan_bits{16, 8, 4};
+  // Membership (docs/elastic.md).
+  int min_sites = 0;  // 0: a majority of the sites in the config (resolved by quorum())
+  double deadline_s = 0;
+  double deadline_floor_s = 30;
+  double quorum_wait_s = 60;
+  double consensus_retry_s = 1.0;
   bool auto_plan() const { return plan == "auto"; }
+  int quorum(int sites) const { return min_sites > 0 ? min_sites : sites / 2 + 1; }
 
   static OuterConfig from_yaml(const config::Node& node);
 };

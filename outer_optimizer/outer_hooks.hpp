@@ -24,6 +24,14 @@ struct OuterHooks {
     uint64_t round = 0;
   };
   std::optional<Perturb> perturb_global;
+  // Test: site index `site` is left out of round `from_round` and every later one, as if it
+  // had died just before it (the reference a run with a real loss is compared with). That
+  // site stops at that round (SiteLeftOut); the others never exchange with it again.
+  struct LeaveOut {
+    int site = 0;
+    uint64_t from_round = 0;
+  };
+  std::optional<LeaveOut> leave_out;
   // Benchmarks: every round's pseudo-gradient of this rank's shard is written to
   // <dir>/pseudograd.<site>.r<rank>.round<N>.safetensors (tensor "delta"); `geoloco launch
   // --capture-pseudograd DIR` sets it (bench/compression/capture.sh).

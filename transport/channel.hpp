@@ -109,6 +109,9 @@ class Channel {
   // Cancels one operation (by id) or every pending one; `reason` ends up in the error.
   void cancel(uint64_t id, const std::string& reason);
   void cancel_all(const std::string& reason);
+  // Transport::expire: held frames of (kind, round < before, shard >= min_shard) released,
+  // later ones discarded. One rule per (kind, min_shard); `before` only grows.
+  void expire(uint16_t kind, uint64_t before, uint32_t min_shard);
 
   // ---- the binding ----
   // A frame arrived from this peer (on an authenticated lane).
@@ -185,11 +188,13 @@ class Channel {
   Clock::time_point link_free_{};  // emulation: when the modelled link is free again
 
   // receive side
-  std::map<Key, std::shared_ptr<RecvOp>> recvs_;   // posted, not completed
-  std::vector<std::shared_ptr<RecvOp>> draining_;  // failed or cancelled, requests outstanding
-  std::set<Key> completed_;                        // replay detection
-  std::set<Key> cancelled_;                        // frames of these transfers are discarded
-  std::function<bool(const Key&)> recv_pending_;   // see set_recv_pending
+  std::map<Key, std::shared_ptr<RecvOp>> recvs_;               // posted, not completed
+  std::vector<std::shared_ptr<RecvOp>> draining_;              // failed or cancelled, requests outstanding
+  std::set<Key> completed_;                                    // replay detection
+  std::set<Key> cancelled_;                                    // frames of these transfers are discarded
+  std::map<std::pair<uint16_t, uint32_t>, uint64_t> expired_;  // (kind, min shard) -> rounds below are discarded
+  bool is_expired(const Key& k) const;
+  std::function<bool(const Key&)> recv_pending_;  // see set_recv_pending
   struct Unexpected {
     FrameHeader h;
     HeldData data;

@@ -46,7 +46,7 @@ Disposition Channel::on_frame(std::span<const uint8_t> header, const HeldData& d
   }
   // A cancelled transfer's frames are dropped, unless the caller has asked for the key again
   // and that receive is on its way to this thread: then the frame is the new transfer's.
-  if (cancelled_.count(key) && !(recv_pending_ && recv_pending_(key))) {
+  if ((cancelled_.count(key) || is_expired(key)) && !(recv_pending_ && recv_pending_(key)) && !recvs_.count(key)) {
     discard(h);
     return Disposition::kRelease;
   }
@@ -74,6 +74,30 @@ Disposition Channel::on_frame(std::span<const uint8_t> header, const HeldData& d
   ++unexpected_count_;
   if (!data.needs_fetch) unexpected_eager_bytes_ += data.length;
   return data.token != nullptr ? Disposition::kKept : Disposition::kRelease;
+}
+
+bool Channel::is_expired(const Key& k) const {
+  for (const auto& [ks, before] : expired_)
+    if (std::get<0>(k) == ks.first && std::get<2>(k) >= ks.second && std::get<1>(k) < before) return true;
+  return false;
+}
+
+void Channel::expire(uint16_t kind, uint64_t before, uint32_t min_shard) {
+  uint64_t& b = expired_[{kind, min_shard}];
+  b = std::max(b, before);
+  for (auto it = unexpected_.begin(); it != unexpected_.end();) {
+    if (!is_expired(it->first)) {
+      ++it;
+      continue;
+    }
+    for (auto& e : it->second) {
+      if (!e.data.needs_fetch) unexpected_eager_bytes_ -= e.data.length;
+      discard(e.h);  // counted, its eager bytes credited back
+      link_.release(e.data);
+    }
+    unexpected_count_ -= it->second.size();
+    it = unexpected_.erase(it);
+  }
 }
 
 void Channel::post_recv(std::shared_ptr<RecvOp> op) {

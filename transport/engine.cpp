@@ -129,6 +129,13 @@ void EngineTransport::cancel(int peer, const std::string& reason) {
   post([this, peer, reason] { channel(peer).cancel_all(reason); });
 }
 
+void EngineTransport::expire(FrameKind kind, uint64_t before_round, uint32_t min_shard) {
+  if (!api_open_.load(std::memory_order_acquire)) return;
+  post([this, kind, before_round, min_shard] {
+    for (auto& c : channels_) c->expire(static_cast<uint16_t>(kind), before_round, min_shard);
+  });
+}
+
 void EngineTransport::set_active_lanes(int n) {
   if (n < 1 || n > cfg_.lanes)
     throw TransportError(fmt::format("transport: {} active lanes requested, expected 1..{}", n, cfg_.lanes));

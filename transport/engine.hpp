@@ -30,6 +30,7 @@ class EngineTransport : public Transport {
   RecvHandle recv(int peer, FrameKind kind, uint64_t round, uint32_t shard, std::vector<uint8_t> buffer) override;
   using Transport::recv;
   void cancel(int peer, const std::string& reason) override;
+  void expire(FrameKind kind, uint64_t before_round, uint32_t min_shard) override;
   int lanes() const override { return cfg_.lanes; }
   void set_active_lanes(int n) override;
   int active_lanes() const override { return active_lanes_.load(); }

@@ -60,6 +60,12 @@ class Transport {
   // that still arrive for the cancelled receives are discarded. The connection stays up and
   // later operations with the peer work. Returns at once (the completions follow).
   virtual void cancel(int peer, const std::string& reason) = 0;
+  // Messages of `kind` with a round below `before_round` and a shard of at least `min_shard`
+  // are no longer wanted from any peer: frames of them held for a receive not yet posted are
+  // released, and later ones are discarded on arrival (frames_discarded). For protocols whose
+  // late messages would otherwise pile up (a decided round's membership messages). Receives
+  // already posted are not affected. Returns at once.
+  virtual void expire(FrameKind kind, uint64_t before_round, uint32_t min_shard) = 0;
 
   // Endpoints (TCP connections) per peer: the configured lanes.
   virtual int lanes() const = 0;

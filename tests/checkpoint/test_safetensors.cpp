@@ -310,15 +310,20 @@ TEST(AtomicFile, ReplacesAtomicallyAndLeavesNoTemporary) {
     ++entries;
   }
   EXPECT_EQ(entries, 1u) << "a temporary file was left behind";
+  std::string tmp;
   {
     // A write abandoned before commit (e.g. an exception mid-save) keeps the old file.
     AtomicFileWriter w(path);
     w.write(std::vector<uint8_t>(100, 0xab));
     EXPECT_TRUE(std::filesystem::exists(w.temp_path()));
-    EXPECT_EQ(w.temp_path(), path + ".tmp." + std::to_string(::getpid()));
+    // Unique per writer (pid, then a per-process serial): two writers never share one.
+    EXPECT_EQ(w.temp_path().rfind(path + ".tmp." + std::to_string(::getpid()) + ".", 0), 0u) << w.temp_path();
+    AtomicFileWriter other(path);
+    EXPECT_NE(other.temp_path(), w.temp_path());
+    tmp = w.temp_path();
   }
   EXPECT_EQ(read_safetensors(path).f32("x"), std::vector<float>{2});
-  EXPECT_FALSE(std::filesystem::exists(path + ".tmp." + std::to_string(::getpid())));
+  EXPECT_FALSE(std::filesystem::exists(tmp));
   // An unwritable destination is an Error naming the path.
   try {
     write_safetensors(dir.file("no/such/dir/c.safetensors"), tb, {});

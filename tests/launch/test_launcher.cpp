@@ -25,7 +25,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
-ProcessSpec sh(const std::string& label, const std::string& script) { return {label, {"/bin/sh", "-c", script}, {}}; }
+ProcessSpec sh(const std::string& label, const std::string& script) {
+  return {label, {"/bin/sh", "-c", script}, {}, ""};
+}
 
 std::string read_all(FILE* f) {
   std::fflush(f);
@@ -155,6 +157,38 @@ TEST(Launcher, FailingRankStopsAllWithinABound) {
   }
 }
 
+// A site is one failure domain: paris/1 fails, so paris/0 is stopped (SIGTERM), while tokyo
+// finishes its work; the launch succeeds because a site finished whole.
+TEST(Launcher, IsolatedGroupsAFailedRankTakesOnlyItsSiteDown) {
+  Captured cap;
+  auto in = [](ProcessSpec p, const std::string& g) {
+    p.group = g;
+    return p;
+  };
+  std::vector<ProcessSpec> procs = {
+      in(sh("paris/0", "echo pid $$; sleep 100 & echo bg $!; wait"), "paris"),
+      in(sh("paris/1", "sleep 0.2; exit 3"), "paris"),
+      in(sh("tokyo/0", "sleep 1; echo done"), "tokyo"),
+  };
+  LaunchOptions o = cap.options(5s);
+  o.isolate_groups = true;
+  EXPECT_EQ(launch(procs, o), kExitOk);
+  std::string out = read_all(cap.out), err = read_all(cap.err);
+  EXPECT_NE(err.find("[launch] rank paris/1 exited with code 3; site paris leaves the run: stopping its 1 other "
+                     "rank; 1 rank of other sites go on"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(out.find("[tokyo/0] done"), std::string::npos) << out;  // not stopped
+  for (pid_t p : printed_pids(out)) EXPECT_TRUE(gone(p)) << "pid " << p;
+  // Every site lost: the launch fails.
+  Captured cap2;
+  std::vector<ProcessSpec> lost = {in(sh("paris/0", "exit 1"), "paris"),
+                                   in(sh("tokyo/0", "sleep 0.3; exit 2"), "tokyo")};
+  LaunchOptions o2 = cap2.options(5s);
+  o2.isolate_groups = true;
+  EXPECT_EQ(launch(lost, o2), kExitRankFailed);
+}
+
 TEST(Launcher, KilledRankIsReportedWithItsSignal) {
   Captured cap;
   std::vector<ProcessSpec> procs = {
@@ -191,7 +225,7 @@ TEST(Launcher, CommandThatCannotStartStopsTheOthers) {
   Captured cap;
   std::vector<ProcessSpec> procs = {
       sh("a/0", "echo pid $$; exec sleep 100"),
-      {"a/1", {"/nonexistent/geoloco-worker", "--rank", "1"}, {}},
+      {"a/1", {"/nonexistent/geoloco-worker", "--rank", "1"}, {}, ""},
       sh("a/2", "echo never"),
   };
   auto t0 = Clock::now();
@@ -208,7 +242,7 @@ TEST(Launcher, CommandThatCannotStartStopsTheOthers) {
 
 TEST(Launcher, RejectsBadInput) {
   EXPECT_THROW(launch({}), InputError);
-  EXPECT_THROW(launch({{"a/0", {}, {}}}), InputError);
+  EXPECT_THROW(launch({{"a/0", {}, {}, ""}}), InputError);
   EXPECT_THROW(launch({sh("a/0", "true"), sh("a/0", "true")}), InputError);
 }
 

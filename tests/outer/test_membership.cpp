@@ -523,14 +523,14 @@ TEST(MembershipWire, RejectsMalformedRecords) {
   b[0] = 'X';
   expect_rejected(b, "magic");
   b = good;
-  b[4] = 2;
-  expect_rejected(b, "version 2");
+  b[4] = 3;
+  expect_rejected(b, "version 3, this build speaks 2");
   b = good;
   b[6] = 0;
   expect_rejected(b, "unknown type 0");
   b = good;
-  b[6] = 7;
-  expect_rejected(b, "unknown type 7");
+  b[6] = 8;
+  expect_rejected(b, "unknown type 8");
   b = good;
   b[7] = 1;
   expect_rejected(b, "reserved");
@@ -545,6 +545,82 @@ TEST(MembershipWire, RejectsMalformedRecords) {
   m = sample();
   m.holds = SiteMask{1} << 63;
   expect_rejected(encode_member_msg(m), "outside the config");
+}
+
+// One site holds only itself (one of its ranks lost every contribution, the site's holdings
+// being ANDed over its ranks): the intersection of every promiser's holdings is empty, so the
+// proposer leaves that site out and the others still make a round. Without choose_members
+// this round could never commit.
+TEST(Membership, ASiteHoldingOnlyItselfIsLeftOutNotTheRound) {
+  const std::vector<SiteMask> holds = {0b101, 0b010, 0b101};
+  const MemberChoice c = choose_members(0b111, holds);
+  EXPECT_EQ(c.members, SiteMask{0b101});
+  EXPECT_EQ(c.holders, SiteMask{0b101});
+  // Least-held first: of {0,1,2,3} where 3 lacks 2, and 2 is held by 0, 1 and itself, 3 is
+  // dropped only if it is the one fewer others hold.
+  const std::vector<SiteMask> h4 = {0b1111, 0b1111, 0b0111, 0b1011};
+  const MemberChoice d = choose_members(0b1111, h4);
+  EXPECT_EQ(mask_count(d.members), 3) << mask_string(d.members);
+  EXPECT_EQ(d.members & ~d.holders, SiteMask{0}) << mask_string(d.members) << " " << mask_string(d.holders);
+  // Every promiser holds everything: all of them.
+  EXPECT_EQ(choose_members(0b111, std::vector<SiteMask>{0b111, 0b111, 0b111}).members, SiteMask{0b111});
+
+  // And through the protocol: three sites, quorum 2, site 1 holding only itself.
+  ConsensusConfig cc;
+  cc.sites = 3;
+  cc.quorum = 2;
+  std::vector<RoundConsensus> n;
+  for (int s = 0; s < 3; ++s) {
+    cc.self = s;
+    n.emplace_back(cc, 9);
+    n.back().add_holds(holds[static_cast<size_t>(s)]);
+  }
+  for (auto& x : n) x.ready(0);
+  double t = 0;
+  for (int step = 0; step < 2000 && !(n[0].decided() && n[1].decided() && n[2].decided()); ++step) {
+    t += 0.01;
+    for (auto& x : n) x.tick(t);
+    for (auto& x : n)
+      for (const auto& m : x.take_outbox()) n[m.to].receive(m, t);
+  }
+  for (int s = 0; s < 3; ++s) {
+    ASSERT_TRUE(n[static_cast<size_t>(s)].decided()) << s;
+    EXPECT_EQ(*n[static_cast<size_t>(s)].decided(), SiteMask{0b101});
+  }
+  EXPECT_TRUE(n[0].can_apply());
+  EXPECT_TRUE(n[2].can_apply());
+  EXPECT_FALSE(n[1].can_apply());
+}
+
+// The fast path: every site still in the run holds all of them, so each decides on the
+// others' kHolds alone, after one message delay, without a ballot (no tick ever runs here).
+// One site holding less turns it off: then only a ballot can decide.
+TEST(Membership, FastPathDecidesWithoutABallotWhenEverySiteHoldsAll) {
+  auto run = [](const std::vector<SiteMask>& holds) {
+    ConsensusConfig cc;
+    cc.sites = 3;
+    cc.quorum = 2;
+    cc.expected = 0b111;
+    std::vector<RoundConsensus> n;
+    for (int s = 0; s < 3; ++s) {
+      cc.self = s;
+      n.emplace_back(cc, 4);
+      n.back().add_holds(holds[static_cast<size_t>(s)]);
+    }
+    for (auto& x : n) x.ready(0);
+    for (int pass = 0; pass < 4; ++pass)
+      for (auto& x : n)
+        for (const auto& m : x.take_outbox()) n[m.to].receive(m, 0);
+    return n;
+  };
+  const auto fast = run({0b111, 0b111, 0b111});
+  for (const auto& x : fast) {
+    ASSERT_TRUE(x.decided());
+    EXPECT_EQ(*x.decided(), SiteMask{0b111});
+    EXPECT_EQ(x.ballots_started(), 0);
+  }
+  const auto slow = run({0b111, 0b011, 0b111});
+  for (const auto& x : slow) EXPECT_FALSE(x.decided());
 }
 
 }  // namespace

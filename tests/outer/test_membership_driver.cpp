@@ -104,8 +104,10 @@ TEST(MembershipDriver, FirstSiteKilledMidConsensusTheOthersGoOn) {
   std::vector<SiteMask> holds = {0b1111, 0b1110, 0b1110, 0b1110};
   const auto r = L.agree({0, 1, 2, 3}, 3, holds, /*wait_s=*/2);
   for (int s = 1; s < 4; ++s) EXPECT_EQ(ok(r[static_cast<size_t>(s)]).members, 0b1110u) << "site " << s;
-  // The dead site learns nothing and says so; it never decides on its own.
-  EXPECT_TRUE(std::holds_alternative<std::string>(r[0]));
+  // The dead site never decides on its own: it learns nothing (an error), or, when the
+  // others' decide reached it before its connection went (a loaded machine), their
+  // membership, which leaves it out.
+  if (!std::holds_alternative<std::string>(r[0])) EXPECT_EQ(ok(r[0]).members, 0b1110u);
 }
 
 TEST(MembershipDriver, StalledSiteIsLeftOut) {

@@ -21,17 +21,17 @@ namespace {
 // Two sites of one rank, a sync every 2 steps; sites on ports nobody uses (the fabric needs none).
 trainer::RunConfig two_sites(const TempDir& d, const std::string& extra_outer = "") {
   d.file("k.psk", "0123456789abcdef-test-key");
-  return trainer::load_run_config(
-      d.file("c.yaml", "run: {name: f, seed: 3, output_dir: " + (d.path() / "out").string() +
-                           "}\n"
-                           "model: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 16, vocab_size: 32}\n"
-                           "data:\n  train: {kind: synthetic, vocab: 32, branching: 3, seed: 5, tokens: 100000}\n"
-                           "train: {steps: 12, micro_batch: 2, log_every: 100, eval_every: 0, checkpoint_every: 0}\n"
-                           "outer: {interval: 2, compression: {codec: fp32}" +
-                           extra_outer +
-                           "}\n"
-                           "sites:\n  - {name: paris, port: 61000}\n  - {name: lyon, port: 62000}\n"
-                           "transport: {psk_file: k.psk, connect_timeout_s: 5, transfer_timeout_s: 0.25}\n"));
+  return trainer::load_run_config(d.file(
+      "c.yaml", "run: {name: f, seed: 3, output_dir: " + (d.path() / "out").string() +
+                    "}\n"
+                    "model: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 16, vocab_size: 32}\n"
+                    "data:\n  train: {kind: synthetic, vocab: 32, branching: 3, seed: 5, tokens: 100000}\n"
+                    "train: {steps: 12, micro_batch: 2, log_every: 100, eval_every: 0, checkpoint_every: 0}\n"
+                    "outer: {interval: 2, compression: {codec: fp32}, quorum_wait_s: 0.5, consensus_retry_s: 0.05" +
+                    extra_outer +
+                    "}\n"
+                    "sites:\n  - {name: paris, port: 61000}\n  - {name: lyon, port: 62000}\n"
+                    "transport: {psk_file: k.psk, connect_timeout_s: 5, transfer_timeout_s: 0.25}\n"));
 }
 
 Fault from_lyon(FaultAction a, uint64_t nth) {
@@ -78,17 +78,21 @@ TEST(OuterFaults, CleanRunOnTheFabricAgrees) {
   EXPECT_EQ(out[0]["global_weights_hash"], out[1]["global_weights_hash"]);
 }
 
-// lyon dies just before its 3rd pseudo-gradient frame (round 3, at inner step 6): paris stops
-// at once with the lost connection, naming round and step; lyon's own rank stops too.
+// lyon dies just before its 3rd pseudo-gradient frame (round 3, at inner step 6): two sites
+// need both for a quorum (min_sites defaults to a majority), so paris waits quorum_wait_s
+// (0.5 s here) for a membership and stops naming the round, the step, the site it waited for
+// and why it lost it; lyon's own rank stops too.
 TEST(OuterFaults, PeerKilledMidRoundStopsTheOthersNamingIt) {
   const std::string e = run_with(from_lyon(FaultAction::kKill, 3));
-  EXPECT_TRUE(has(e, "outer step 3 (inner step 6): connection to peer lyon/0")) << e;
+  EXPECT_TRUE(has(e, "outer step 3 (inner step 6): outer round 3: no membership agreed within 0.5 s")) << e;
+  EXPECT_TRUE(has(e, "(min_sites 2) (site paris waited for lyon)")) << e;
+  EXPECT_TRUE(has(e, "lyon: connection to peer lyon/0")) << e;
   EXPECT_TRUE(has(e, "lost")) << e;
 }
 
-// lyon is alive but stuck from its 2nd frame on (for 0.5 s, then it resumes): paris gives up
-// after transfer_timeout_s (0.25 s), naming the round and lyon; lyon, resumed, finds paris
-// gone and stops too.
+// lyon is alive but stuck from its 2nd frame on (for 0.5 s, then it resumes): paris's receive
+// gives up after transfer_timeout_s (0.25 s), and without lyon there is no quorum: paris stops
+// naming the round and lyon; lyon, resumed, finds paris gone and stops too.
 TEST(OuterFaults, StalledPeerTimesOutNamingIt) {
   auto f = from_lyon(FaultAction::kStall, 2);
   f.delay_s = 0.5;
@@ -99,7 +103,8 @@ TEST(OuterFaults, StalledPeerTimesOutNamingIt) {
 }
 
 // lyon's 2nd pseudo-gradient arrives well framed but full of garbage (a valid transport
-// checksum): the outer loop refuses it naming the round and lyon.
+// checksum): the outer loop refuses it naming the round and lyon (and, lyon's contribution
+// being out, the round has no quorum of two).
 TEST(OuterFaults, GarbageFromAPeerIsRefusedNamingIt) {
   const std::string e = run_with(from_lyon(FaultAction::kGarbage, 2));
   EXPECT_TRUE(has(e, "outer step 2 (inner step 4)")) << e;
@@ -110,7 +115,8 @@ TEST(OuterFaults, GarbageFromAPeerIsRefusedNamingIt) {
 // A bit flipped in flight is the transport's to catch (checksum), naming the peer.
 TEST(OuterFaults, CorruptedFrameIsCaughtByTheChecksum) {
   const std::string e = run_with(from_lyon(FaultAction::kCorrupt, 2));
-  EXPECT_TRUE(has(e, "outer step 2 (inner step 4): frame from peer lyon/0")) << e;
+  EXPECT_TRUE(has(e, "outer step 2 (inner step 4): outer round 2: no membership agreed")) << e;
+  EXPECT_TRUE(has(e, "lyon: frame from peer lyon/0")) << e;
   EXPECT_TRUE(has(e, "checksum: mismatch")) << e;
 }
 
@@ -118,7 +124,8 @@ TEST(OuterFaults, CorruptedFrameIsCaughtByTheChecksum) {
 // join, with the same naming, and the worker thread is not left behind.
 TEST(OuterFaults, PeerKilledDuringAnOverlappedRound) {
   const std::string e = run_with(from_lyon(FaultAction::kKill, 3), ", overlap_steps: 1");
-  EXPECT_TRUE(has(e, "outer step 3 (inner step 6): connection to peer lyon/0")) << e;
+  EXPECT_TRUE(has(e, "outer step 3 (inner step 6): outer round 3: no membership agreed")) << e;
+  EXPECT_TRUE(has(e, "lyon: connection to peer lyon/0")) << e;
 }
 
 // A checkpoint whose outer-loop counters were damaged (same length, checksums intact) is a

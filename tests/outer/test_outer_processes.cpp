@@ -95,7 +95,8 @@ std::string config(const TempDir& d, int port, const std::string& extra = "") {
 TEST(OuterProcesses, PeerKilledMidTransferFailsTheOthersNamingThePeer) {
   TempDir d;
   auto cfg = config(d, fresh_port(), "");
-  std::vector<std::string> slow = {"--set", "transport.emulate.rate_mbit=2"};
+  // Two sites need both (min_sites: a majority): paris waits 2 s for a membership, then stops.
+  std::vector<std::string> slow = {"--set", "transport.emulate.rate_mbit=2", "--set", "outer.quorum_wait_s=2"};
   auto args = [&](const char* site) {
     std::vector<std::string> a = {"worker", cfg, "--site", site, "--rank", "0"};
     a.insert(a.end(), slow.begin(), slow.end());

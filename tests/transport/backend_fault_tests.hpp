@@ -260,6 +260,32 @@ TYPED_TEST_P(BackendFaultTest, WhatArrivedBeforeAShutdownIsDeliveredToALaterRecv
   EXPECT_EQ(c.t[1]->stats().peers.at(0).frames_rejected, 0u);
 }
 
+// expire(): a decided round's late control messages (shard >= the floor) are dropped, held
+// or arriving later; other shards and later rounds are untouched.
+TYPED_TEST_P(BackendFaultTest, ExpiredMessagesAreDroppedHeldOrLate) {
+  auto cfg = small_config();
+  cfg.transfer_timeout_s = 0.3;
+  TypeParam c({cfg, cfg}, {ident("a"), ident("b")});
+  for (auto& e : c.connect_all()) ASSERT_EQ(e, "");
+  const auto x = pattern(100, 1);
+  c.t[0]->send(0, FrameKind::kControl, 5, 1000, P(x)).wait();  // held at b
+  c.t[0]->send(0, FrameKind::kControl, 5, 7, P(x)).wait();     // below the shard floor: kept
+  for (int i = 0; i < 100 && c.t[1]->stats().peers.at(0).frames_discarded == 0; ++i) {
+    if (i == 0) c.t[1]->expire(FrameKind::kControl, 6, 1000);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  c.t[0]->send(0, FrameKind::kControl, 4, 1001, P(x)).wait();  // late: dropped on arrival
+  c.t[0]->send(0, FrameKind::kControl, 6, 1000, P(x)).wait();  // a later round: kept
+  auto kept = c.t[1]->recv(0, FrameKind::kControl, 5, 7, x.size());
+  auto later = c.t[1]->recv(0, FrameKind::kControl, 6, 1000, x.size());
+  EXPECT_EQ(error_of(kept), "");
+  EXPECT_EQ(error_of(later), "");
+  for (int i = 0; i < 100 && c.t[1]->stats().peers.at(0).frames_discarded < 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(c.t[1]->stats().peers.at(0).frames_discarded, 2u);
+  EXPECT_EQ(c.t[1]->stats().peers.at(0).failure, "");
+}
+
 // ---- cancellation --------------------------------------------------------------------------
 
 // A cancelled receive completes with CancelledError; the peer stays healthy; frames that
@@ -392,7 +418,7 @@ REGISTER_TYPED_TEST_SUITE_P(BackendFaultTest, UntamperedTransferSucceeds, BadMag
                             CorruptedPayloadFailsTheChecksum, MissingChunkTimesOut,
                             RecvWithNoSenderTimesOutNamingThePeer, PeerShutdownFailsPendingOperations,
                             WhatAPeerSentBeforeShuttingDownIsDelivered,
-                            WhatArrivedBeforeAShutdownIsDeliveredToALaterRecv,
+                            WhatArrivedBeforeAShutdownIsDeliveredToALaterRecv, ExpiredMessagesAreDroppedHeldOrLate,
                             CancelledRecvFailsAloneAndLateFramesAreDiscarded, CancelAllOfAPeerLeavesOthersAlone,
                             CancelMidTransferReleasesNothingUnderARequest, HandlesOutliveTheirTransport);
 

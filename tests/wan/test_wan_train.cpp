@@ -205,7 +205,10 @@ TEST_F(WanTrain, ShortLinkCutMidSyncIsSurvivedWithSameHash) {
 // tools/wan/run stops the other site and returns 1 -- while the link is still down (the cut
 // lasts 15 s), so nothing waited for the link to return, and nothing hung.
 TEST_F(WanTrain, LongLinkCutFailsCleanlyNamingThePeer) {
-  const std::string cfg = config("longcut", 10, "{codec: fp32}", "timeout_s: 30, transfer_timeout_s: 4");
+  // Two sites need both for a round (min_sites: a majority): without the other, a site waits
+  // outer.quorum_wait_s (3 s here) for a membership, then stops.
+  const std::string cfg =
+      config("longcut", 10, "{codec: fp32}\n  quorum_wait_s: 3", "timeout_s: 30, transfer_timeout_s: 4");
   const fs::path out = dir_ / "longcut";
   const json c = cut_run(scenario("t2mbit", "{delay_ms: 5, rate_mbit: 2}"), cfg, out, 15, 120);
   const std::string log = slurp(out / "run.log");

@@ -1,5 +1,6 @@
 #include "trainer/app/rank_runner.hpp"
 
+#include <algorithm>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -68,6 +69,11 @@ nlohmann::json run_rank(const trainer::RunConfig& cfg, const RankOptions& o) {
     ro.store_port = sc.port + sc.ranks;
     ro.bind_address = sc.host_of(rank);
     ro.timeout = rendezvous_timeout(cfg);
+    // A round's membership vote: the site's ranks wait for their leader's consensus, which may
+    // wait up to outer.quorum_wait_s below quorum.
+    if (cfg.sites.size() > 1)
+      ro.timeout = std::max(ro.timeout, std::chrono::milliseconds(static_cast<int64_t>(
+                                            (cfg.outer.quorum_wait_s + cfg.outer.consensus_retry_s * 8 + 10) * 1000)));
     ro.cuda_device = gpu;
     coll = on_gpu ? parallel::make_nccl(ro) : parallel::make_gloo(ro);
   }
@@ -118,11 +124,16 @@ nlohmann::json run_rank(const trainer::RunConfig& cfg, const RankOptions& o) {
   if (rank != 0) return mine;
   std::vector<nlohmann::json> everyone;
   if (tp) {
-    // Shard 0 carries the summary, shard 1 site 0's acknowledgement: a site leaves only
-    // once site 0 holds its summary (a closed peer cannot deliver anything afterwards).
+    // The sites still in the run (the last round's members) send their summaries to the
+    // first of them: no site's loss, the first's included, leaves the summary unwritten.
+    // Shard 0 carries the summary, shard 1 the collector's acknowledgement: a site leaves
+    // only once the collector holds its summary (a closed peer delivers nothing afterwards).
+    const uint64_t members = diloco ? diloco->members() : ~uint64_t{0};
+    size_t collector = 0;
+    while (collector < cfg.sites.size() && !((members >> collector) & 1)) ++collector;
     const auto ack = transport::make_payload({1});
-    if (site != 0) {
-      const int p0 = tp->peer_index(cfg.sites[0].name, 0);
+    if (static_cast<size_t>(site) != collector) {
+      const int p0 = tp->peer_index(cfg.sites[collector].name, 0);
       auto got = tp->recv(p0, transport::FrameKind::kControl, kSummaryRound, 1, size_t{1});
       tp->send(p0, transport::FrameKind::kControl, kSummaryRound, 0,
                transport::make_payload(to_bytes(nlohmann::json(site_list).dump())))
@@ -131,7 +142,8 @@ nlohmann::json run_rank(const trainer::RunConfig& cfg, const RankOptions& o) {
       return mine;
     }
     everyone = site_list;
-    for (size_t s = 1; s < cfg.sites.size(); ++s) {
+    for (size_t s = 0; s < cfg.sites.size(); ++s) {
+      if (s == collector || !((members >> s) & 1)) continue;
       const int p = tp->peer_index(cfg.sites[s].name, 0);
       auto h = tp->recv(p, transport::FrameKind::kControl, kSummaryRound, 0, kMaxSummaryBytes);
       h.wait();

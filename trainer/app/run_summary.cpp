@@ -58,6 +58,17 @@ void print_human_summary(const trainer::RunConfig& cfg, const nlohmann::json& s)
       fmt::print(", {:.0f}x fewer bytes than per-step data parallelism ({})", ddp / wan, bytes_text(ddp));
     fmt::print("\n");
   }
+  if (s.contains("membership") && s["membership"].is_object() && s["membership"].contains("evictions")) {
+    const auto& m = s["membership"];
+    for (const auto& e : m["evictions"])
+      fmt::print("  site {} left the run at outer round {} (inner step {}): {}\n", e.value("site", "?"),
+                 e.value("round", 0), e.value("step", 0), e.value("why", ""));
+    if (!m["evictions"].empty()) {
+      std::string names;
+      for (const auto& n : m["members"]) names += (names.empty() ? "" : ", ") + n.get<std::string>();
+      fmt::print("  finished with {} (min_sites {})\n", names, m.value("min_sites", 0));
+    }
+  }
   if (s.contains("compute_utilization"))
     fmt::print("  compute utilization {:.1f}% (exposed wait {:.1f} s; timeline in trace.json)\n",
                100.0 * num(s, "compute_utilization"), num(s, "exposed_wait_s"));

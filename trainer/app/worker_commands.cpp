@@ -102,6 +102,7 @@ void run_launch(const LaunchArgs& a) {
     for (int r = 0; r < s.ranks; ++r) {
       launch::ProcessSpec p;
       p.label = fmt::format("{}/{}", s.name, r);
+      p.group = s.name;
       p.argv = {exe, "worker", a.config, "--site", s.name, "--rank", std::to_string(r)};
       for (const auto& kv : a.sets) {
         p.argv.push_back("--set");
@@ -122,6 +123,10 @@ void run_launch(const LaunchArgs& a) {
   }
   fmt::print(stderr, "geoloco: launching {} ranks over {} sites ({})\n", procs.size(), cfg.sites.size(), a.config);
   launch::LaunchOptions lo;
+  // A site is one failure domain: when the run can outlive a site (its quorum is below the
+  // number of sites), a failed rank takes only its own site down.
+  const int S = static_cast<int>(cfg.sites.size());
+  lo.isolate_groups = S > 1 && cfg.outer.quorum(S) < S;
   if (wants_status_view(a))
     for (const auto& s : cfg.sites) lo.status_sites.push_back(s.name);
   int rc = launch::launch(procs, lo);

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -22,7 +23,10 @@ namespace {
 }  // namespace
 
 AtomicFileWriter::AtomicFileWriter(std::string path) : path_(std::move(path)) {
-  tmp_ = fmt::format("{}.tmp.{}", path_, ::getpid());
+  // Unique per writer, not just per process: several ranks (threads, in tests) or sites that
+  // share an output directory may write the same file at once; the last rename wins whole.
+  static std::atomic<uint64_t> serial{0};
+  tmp_ = fmt::format("{}.tmp.{}.{}", path_, ::getpid(), serial.fetch_add(1));
   fd_.reset(::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (!fd_) fail(tmp_, "open", errno);
 }

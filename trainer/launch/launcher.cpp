@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <map>
 #include <set>
 
 #include <fmt/format.h>
@@ -302,6 +303,10 @@ class Launcher {
     kill_at_ = Clock::now() + opts_.grace;
   }
   void collect_exits();
+  // isolate_groups: the failed child's site leaves; its other ranks are stopped.
+  void stop_group(const Child& c);
+  void kill_overdue_groups();
+  int isolated_result() const;
   // SIGKILLs what is left of a finished child's process group and reaps it (we are the
   // subreaper, so its orphans become our children), until the group is empty.
   void sweep_group(const Child& c) {
@@ -328,6 +333,8 @@ class Launcher {
   bool killed_ = false;
   int result_ = kExitOk;
   Clock::time_point kill_at_{};
+  std::set<std::string> groups_down_;
+  std::map<std::string, Clock::time_point> group_kill_at_;
 };
 
 void Launcher::collect_exits() {
@@ -352,12 +359,61 @@ void Launcher::collect_exits() {
     pump(c.out, *c.out_lines);
     pump(c.err, *c.err_lines);
     if (failed(c) && !stopping_) {
+      if (opts_.isolate_groups && !c.spec->group.empty()) {
+        stop_group(c);
+        continue;
+      }
       const size_t others = live();
       message(fmt::format("rank {} {}; stopping {} other rank{}", c.spec->label, describe_exit(c), others,
                           others == 1 ? "" : "s"));
       begin_stop(kExitRankFailed);
     }
   }
+}
+
+void Launcher::stop_group(const Child& c) {
+  const std::string& g = c.spec->group;
+  if (groups_down_.count(g)) return;  // a sibling we are stopping, or one that failed too
+  groups_down_.insert(g);
+  size_t siblings = 0, others = 0;
+  for (const auto& o : children_) {
+    if (o.pid <= 0 || o.reaped) continue;
+    if (o.spec->group == g) {
+      ++siblings;
+      ::kill(-o.pid, SIGTERM);
+    } else {
+      ++others;
+    }
+  }
+  group_kill_at_[g] = Clock::now() + opts_.grace;
+  message(fmt::format(
+      "rank {} {}; site {} leaves the run: stopping its {} other rank{}; {} rank{} of other sites go on", c.spec->label,
+      describe_exit(c), g, siblings, siblings == 1 ? "" : "s", others, others == 1 ? "" : "s"));
+}
+
+void Launcher::kill_overdue_groups() {
+  const auto now = Clock::now();
+  for (auto it = group_kill_at_.begin(); it != group_kill_at_.end();) {
+    if (now < it->second) {
+      ++it;
+      continue;
+    }
+    for (const auto& o : children_)
+      if (o.pid > 0 && !o.reaped && o.spec->group == it->first) ::kill(-o.pid, SIGKILL);
+    it = group_kill_at_.erase(it);
+  }
+}
+
+int Launcher::isolated_result() const {
+  // The run finished if some site finished whole (its rounds committed with a quorum).
+  std::map<std::string, bool> clean;
+  for (const auto& c : children_) {
+    auto [it, fresh] = clean.emplace(c.spec->group, true);
+    if (failed(c)) it->second = false;
+  }
+  for (const auto& [g, ok] : clean)
+    if (ok && !groups_down_.count(g)) return kExitOk;
+  return kExitRankFailed;
 }
 
 void Launcher::handle_signal_bytes(int fd) {
@@ -459,6 +515,7 @@ int Launcher::run() {
         if (pfds[i].revents) pump_status(*reporting[i - status_first], *block_);
     }
     collect_exits();
+    kill_overdue_groups();
     if (stopping_ && !killed_ && Clock::now() >= kill_at_ && live() > 0) {
       message(fmt::format("{} rank{} still running after {} ms; sending SIGKILL", live(), live() == 1 ? "" : "s",
                           opts_.grace.count()));
@@ -483,6 +540,7 @@ int Launcher::run() {
     c.status.reset();
   }
   if (block_) block_->finish();  // the screen is left with the output only
+  if (opts_.isolate_groups && !stopping_) return isolated_result();
   return result_;
 }
 

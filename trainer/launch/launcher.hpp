@@ -16,6 +16,11 @@
 //    SIGKILL after `grace`; all are reaped; launch() returns kExitRankFailed;
 //  * SIGINT / SIGTERM to the launcher: SIGTERM to every rank, SIGKILL after `grace` (a
 //    second signal skips the grace), reap, return 130 / 143;
+//  * isolate_groups (a run that outlives a lost site): a child that fails takes only its
+//    group (its site) down: the group's other children get SIGTERM, then SIGKILL after
+//    `grace`, and the other groups go on. launch() returns 0 when at least one group
+//    finished with every child exiting 0 (it finished the run with its quorum), else
+//    kExitRankFailed;
 //  * when a rank exits, stragglers left in its process group are SIGKILLed and reaped (the
 //    launcher is their subreaper while launch() runs): no orphans, no zombies. A helper that
 //    moved itself to another process group or session (setsid) escapes this sweep.
@@ -32,6 +37,7 @@ struct ProcessSpec {
   std::string label;                                     // "paris/0": the output prefix
   std::vector<std::string> argv;                         // argv[0] is looked up in PATH
   std::vector<std::pair<std::string, std::string>> env;  // added to (or replacing in) our environment
+  std::string group;                                     // its failure domain (site name); see isolate_groups
 };
 
 struct LaunchOptions {
@@ -44,6 +50,8 @@ struct LaunchOptions {
   // order), redrawn on out_fd below the ranks' output; every child gets a status pipe as fd 3
   // (GEOLOCO_STATUS_FD=3) to report on. Empty: plain prefixed lines only.
   std::vector<std::string> status_sites;
+  // A failing child stops only the children of its group (ProcessSpec::group).
+  bool isolate_groups = false;
 };
 
 inline constexpr int kExitOk = 0;

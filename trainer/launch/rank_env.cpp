@@ -66,7 +66,8 @@ std::vector<ProcessSpec> local_processes(const std::vector<SiteRanks>& sites, co
     if (s.name.empty() || s.name.find('/') != std::string::npos)
       throw InputError(fmt::format("launch: site name '{}' must be non-empty and contain no '/'", s.name));
     if (!names.insert(s.name).second) throw InputError(fmt::format("launch: site name '{}' is used twice", s.name));
-    if (s.ranks < 1) throw InputError(fmt::format("launch: site {} has {} ranks; it needs at least 1", s.name, s.ranks));
+    if (s.ranks < 1)
+      throw InputError(fmt::format("launch: site {} has {} ranks; it needs at least 1", s.name, s.ranks));
     world += s.ranks;
   }
   std::vector<ProcessSpec> out;
@@ -74,7 +75,7 @@ std::vector<ProcessSpec> local_processes(const std::vector<SiteRanks>& sites, co
   for (size_t i = 0; i < sites.size(); ++i) {
     for (int r = 0; r < sites[i].ranks; ++r, ++g) {
       RankEnv e{sites[i].name, static_cast<int>(i), r, sites[i].ranks, g, world, g};
-      out.push_back({fmt::format("{}/{}", sites[i].name, r), argv, e.to_env()});
+      out.push_back({fmt::format("{}/{}", sites[i].name, r), argv, e.to_env(), sites[i].name});
     }
   }
   return out;

@@ -115,6 +115,9 @@ class OuterHook {
   // The rank's trace (owned by the trainer, outlives the run); spans of the outer loop's
   // phases go there. Default: the hook records nothing.
   virtual void set_trace(TraceRecorder* /*trace*/) {}
+  // The sites still in the run (bit s: config site s): the trace and summary merges wait
+  // only for these. Default: every site.
+  virtual uint64_t member_sites() const { return ~uint64_t{0}; }
 };
 
 }  // namespace geoloco::trainer

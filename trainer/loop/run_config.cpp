@@ -204,6 +204,10 @@ RunConfig parse_run_config(const config::Document& doc) {
                              fmt::format("got {}, but the model has {} transformer blocks (a fragment holds "
                                          "at least one block)",
                                          c.outer.fragments, c.model.n_layer));
+  if (c.outer.min_sites > static_cast<int>(c.sites.size()))
+    root.child("outer").fail("min_sites",
+                             fmt::format("got {}, but the config has {} site(s)", c.outer.min_sites, c.sites.size()));
+  if (c.sites.size() > 64) root.fail("sites", fmt::format("{} sites: at most 64", c.sites.size()));
   if (root.has("transport")) c.transport = transport::TransportConfig::from_yaml(root.child("transport"), c.dir);
   if (c.sites.size() > 1) {
     if (!c.transport)

@@ -498,13 +498,17 @@ struct Trainer::Impl {
                            {"config_hash", hex64(cfg.hash)},
                            {"events", trace.to_json(global_rank)}};
     write_text_atomically(rank_trace_path(opt.site, opt.rank).string(), mine.dump() + "\n");
-    if (global_rank != 0) return;
+    // The first site still in the run merges the traces of the sites still in it.
+    const uint64_t members = opt.outer ? opt.outer->member_sites() : ~uint64_t{0};
+    int first = 0;
+    while (first < static_cast<int>(cfg.sites.size()) && !((members >> first) & 1)) ++first;
+    if (opt.site != first || opt.rank != 0) return;
 
     nlohmann::json merged = nlohmann::json::array();
     std::vector<std::string> missing;
     const auto deadline = Clock::now() + std::chrono::seconds(30);
     for (int s = 0; s < static_cast<int>(cfg.sites.size()); ++s)
-      for (int r = 0; r < cfg.sites[static_cast<size_t>(s)].ranks; ++r) {
+      for (int r = 0; r < cfg.sites[static_cast<size_t>(s)].ranks && ((members >> s) & 1); ++r) {
         const int g = cfg.global_rank(s, r);
         nlohmann::json doc;
         for (;;) {

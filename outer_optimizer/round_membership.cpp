@@ -1,0 +1,165 @@
+// Who is in each outer round: the site's vote, the leaders' consensus, the deadline, the books
+// (round_membership.hpp).
+#include "outer_optimizer/round_membership.hpp"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "outer_optimizer/membership_driver.hpp"
+
+namespace geoloco::outer {
+
+namespace {
+
+constexpr size_t kRecentWaits = 16;
+
+// The leader's outcome as the site's ranks receive it.
+enum class Verdict : uint8_t { kDecided = 0, kQuorumLost = 1, kError = 2 };
+
+std::vector<std::byte> encode_verdict(Verdict v, SiteMask members, bool can_apply, const std::string& msg) {
+  std::vector<std::byte> b(10 + msg.size());
+  b[0] = static_cast<std::byte>(v);
+  std::memcpy(b.data() + 1, &members, 8);
+  b[9] = static_cast<std::byte>(can_apply ? 1 : 0);
+  std::memcpy(b.data() + 10, msg.data(), msg.size());
+  return b;
+}
+
+}  // namespace
+
+RoundMembership::RoundMembership(const trainer::RunConfig& cfg, const SitePeers& peers, const OuterHooks& hooks)
+    : cfg_(cfg), peers_(peers), hooks_(hooks) {
+  const int S = peers.sites();
+  cc_.sites = S;
+  cc_.self = peers.site();
+  cc_.quorum = cfg.outer.quorum(S);
+  cc_.retry_s = cfg.outer.consensus_retry_s;
+  cc_.degrade_s = cfg.outer.consensus_retry_s / 2;
+  members_ = all_sites(S);
+}
+
+SiteMask RoundMembership::active(uint64_t round) const {
+  SiteMask a = members_;
+  if (const auto& lo = hooks_.leave_out; lo && round >= lo->from_round) a &= ~(SiteMask{1} << lo->site);
+  return a;
+}
+
+double RoundMembership::deadline_s() const {
+  if (cfg_.outer.deadline_s > 0) return cfg_.outer.deadline_s;
+  const double floor = cfg_.outer.deadline_floor_s;
+  if (waits_.empty()) return floor;
+  std::vector<double> w(waits_.begin(), waits_.end());
+  const size_t k = std::min(w.size() - 1, static_cast<size_t>(0.9 * static_cast<double>(w.size())));
+  std::nth_element(w.begin(), w.begin() + static_cast<std::ptrdiff_t>(k), w.end());
+  return std::max(floor, 4.0 * w[k]);
+}
+
+void RoundMembership::record_wait(double seconds) {
+  waits_.push_back(seconds);
+  if (waits_.size() > kRecentWaits) waits_.pop_front();
+}
+
+SiteMask RoundMembership::decide(uint64_t round, int64_t step, SiteMask holds, const std::vector<std::string>& missing,
+                                 trainer::SiteStrategy& strategy) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const SiteMask site_holds = vote_site(round, holds, strategy);
+  std::vector<std::byte> verdict;
+  if (peers_.rank() == 0) verdict = agree(round, site_holds, active(round));
+  const SiteMask m = share(round, step, site_holds, std::move(verdict), missing, strategy);
+  last_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return m;
+}
+
+SiteMask RoundMembership::vote_site(uint64_t round, SiteMask holds, trainer::SiteStrategy& strategy) {
+  const int self = peers_.site();
+  if (const auto& lo = hooks_.leave_out; lo && lo->site == self && round >= lo->from_round)
+    throw SiteLeftOut(fmt::format("outer round {}: site {} left out by the test hook", round,
+                                  cfg_.sites[static_cast<size_t>(self)].name));
+  holds &= active(round);
+  auto* coll = strategy.collective();
+  if (coll && strategy.ranks() > 1) {
+    const auto all = coll->all_gather_bytes(std::as_bytes(std::span<const SiteMask>(&holds, 1)));
+    for (const auto& b : all) {
+      SiteMask m = 0;
+      GEOLOCO_CHECK(b.size() == sizeof m, "membership vote of {} bytes", b.size());
+      std::memcpy(&m, b.data(), sizeof m);
+      holds &= m;
+    }
+  }
+  return holds;
+}
+
+std::vector<std::byte> RoundMembership::agree(uint64_t round, SiteMask site_holds, SiteMask expected) const {
+  try {
+    if (peers_.sites() == 1) return encode_verdict(Verdict::kDecided, site_holds, true, "");
+    ConsensusConfig cc = cc_;
+    cc.expected = expected;  // the fast path: every site still in holds them all
+    const MembershipOutcome out = agree_membership(peers_, cc, round, site_holds, cfg_.outer.quorum_wait_s);
+    return encode_verdict(Verdict::kDecided, out.members, out.can_apply, "");
+  } catch (const QuorumLost& e) {
+    return encode_verdict(Verdict::kQuorumLost, e.heard(), false, e.what());
+  } catch (const std::exception& e) {
+    return encode_verdict(Verdict::kError, 0, false, e.what());
+  }
+}
+
+SiteMask RoundMembership::share(uint64_t round, int64_t step, SiteMask holds, std::vector<std::byte> verdict,
+                                const std::vector<std::string>& missing, trainer::SiteStrategy& strategy) {
+  const int S = peers_.sites(), self = peers_.site();
+  const std::string& here = cfg_.sites[static_cast<size_t>(self)].name;
+  auto* coll = strategy.collective();
+  if (coll && strategy.ranks() > 1) {
+    auto all = coll->all_gather_bytes(verdict);
+    verdict = std::move(all.at(0));
+  }
+  GEOLOCO_CHECK(verdict.size() >= 10, "membership verdict of {} bytes", verdict.size());
+  const auto v = static_cast<Verdict>(verdict[0]);
+  SiteMask members = 0;
+  std::memcpy(&members, verdict.data() + 1, 8);
+  const bool can_apply = verdict[9] != std::byte{0};
+  const std::string msg(reinterpret_cast<const char*>(verdict.data() + 10), verdict.size() - 10);
+
+  // Why the sites this rank did not hear from are not held, for the errors and the log.
+  auto reasons = [&](SiteMask sites) {
+    std::string r;
+    for (int s = 0; s < S; ++s)
+      if (((sites >> s) & 1) && s != self)
+        r += fmt::format("; {}: {}", cfg_.sites[static_cast<size_t>(s)].name,
+                         missing[static_cast<size_t>(s)].empty() ? std::string("held here, not by every member")
+                                                                 : missing[static_cast<size_t>(s)]);
+    return r;
+  };
+  if (v == Verdict::kQuorumLost) {
+    const SiteMask waited = all_sites(S) & ~members;
+    std::string names;
+    for (int s = 0; s < S; ++s)
+      if ((waited >> s) & 1) names += (names.empty() ? "" : ", ") + cfg_.sites[static_cast<size_t>(s)].name;
+    throw QuorumLost(fmt::format("{} (site {} waited for {}){}", msg, here, names, reasons(active(round) & ~holds)),
+                     members);
+  }
+  if (v == Verdict::kError) throw Error(msg);
+  if (!((members >> self) & 1) || !can_apply)
+    throw SiteLeftOut(fmt::format(
+        "outer round {} (inner step {}): site {} was left out of the round the others committed (members {}){}; it "
+        "stops rather than train on weights it did not receive",
+        round, step, here, mask_string(members), reasons(members & ~holds)));
+
+  for (int s = 0; s < S; ++s) {
+    if (!((members_ >> s) & 1) || ((members >> s) & 1)) continue;
+    Eviction e{round, step, s,
+               missing[static_cast<size_t>(s)].empty() ? std::string("not held by every member site")
+                                                       : missing[static_cast<size_t>(s)]};
+    if (peers_.rank() == 0)
+      spdlog::warn("outer round {} (inner step {}): site {} evicted: {}; the round commits with {} of {} sites {}",
+                   round, step, cfg_.sites[static_cast<size_t>(s)].name, e.why, mask_count(members), S,
+                   mask_string(members));
+    evictions_.push_back(std::move(e));
+  }
+  members_ = members;
+  return members;
+}
+
+}  // namespace geoloco::outer

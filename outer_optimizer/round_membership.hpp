@@ -1,0 +1,89 @@
+// RoundMembership: who is in each outer round, as this rank's site decides it with the other
+// sites (docs/elastic.md). Per round: the sites this rank holds a whole contribution from,
+// ANDed over the site's ranks (one all-gather), the site leader's consensus with the other
+// leaders (membership_driver.hpp), and the decision shared back with the site's ranks (a
+// second all-gather), so every rank of every member site averages the same members. Also
+// the round deadline (how long a round waits for a site) and the books: the sites still in
+// the run, every eviction with its round and reason.
+//
+// A site left out of a round (dead, stopped, too slow, or one of its ranks lost a
+// contribution) is evicted: the others never wait for it again. The evicted site itself
+// learns it from the decision and stops (SiteLeftOut); it never sends a pseudo-gradient
+// computed from weights it did not receive.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "outer_optimizer/membership.hpp"
+#include "outer_optimizer/outer_hooks.hpp"
+#include "outer_optimizer/site_peers.hpp"
+#include "trainer/loop/run_config.hpp"
+#include "trainer/loop/site_strategy.hpp"
+
+namespace geoloco::outer {
+
+// This site is not a member of a round the others committed: it must stop (and rejoin).
+class SiteLeftOut : public Error {
+ public:
+  using Error::Error;
+};
+
+struct Eviction {
+  uint64_t round = 0;
+  int64_t step = 0;
+  int site = 0;
+  std::string why;
+};
+
+class RoundMembership {
+ public:
+  RoundMembership(const trainer::RunConfig& cfg, const SitePeers& peers, const OuterHooks& hooks);
+
+  // Sites this round exchanges with (every site at the start; members of the last round
+  // after; a test's leave_out hook takes its site out from its round on).
+  SiteMask active(uint64_t round) const;
+  // How long this round waits for a site's contribution (outer.deadline_s, or auto: at
+  // least deadline_floor_s and 4x the 90th percentile of the last 16 rounds' waits).
+  double deadline_s() const;
+  void record_wait(double seconds);
+
+  // The members of `round`, decided with the other sites. `holds`: the sites this rank holds
+  // a whole contribution from (itself included); `missing`: by site, why not. Every rank of
+  // the site calls it at the same point (collectives). Throws, on every rank of the site:
+  // QuorumLost when fewer than min_sites could agree within quorum_wait_s; SiteLeftOut
+  // when the others committed the round without this site.
+  SiteMask decide(uint64_t round, int64_t step, SiteMask holds, const std::vector<std::string>& missing,
+                  trainer::SiteStrategy& strategy);
+
+  // decide() in three parts, so that the consensus can run on another thread while the inner
+  // loop trains (overlap): vote_site (a collective: the holdings ANDed over the site's ranks),
+  // agree (the leader only, any thread: the consensus with the other leaders, its outcome as a
+  // verdict; touches no mutable state of this object), share (a collective: every rank
+  // learns the leader's verdict; the checks and the books of decide()).
+  SiteMask vote_site(uint64_t round, SiteMask holds, trainer::SiteStrategy& strategy);
+  std::vector<std::byte> agree(uint64_t round, SiteMask site_holds, SiteMask expected) const;
+  SiteMask share(uint64_t round, int64_t step, SiteMask site_holds, std::vector<std::byte> verdict,
+                 const std::vector<std::string>& missing, trainer::SiteStrategy& strategy);
+
+  int quorum() const { return cc_.quorum; }
+  SiteMask members() const { return members_; }  // of the latest round
+  const std::vector<Eviction>& evictions() const { return evictions_; }
+  double last_decision_s() const { return last_s_; }
+  // Restored from a checkpoint (the sites still in the run).
+  void restore(SiteMask members) { members_ = members; }
+
+ private:
+  const trainer::RunConfig& cfg_;
+  const SitePeers& peers_;
+  const OuterHooks& hooks_;
+  ConsensusConfig cc_;
+  SiteMask members_;
+  std::deque<double> waits_;
+  std::vector<Eviction> evictions_;
+  double last_s_ = 0;
+};
+
+}  // namespace geoloco::outer
