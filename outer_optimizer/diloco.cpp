@@ -64,6 +64,7 @@ Diloco::~Diloco() {
   // A run that failed with syncs in flight or a probe running: what they still wait for is
   // cancelled (the operations own their buffers), so the joins are prompt.
   // (After a run that ended well nothing is pending and this cancels nothing.)
+  membership_.stop();
   try {
     peers_.cancel_all("the outer loop is stopping");
   } catch (const std::exception& e) {

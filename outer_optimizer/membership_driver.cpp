@@ -26,7 +26,7 @@ struct PeerLink {
 }  // namespace
 
 MembershipOutcome agree_membership(const SitePeers& peers, const ConsensusConfig& cc, uint64_t round, SiteMask holds,
-                                   double wait_s) {
+                                   double wait_s, const std::atomic<bool>* abort) {
   GEOLOCO_CHECK(cc.sites == peers.sites() && cc.self == peers.site(),
                 "consensus for site {} of {}, peers of site {} of {}", cc.self, cc.sites, peers.site(), peers.sites());
   using Clock = std::chrono::steady_clock;
@@ -107,6 +107,8 @@ MembershipOutcome agree_membership(const SitePeers& peers, const ConsensusConfig
     rc.tick(now());
     flush();
     if (rc.decided()) break;
+    if (abort && abort->load())
+      throw Error(fmt::format("outer round {}: membership abandoned: the outer loop is stopping", round));
     if (now() >= wait_s) {
       SiteMask heard = SiteMask{1} << cc.self;
       for (const auto& l : links)

@@ -10,6 +10,7 @@
 // quorum allows.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -42,7 +43,8 @@ struct MembershipOutcome {
 // Returns when this site knows the decision; throws QuorumLost after `wait_s` without one,
 // MembershipError or EnvelopeError for a malformed message (naming the peer). `cc.sites`
 // and `cc.self` must match `peers`.
+// `abort`, when set, ends the wait early with an Error (the outer loop is stopping).
 MembershipOutcome agree_membership(const SitePeers& peers, const ConsensusConfig& cc, uint64_t round, SiteMask holds,
-                                   double wait_s);
+                                   double wait_s, const std::atomic<bool>* abort = nullptr);
 
 }  // namespace geoloco::outer

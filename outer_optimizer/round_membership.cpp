@@ -97,7 +97,7 @@ std::vector<std::byte> RoundMembership::agree(uint64_t round, SiteMask site_hold
     if (peers_.sites() == 1) return encode_verdict(Verdict::kDecided, site_holds, true, "");
     ConsensusConfig cc = cc_;
     cc.expected = expected;  // the fast path: every site still in holds them all
-    const MembershipOutcome out = agree_membership(peers_, cc, round, site_holds, cfg_.outer.quorum_wait_s);
+    const MembershipOutcome out = agree_membership(peers_, cc, round, site_holds, cfg_.outer.quorum_wait_s, &stopping_);
     return encode_verdict(Verdict::kDecided, out.members, out.can_apply, "");
   } catch (const QuorumLost& e) {
     return encode_verdict(Verdict::kQuorumLost, e.heard(), false, e.what());

@@ -12,6 +12,7 @@
 // computed from weights it did not receive.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <string>
@@ -72,8 +73,8 @@ class RoundMembership {
   SiteMask members() const { return members_; }  // of the latest round
   const std::vector<Eviction>& evictions() const { return evictions_; }
   double last_decision_s() const { return last_s_; }
-  // Restored from a checkpoint (the sites still in the run).
-  void restore(SiteMask members) { members_ = members; }
+  // Ends any agree() still waiting (the outer loop is going away).
+  void stop() { stopping_.store(true); }
 
  private:
   const trainer::RunConfig& cfg_;
@@ -84,6 +85,7 @@ class RoundMembership {
   std::deque<double> waits_;
   std::vector<Eviction> evictions_;
   double last_s_ = 0;
+  std::atomic<bool> stopping_{false};
 };
 
 }  // namespace geoloco::outer

@@ -107,7 +107,9 @@ TEST(MembershipDriver, FirstSiteKilledMidConsensusTheOthersGoOn) {
   // The dead site never decides on its own: it learns nothing (an error), or, when the
   // others' decide reached it before its connection went (a loaded machine), their
   // membership, which leaves it out.
-  if (!std::holds_alternative<std::string>(r[0])) EXPECT_EQ(ok(r[0]).members, 0b1110u);
+  if (!std::holds_alternative<std::string>(r[0])) {
+    EXPECT_EQ(ok(r[0]).members, 0b1110u);
+  }
 }
 
 TEST(MembershipDriver, StalledSiteIsLeftOut) {
