@@ -229,3 +229,29 @@ TEST(Elastic, WithMinSitesOneALoneSurvivorFinishes) {
   EXPECT_EQ(m["min_sites"], 1);
   EXPECT_EQ(m["evictions"].size(), 2u) << m.dump();
 }
+
+// lyon stops (as under SIGSTOP) just before sending round 3 and resumes after 4 s, past the
+// round's 3 s deadline: the others commit round 3 without it; lyon, resumed, learns from their
+// decision that it was left out and stops without committing anything of its own.
+TEST(Elastic, AStalledSitePastTheDeadlineLearnsItWasEvicted) {
+  TempDir d;
+  Fault f = kill_before("lyon", 0, 7);
+  f.action = FaultAction::kStall;
+  f.delay_s = 4;
+  const auto out = run(sites_config(d, 4, 1), {f});
+  const std::string h = survivors_hash(out, "lyon");
+  ASSERT_NE(h, "");
+  for (const auto& o : out) {
+    if (o.site != "lyon") {
+      EXPECT_TRUE(has(o.result["membership"]["evictions"][0]["why"].get<std::string>(), "deadline (3 s)"))
+          << o.result["membership"].dump();
+      continue;
+    }
+    EXPECT_TRUE(has(o.error, "outer step 3 (inner step 6)")) << o.error;
+    EXPECT_TRUE(has(o.error, "site lyon was left out of the round the others committed (members {0,2,3})")) << o.error;
+  }
+  TempDir ref_dir;
+  outer::OuterHooks leave;
+  leave.leave_out = outer::OuterHooks::LeaveOut{1, 3};
+  EXPECT_EQ(survivors_hash(run(sites_config(ref_dir, 4, 1), {}, leave), "lyon"), h);
+}
