@@ -335,7 +335,7 @@ void Diloco::vote(Fragment& f, trainer::SiteStrategy& strategy, bool background)
   const RoundInbox& in = f.inbox;
   membership_.record_wait(in.wait_s);
   trainer::TraceSpan sp(ctx_.trace, "membership_vote", trainer::TraceRecorder::kMainThread);
-  f.vote_t0 = Clock::now();
+  const auto t0 = Clock::now();
   try {
     f.site_holds = membership_.vote_site(in.round, in.holds, strategy);
   } catch (Error& e) {
@@ -355,7 +355,7 @@ void Diloco::vote(Fragment& f, trainer::SiteStrategy& strategy, bool background)
       f.verdict = membership_.agree(round, holds, expected);
     }
   }
-  f.vote_s = std::chrono::duration<double>(Clock::now() - f.vote_t0).count();
+  f.vote_s = std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 ExchangeResult Diloco::decide_and_apply(Fragment& f, int tid, trainer::SiteStrategy& strategy) {

@@ -83,7 +83,6 @@ struct Fragment {
   SiteMask site_holds = 0;
   std::vector<std::byte> verdict;
   std::thread agreer;
-  std::chrono::steady_clock::time_point vote_t0;
   double vote_s = 0;  // exposed: the vote's collective and the wait for the collection
   ExchangeResult result;
   std::exception_ptr error;

@@ -62,17 +62,6 @@ void RoundMembership::record_wait(double seconds) {
   if (waits_.size() > kRecentWaits) waits_.pop_front();
 }
 
-SiteMask RoundMembership::decide(uint64_t round, int64_t step, SiteMask holds, const std::vector<std::string>& missing,
-                                 trainer::SiteStrategy& strategy) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const SiteMask site_holds = vote_site(round, holds, strategy);
-  std::vector<std::byte> verdict;
-  if (peers_.rank() == 0) verdict = agree(round, site_holds, active(round));
-  const SiteMask m = share(round, step, site_holds, std::move(verdict), missing, strategy);
-  last_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return m;
-}
-
 SiteMask RoundMembership::vote_site(uint64_t round, SiteMask holds, trainer::SiteStrategy& strategy) {
   const int self = peers_.site();
   if (const auto& lo = hooks_.leave_out; lo && lo->site == self && round >= lo->from_round)

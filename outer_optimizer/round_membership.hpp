@@ -51,19 +51,16 @@ class RoundMembership {
   double deadline_s() const;
   void record_wait(double seconds);
 
-  // The members of `round`, decided with the other sites. `holds`: the sites this rank holds
-  // a whole contribution from (itself included); `missing`: by site, why not. Every rank of
-  // the site calls it at the same point (collectives). Throws, on every rank of the site:
-  // QuorumLost when fewer than min_sites could agree within quorum_wait_s; SiteLeftOut
-  // when the others committed the round without this site.
-  SiteMask decide(uint64_t round, int64_t step, SiteMask holds, const std::vector<std::string>& missing,
-                  trainer::SiteStrategy& strategy);
-
-  // decide() in three parts, so that the consensus can run on another thread while the inner
-  // loop trains (overlap): vote_site (a collective: the holdings ANDed over the site's ranks),
-  // agree (the leader only, any thread: the consensus with the other leaders, its outcome as a
-  // verdict; touches no mutable state of this object), share (a collective: every rank
-  // learns the leader's verdict; the checks and the books of decide()).
+  // The members of a round, decided with the other sites in three parts, so that the
+  // consensus can run on another thread while the inner loop trains (overlap):
+  //  * vote_site (a collective, every rank at the same point): `holds`, the sites this rank
+  //    holds a whole contribution from (itself included), ANDed over the site's ranks;
+  //  * agree (the leader only, any thread): the consensus with the other leaders, its outcome
+  //    as a verdict; touches no mutable state of this object;
+  //  * share (a collective): every rank learns the leader's verdict and gets the members, or
+  //    throws, on every rank of the site, QuorumLost (fewer than min_sites could agree within
+  //    quorum_wait_s) or SiteLeftOut (the others committed the round without this site);
+  //    `missing`, by site, why a site is not held (for the errors and the eviction books).
   SiteMask vote_site(uint64_t round, SiteMask holds, trainer::SiteStrategy& strategy);
   std::vector<std::byte> agree(uint64_t round, SiteMask site_holds, SiteMask expected) const;
   SiteMask share(uint64_t round, int64_t step, SiteMask site_holds, std::vector<std::byte> verdict,
@@ -72,7 +69,6 @@ class RoundMembership {
   int quorum() const { return cc_.quorum; }
   SiteMask members() const { return members_; }  // of the latest round
   const std::vector<Eviction>& evictions() const { return evictions_; }
-  double last_decision_s() const { return last_s_; }
   // Ends any agree() still waiting (the outer loop is going away).
   void stop() { stopping_.store(true); }
 
@@ -84,7 +80,6 @@ class RoundMembership {
   SiteMask members_;
   std::deque<double> waits_;
   std::vector<Eviction> evictions_;
-  double last_s_ = 0;
   std::atomic<bool> stopping_{false};
 };
 

@@ -94,16 +94,7 @@ void Channel::peer_closed(const std::string& msg) {
     const auto& q = it->second;
     const bool whole = q.size() == chunk_count(q.front().h.total_length, cfg_.chunk_bytes) &&
                        std::none_of(q.begin(), q.end(), [](const Unexpected& e) { return e.data.needs_fetch; });
-    if (whole) {
-      ++it;
-      continue;
-    }
-    for (auto& e : q) {
-      if (!e.data.needs_fetch) unexpected_eager_bytes_ -= e.data.length;
-      link_.release(e.data);
-    }
-    unexpected_count_ -= q.size();
-    it = unexpected_.erase(it);
+    it = whole ? std::next(it) : drop_held(it, /*discarded=*/false);
   }
   std::vector<std::shared_ptr<RecvOp>> partial;
   for (auto& [k, op] : recvs_)

@@ -165,6 +165,11 @@ class Channel {
   void discard(const FrameHeader& h);
   // Closed by the peer and nothing deliverable left: fail quietly with the close message.
   void settle_closed();
+  struct Unexpected;
+  using HeldQueues = std::map<Key, std::deque<Unexpected>>;
+  // Releases the frames held for one key (each counted as discarded, its eager bytes
+  // credited back, when `discarded`); returns the next entry.
+  HeldQueues::iterator drop_held(HeldQueues::iterator it, bool discarded);
 
   PeerInfo info_;
   const TransportConfig& cfg_;
@@ -199,7 +204,7 @@ class Channel {
     FrameHeader h;
     HeldData data;
   };
-  std::map<Key, std::deque<Unexpected>> unexpected_;
+  HeldQueues unexpected_;
   size_t unexpected_count_ = 0;
   uint64_t unexpected_eager_bytes_ = 0;
 

@@ -85,19 +85,18 @@ bool Channel::is_expired(const Key& k) const {
 void Channel::expire(uint16_t kind, uint64_t before, uint32_t min_shard) {
   uint64_t& b = expired_[{kind, min_shard}];
   b = std::max(b, before);
-  for (auto it = unexpected_.begin(); it != unexpected_.end();) {
-    if (!is_expired(it->first)) {
-      ++it;
-      continue;
-    }
-    for (auto& e : it->second) {
-      if (!e.data.needs_fetch) unexpected_eager_bytes_ -= e.data.length;
-      discard(e.h);  // counted, its eager bytes credited back
-      link_.release(e.data);
-    }
-    unexpected_count_ -= it->second.size();
-    it = unexpected_.erase(it);
+  for (auto it = unexpected_.begin(); it != unexpected_.end();)
+    it = is_expired(it->first) ? drop_held(it, /*discarded=*/true) : std::next(it);
+}
+
+Channel::HeldQueues::iterator Channel::drop_held(HeldQueues::iterator it, bool discarded) {
+  for (auto& e : it->second) {
+    if (!e.data.needs_fetch) unexpected_eager_bytes_ -= e.data.length;
+    if (discarded) discard(e.h);
+    link_.release(e.data);
   }
+  unexpected_count_ -= it->second.size();
+  return unexpected_.erase(it);
 }
 
 void Channel::post_recv(std::shared_ptr<RecvOp> op) {
