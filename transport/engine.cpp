@@ -158,10 +158,44 @@ void EngineTransport::open_channels(std::vector<PeerInfo> peers, const std::vect
       std::lock_guard<std::mutex> lock(pending_mu_);
       return pending_recvs_.count({peer, k}) > 0;
     });
+  {
+    std::lock_guard<std::mutex> lock(gen_mu_);
+    generations_.assign(channels_.size(), 0);
+  }
   publish_stats();
 }
 
-void EngineTransport::open_api() { api_open_.store(true, std::memory_order_release); }
+void EngineTransport::reopen_channel(int i, Link& link) {
+  auto& slot = channels_.at(static_cast<size_t>(i));
+  GEOLOCO_CHECK(slot->failed(), "reopen_channel: peer {} has not failed", i);
+  slot->process_failure();
+  retired_.push_back(std::move(slot));
+  slot =
+      std::make_unique<Channel>(peer_infos_[static_cast<size_t>(i)], cfg_, hooks_, link, [this] { publish_stats(); });
+  slot->set_recv_pending([this, i](const Key& k) {
+    std::lock_guard<std::mutex> lock(pending_mu_);
+    return pending_recvs_.count({i, k}) > 0;
+  });
+  {
+    std::lock_guard<std::mutex> lock(gen_mu_);
+    ++generations_.at(static_cast<size_t>(i));
+  }
+  publish_stats();
+}
+
+uint64_t EngineTransport::generation(int peer) const {
+  std::lock_guard<std::mutex> lock(gen_mu_);
+  if (peer < 0 || static_cast<size_t>(peer) >= generations_.size()) return 0;
+  return generations_[static_cast<size_t>(peer)];
+}
+
+void EngineTransport::open_api() {
+  {
+    std::lock_guard<std::mutex> lock(gen_mu_);
+    for (auto& g : generations_) g = std::max<uint64_t>(g, 1);
+  }
+  api_open_.store(true, std::memory_order_release);
+}
 
 bool EngineTransport::run_protocol(Clock::time_point now, Clock::time_point& next) {
   bool busy = false, failures = false;
@@ -171,6 +205,9 @@ bool EngineTransport::run_protocol(Clock::time_point now, Clock::time_point& nex
   for (auto& c : channels_) c->check_timers(now, next);
   // A deadline may have failed a channel: tear it down in this pass.
   for (auto& c : channels_) failures |= c->process_failure();
+  // Replaced channels: torn down already; dropped once no binding request can reach them.
+  for (auto& c : retired_) c->process_failure();
+  std::erase_if(retired_, [](const std::unique_ptr<Channel>& c) { return !c->requests_outstanding(); });
   if (failures) {
     publish_stats();
   } else {
@@ -188,6 +225,8 @@ bool EngineTransport::has_active_ops() const {
 bool EngineTransport::requests_outstanding() const {
   for (const auto& c : channels_)
     if (c->requests_outstanding()) return true;
+  for (const auto& c : retired_)
+    if (c->requests_outstanding()) return true;
   return false;
 }
 
@@ -199,6 +238,7 @@ void EngineTransport::fail_all(FailKind kind, const std::string& msg, bool quiet
 
 void EngineTransport::abandon_requests() {
   for (auto& c : channels_) c->abandon_requests();
+  for (auto& c : retired_) c->abandon_requests();
 }
 
 void EngineTransport::publish_stats() {

@@ -35,6 +35,7 @@ class EngineTransport : public Transport {
   void set_active_lanes(int n) override;
   int active_lanes() const override { return active_lanes_.load(); }
   TransportStats stats() const override;
+  uint64_t generation(int peer) const override;
 
  protected:
   EngineTransport(TransportConfig cfg, Identity self, TestHooks hooks);
@@ -50,6 +51,11 @@ class EngineTransport : public Transport {
   // ---- loop thread ----
   // The peers are known: one channel each, over links[i] (owned by the backend). Once.
   void open_channels(std::vector<PeerInfo> peers, const std::vector<Link*>& links);
+  // Peer `i` came back (a rejoin: a new process of that site/rank authenticated after its
+  // channel failed or closed): a fresh channel over `link` takes the old one's place, so the
+  // API's later operations with the peer use it. The old channel (failed, its operations
+  // completed) is kept until no binding request can still reach it. Counts generation(i).
+  void reopen_channel(int i, Link& link);
   // The API may now post operations (connect() succeeded).
   void open_api();
   size_t channel_count() const { return channels_.size(); }
@@ -92,8 +98,13 @@ class EngineTransport : public Transport {
   TransportStats stats_;
   Clock::time_point last_stats_{};
 
+  // Connections per peer so far (1 once connected; +1 per rejoin), for generation().
+  mutable std::mutex gen_mu_;
+  std::vector<uint64_t> generations_;
+
   // loop thread
   std::vector<std::unique_ptr<Channel>> channels_;
+  std::vector<std::unique_ptr<Channel>> retired_;  // replaced by reopen_channel, still draining
 };
 
 }  // namespace geoloco::transport

@@ -22,6 +22,17 @@ struct Identity {
   uint64_t config_hash = 0;
 };
 
+// How connect() treats its peers.
+//   kAll   a run's start: every peer must connect within connect_timeout_s (else connect()
+//          throws); the smaller (site, rank) dials.
+//   kJoin  a process joining a running job (a restarted or new site): this side dials every
+//          peer, and connect() returns once every peer is connected or connect_timeout_s
+//          passed; a peer it could not reach is failed (its operations fail naming why). The
+//          running peers take the joiner in place of the process whose connection failed or
+//          closed (Transport::generation counts it). A refusal is retried until the deadline:
+//          a running peer may not have noticed yet that the old process is gone.
+enum class ConnectMode { kAll, kJoin };
+
 // Deterministic roles: the smaller (site, rank) dials, the other accepts.
 inline bool dials(const Identity& self, const PeerInfo& peer) {
   return self.site < peer.site || (self.site == peer.site && self.rank < peer.rank);

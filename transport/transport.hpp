@@ -76,6 +76,11 @@ class Transport {
   virtual int active_lanes() const = 0;
 
   virtual TransportStats stats() const = 0;
+  // How many times `peer` has connected: 1 after connect(), +1 each time a new process of that
+  // site/rank rejoined after its connection failed or closed (README.md, "Rejoin"). A caller
+  // that sees it grow knows its earlier operations with the peer went to a process that is
+  // gone. 0 for a peer never connected (or an index out of range).
+  virtual uint64_t generation(int peer) const = 0;
   // Backend notes for logs and summaries (UCX: the settings applied at startup, "NAME=value").
   virtual std::vector<std::string> settings() const { return {}; }
 };

@@ -363,7 +363,75 @@ TYPED_TEST_P(BackendTest, ErrorTypesAreHandshakeAndTimeout) {
   EXPECT_THROW(fb.get(), TimeoutError);
 }
 
-REGISTER_TYPED_TEST_SUITE_P(BackendTest, ThreeSitesExchangeOddSizesOneLane, ThreeSitesExchangeOddSizesThreeLanes,
+// One message from -> to and back, (round, shard) as given; "" or what failed.
+template <class C>
+std::string ping(C& c, size_t a, size_t b, uint64_t round) {
+  const int to = c.t[a]->peer_index(c.infos[b].site, 0), from = c.t[b]->peer_index(c.infos[a].site, 0);
+  const auto data = pattern(100000, static_cast<uint32_t>(round));
+  auto r = c.t[b]->recv(from, FrameKind::kControl, round, 1, data.size());
+  auto s = c.t[a]->send(to, FrameKind::kControl, round, 1, P(data));
+  try {
+    if (!s.wait_for(std::chrono::seconds(20)) || !r.wait_for(std::chrono::seconds(20))) return "timed out";
+    s.wait();
+    r.wait();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  auto got = r.take();
+  return std::equal(data.begin(), data.end(), got.begin()) ? "" : "wrong bytes";
+}
+
+TYPED_TEST_P(BackendTest, ARestartedPeerRejoinsARunningJob) {
+  // alpha, beta, gamma connected; gamma dies; a new gamma joins: alpha and beta take it in
+  // place of the old one (generation 2), and messages flow both ways with everyone.
+  std::vector<TransportConfig> cfgs(3, small_config(2));
+  TypeParam c(cfgs, {ident("alpha"), ident("beta"), ident("gamma")});
+  for (auto& e : c.connect_all()) ASSERT_EQ(e, "");
+  ASSERT_EQ(ping(c, 0, 2, 1), "");
+  const int g_at_a = c.t[0]->peer_index("gamma", 0), g_at_b = c.t[1]->peer_index("gamma", 0);
+  EXPECT_EQ(c.t[0]->generation(g_at_a), 1u);
+  c.kill(2);
+  // Before the joiner is up, the old gamma's operations fail (a receive posted now too).
+  auto stale = c.t[0]->recv(g_at_a, FrameKind::kControl, 2, 1, 16);
+  EXPECT_THROW(stale.wait(), TransportError);
+  c.restart(2, 20);
+  c.join(2);
+  EXPECT_EQ(c.t[0]->generation(g_at_a), 2u);
+  EXPECT_EQ(c.t[1]->generation(g_at_b), 2u);
+  EXPECT_EQ(c.t[2]->generation(c.t[2]->peer_index("alpha", 0)), 1u);
+  // Both directions, with both running peers, on fresh keys and on a key used before the crash.
+  EXPECT_EQ(ping(c, 0, 2, 3), "");
+  EXPECT_EQ(ping(c, 2, 0, 4), "");
+  EXPECT_EQ(ping(c, 1, 2, 5), "");
+  EXPECT_EQ(ping(c, 2, 1, 1), "");
+  EXPECT_EQ(ping(c, 0, 1, 6), "");  // the others' connection was never touched
+  EXPECT_EQ(c.t[0]->generation(c.t[0]->peer_index("beta", 0)), 1u);
+}
+
+TYPED_TEST_P(BackendTest, AJoinerGoesOnWithThePeersItReaches) {
+  // gamma and beta both die; only gamma comes back: its join returns at the deadline with
+  // alpha connected and beta failed, naming why.
+  std::vector<TransportConfig> cfgs(3, small_config(1));
+  TypeParam c(cfgs, {ident("alpha"), ident("beta"), ident("gamma")});
+  for (auto& e : c.connect_all()) ASSERT_EQ(e, "");
+  c.kill(1);
+  c.kill(2);
+  c.restart(2, 2.0);
+  c.join(2);
+  EXPECT_EQ(ping(c, 2, 0, 1), "");
+  const int beta = c.t[2]->peer_index("beta", 0);
+  EXPECT_EQ(c.t[2]->generation(beta), 1u);  // the API is open; beta's channel failed
+  auto r = c.t[2]->recv(beta, FrameKind::kControl, 1, 1, 16);
+  try {
+    r.wait();
+    ADD_FAILURE() << "a receive from an unreachable peer succeeded";
+  } catch (const TransportError& e) {
+    EXPECT_NE(std::string(e.what()).find("not reachable when joining"), std::string::npos) << e.what();
+  }
+}
+
+REGISTER_TYPED_TEST_SUITE_P(BackendTest, ARestartedPeerRejoinsARunningJob, AJoinerGoesOnWithThePeersItReaches,
+                            ThreeSitesExchangeOddSizesOneLane, ThreeSitesExchangeOddSizesThreeLanes,
                             SendBeforeRecvIsHeldAndDelivered, EagerWindowBoundsWhatARunawaySenderParks,
                             ApiThreadSafetyManyThreadsManyRounds, DuplicateRecvAndApiMisuseFailCleanly,
                             EmulatedRateAndDelayPaceTransfers, EmulatedDelayIsNotRoundedUpToThePollInterval,

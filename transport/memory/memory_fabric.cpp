@@ -126,7 +126,8 @@ Clock::time_point MemoryFabric::after_frames_of(int id) const {
 
 int MemoryFabric::find(const std::string& site, int rank) const {
   for (size_t i = 0; i < endpoints_.size(); ++i)
-    if (endpoints_[i].t != nullptr && endpoints_[i].t->self().site == site && endpoints_[i].t->self().rank == rank)
+    if (endpoints_[i].t != nullptr && !endpoints_[i].dead && endpoints_[i].t->self().site == site &&
+        endpoints_[i].t->self().rank == rank)
       return static_cast<int>(i);
   return -1;
 }

@@ -68,7 +68,8 @@ class MemoryFabric {
   MemoryFabric(const MemoryFabric&) = delete;
   MemoryFabric& operator=(const MemoryFabric&) = delete;
 
-  // A transport on this fabric (then connect() it). The site/rank must be unique here.
+  // A transport on this fabric (then connect() it). The site/rank must be unique among the
+  // live endpoints (a killed one may be replaced: a restarted process).
   std::unique_ptr<MemoryTransport> endpoint(TransportConfig cfg, Identity self, TestHooks hooks = {});
 
   // Takes effect for frames sent after the call (thread-safe).
@@ -157,7 +158,8 @@ class MemoryTransport : public EngineTransport {
   // Connects to every peer (host and port are not used) and runs the handshake with each, so
   // wrong keys, versions and configs are refused as they are over UCX; within
   // connect_timeout_s. Throws HandshakeError / TimeoutError as UcxTransport::connect does.
-  void connect(std::vector<PeerInfo> peers);
+  // ConnectMode::kJoin: as over UCX (peer.hpp), a process that joins a running job.
+  void connect(std::vector<PeerInfo> peers, ConnectMode mode = ConnectMode::kAll);
   void post(std::function<void()> fn) override;
 
  private:
@@ -174,8 +176,12 @@ class MemoryTransport : public EngineTransport {
   int id_ = -1;
   uint16_t version_;
   // Fabric thread state.
+  // Whether `peer` (a connected peer of ours, index i) takes this joiner in: its channel to us
+  // failed or closed (the process it knew is gone).
+  bool takes_rejoin(size_t i) { return connected_ && channel(static_cast<int>(i)).failed(); }
   std::vector<PeerInfo> want_;  // the peers connect() named
-  std::vector<int> peer_ids_;   // fabric endpoint id per peer, -1 until paired
+  bool joining_ = false;
+  std::vector<int> peer_ids_;  // fabric endpoint id per peer, -1 until paired
   std::vector<std::string> last_error_;
   std::string fatal_;
   std::shared_ptr<detail::OpState> connect_done_;

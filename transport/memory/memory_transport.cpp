@@ -87,12 +87,13 @@ MemoryTransport::~MemoryTransport() {
 
 void MemoryTransport::post(std::function<void()> fn) { fabric_.schedule(Clock::now(), id_, std::move(fn)); }
 
-void MemoryTransport::connect(std::vector<PeerInfo> peers) {
+void MemoryTransport::connect(std::vector<PeerInfo> peers, ConnectMode mode) {
   check_peer_list(peers);
   auto st = std::make_shared<detail::OpState>();
-  post([this, peers = std::move(peers), st]() mutable {
+  post([this, peers = std::move(peers), st, mode]() mutable {
     if (connect_done_ || connected_) return st->finish(FailKind::kTransport, "transport: connect() called twice", 0);
     want_ = std::move(peers);
+    joining_ = mode == ConnectMode::kJoin;
     peer_ids_.assign(want_.size(), -1);
     last_error_.assign(want_.size(), "");
     connect_done_ = st;
@@ -125,16 +126,26 @@ void MemoryTransport::try_connect() {
       continue;
     }
     MemoryTransport* peer = fabric_.endpoints_[static_cast<size_t>(pid)].t;
-    if (fabric_.endpoints_[static_cast<size_t>(pid)].dead || !peer->connect_done_) continue;
+    if (fabric_.endpoints_[static_cast<size_t>(pid)].dead) continue;
     int back = -1;
     for (size_t j = 0; j < peer->want_.size(); ++j)
       if (peer->want_[j].site == self_.site && peer->want_[j].rank == self_.rank) back = static_cast<int>(j);
     if (back < 0) {
-      last_error_[i] = fmt::format("{}/{} does not list us as a peer", want_[i].site, want_[i].rank);
+      if (peer->connect_done_ || peer->connected_)
+        last_error_[i] = fmt::format("{}/{} does not list us as a peer", want_[i].site, want_[i].rank);
       continue;
     }
-    if (peer->peer_ids_[static_cast<size_t>(back)] >= 0) continue;
-    const bool we_dial = dials(self_, want_[i]);
+    // A peer in its own connect() pairs with us once; a running peer takes a joiner in place
+    // of the process whose connection failed.
+    const bool rejoin = joining_ && peer->takes_rejoin(static_cast<size_t>(back));
+    if (!rejoin && (!peer->connect_done_ || peer->peer_ids_[static_cast<size_t>(back)] >= 0)) {
+      if (joining_ && peer->connected_)
+        last_error_[i] = fmt::format("{}/{} still has a live connection to {}/{}", want_[i].site, want_[i].rank,
+                                     self_.site, self_.rank);
+      continue;
+    }
+    // A joiner dials (the running peer does not know it is back); else the smaller dials.
+    const bool we_dial = joining_ != peer->joining_ ? joining_ : dials(self_, want_[i]);
     MemoryTransport* d = we_dial ? this : peer;
     MemoryTransport* l = we_dial ? peer : this;
     const size_t di = we_dial ? i : static_cast<size_t>(back), li = we_dial ? static_cast<size_t>(back) : i;
@@ -142,10 +153,10 @@ void MemoryTransport::try_connect() {
       return HsLocal{t->self_, t->cfg_.chunk_bytes, static_cast<uint16_t>(t->cfg_.lanes), t->version_, t->cfg_.psk};
     };
     auto ds = HandshakeSession::dialer(local(d), l->self_.site, l->self_.rank, 0, false);
-    auto admit = [l](const HsMessage& h) -> std::string {
+    auto admit = [l, d](const HsMessage& h) -> std::string {
       for (const auto& p : l->want_)
         if (p.site == h.site && p.rank == h.rank)
-          return dials(l->self_, p) ? "we dial this peer, it must not dial us" : "";
+          return dials(l->self_, p) && !d->joining_ ? "we dial this peer, it must not dial us" : "";
       return fmt::format("{}/{} is not one of our peers", h.site, h.rank);
     };
     auto ls = HandshakeSession::listener(local(l), admit, 0);
@@ -180,6 +191,14 @@ void MemoryTransport::try_connect() {
       d->finish_connect(FailKind::kHandshake, d->fatal_);
       continue;
     }
+    // The running side of a rejoin: a fresh channel over a fresh link (the old ones drain).
+    for (auto [t, ti] : {std::pair{d, di}, std::pair{l, li}})
+      if (t->connected_) {
+        t->links_.push_back(std::make_unique<MemoryLink>(fabric_, t->id_, t->cfg_.lanes));
+        std::swap(t->links_[ti], t->links_.back());
+        t->reopen_channel(static_cast<int>(ti), *t->links_[ti]);
+        spdlog::info("transport: {}/{} rejoined", t->want_[ti].site, t->want_[ti].rank);
+      }
     d->peer_ids_[di] = l->id_;
     l->peer_ids_[li] = d->id_;
     static_cast<MemoryLink&>(*d->links_[di]).set_peer(l->id_);
@@ -215,9 +234,31 @@ void MemoryTransport::finish_connect(FailKind kind, const std::string& msg) {
 
 void MemoryTransport::check_connect_deadline(Clock::time_point now, Clock::time_point& next) {
   if (!connect_done_) return;
+  auto book = [&](Clock::time_point t) {
+    if (next == Clock::time_point{} || t < next) next = t;
+  };
+  if (joining_) {
+    // A running peer takes us once it has noticed that the process it knew is gone: retry.
+    try_connect();
+    if (!connect_done_) return;
+    book(std::min(connect_deadline_, now + std::chrono::milliseconds(10)));
+  }
   if (now < connect_deadline_) {
-    if (next == Clock::time_point{} || connect_deadline_ < next) next = connect_deadline_;
+    book(connect_deadline_);
     return;
+  }
+  if (joining_) {
+    // The peers we reached are ours; the others fail, naming why.
+    for (size_t i = 0; i < want_.size(); ++i)
+      if (peer_ids_[i] < 0)
+        channel(static_cast<int>(i))
+            .fail(FailKind::kTimeout,
+                  fmt::format("peer {} not reachable when joining (connect_timeout_s {}){}{}", want_[i].name(),
+                              cfg_.connect_timeout_s, last_error_[i].empty() ? "" : ": ", last_error_[i]),
+                  /*quiet=*/true);
+    connected_ = true;
+    open_api();
+    return finish_connect(FailKind::kNone, "");
   }
   std::vector<std::string> missing;
   for (size_t i = 0; i < want_.size(); ++i)

@@ -158,7 +158,7 @@ void Gate::serve(Fd fd, std::string remote) {
       if (p.site == hello.site && p.rank == hello.rank) peer = &p;
     if (peer == nullptr) return fmt::format("{}/{} is not one of our peers", hello.site, hello.rank);
     claimed = fmt::format("{}/{}", hello.site, hello.rank);
-    if (dials(local_.self, *peer)) return "we dial this peer, it must not dial us";
+    if (dials(local_.self, *peer) && !joiners_.load()) return "we dial this peer, it must not dial us";
     if (hello.lane != kGateLane) return "not a gate hello";
     return {};
   };
@@ -231,12 +231,18 @@ std::optional<int> gate_attempt(const PeerInfo& peer, const HsLocal& local, doub
 
 }  // namespace
 
-int gate_dial(const PeerInfo& peer, const HsLocal& local, double handshake_timeout_s, Clock::time_point deadline) {
+int gate_dial(const PeerInfo& peer, const HsLocal& local, double handshake_timeout_s, Clock::time_point deadline,
+              double unreachable_s) {
   std::string last = "no attempt";
+  const auto t0 = Clock::now();
+  bool reached = false;
   while (Clock::now() < deadline) {
     std::string err;
     if (auto port = gate_attempt(peer, local, handshake_timeout_s, deadline, err)) return *port;
     last = err;
+    reached = reached || err.rfind("connect: ", 0) != 0;
+    if (!reached && unreachable_s > 0 && std::chrono::duration<double>(Clock::now() - t0).count() >= unreachable_s)
+      throw TimeoutError(fmt::format("{} not reachable for {} s ({})", peer.name(), unreachable_s, last));
     auto retry = Clock::now() + std::chrono::milliseconds(200);
     std::this_thread::sleep_until(std::min(retry, deadline));
   }

@@ -44,6 +44,9 @@ class Gate {
   int port() const { return port_; }
   // Until this is called, hellos wait (up to the handshake deadline) for the peer list.
   void set_peers(const std::vector<PeerInfo>& peers);
+  // From now on a known peer may dial us whatever the dial rule says: a process rejoining the
+  // running job (the UCX lanes check that its old connection is gone).
+  void open_to_joiners() { joiners_.store(true); }
   // Latest refusal reason per claimed peer "site/rank", for the connect-timeout message.
   std::string refusal_for(const std::string& site, int rank) const;
   uint64_t refused() const { return refused_.load(); }
@@ -73,13 +76,16 @@ class Gate {
   };
   std::vector<Client> clients_;  // finished ones are joined by the acceptor (no leak under a flood)
   bool stopping_ = false;
+  std::atomic<bool> joiners_{false};
 };
 
 // Dialer side: authenticates with `peer`'s gate and returns its UCX listener port. Retries
 // refused/reset TCP connections until `deadline` (the peer may start later). Throws
 // HandshakeError when the peer refused us or failed authentication (retrying cannot help),
-// TimeoutError at the deadline (message has the last error).
+// TimeoutError at the deadline (message has the last error). `unreachable_s` > 0: gives up
+// (TimeoutError) when no TCP connection could be opened for that long -- a joiner's peer
+// whose process is not there.
 int gate_dial(const PeerInfo& peer, const HsLocal& local, double handshake_timeout_s,
-              std::chrono::steady_clock::time_point deadline);
+              std::chrono::steady_clock::time_point deadline, double unreachable_s = 0);
 
 }  // namespace geoloco::transport::ucx

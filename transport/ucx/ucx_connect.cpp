@@ -26,8 +26,9 @@ HsLocal UcxTransport::local() const {
   return HsLocal{self_, cfg_.chunk_bytes, static_cast<uint16_t>(cfg_.lanes), version_, cfg_.psk};
 }
 
-void UcxTransport::connect(std::vector<PeerInfo> peers) {
+void UcxTransport::connect(std::vector<PeerInfo> peers, ConnectMode mode) {
   check_peer_list(peers);
+  const bool join = mode == ConnectMode::kJoin;
   Gate* gate;
   {
     std::lock_guard<std::mutex> lock(info_mu_);
@@ -36,6 +37,7 @@ void UcxTransport::connect(std::vector<PeerInfo> peers) {
     if (connect_called_) throw TransportError("transport: connect() called twice");
     connect_called_ = true;
   }
+  joining_ = join;  // before the loop sees the connect (post() orders it)
   const auto deadline = Clock::now() + seconds_d(cfg_.connect_timeout_s);
   gate->set_peers(peers);
   // Authenticate with the gates of the peers we dial (in parallel) to learn their UCX ports.
@@ -48,11 +50,13 @@ void UcxTransport::connect(std::vector<PeerInfo> peers) {
   std::vector<std::future<DialResult>> dials_f(peers.size());
   const HsLocal me = local();
   for (size_t i = 0; i < peers.size(); ++i)
-    if (dials(self_, peers[i]))
+    if (join || dials(self_, peers[i]))
       dials_f[i] = std::async(std::launch::async, [&, i] {
         DialResult r;
         try {
-          r.port = gate_dial(peers[i], me, cfg_.handshake_timeout_s, deadline);
+          // A joiner leaves the lanes at least half of its connect time.
+          const double unreachable = join ? std::min(kJoinUnreachableS, cfg_.connect_timeout_s / 2) : 0;
+          r.port = gate_dial(peers[i], me, cfg_.handshake_timeout_s, deadline, unreachable);
         } catch (const HandshakeError& e) {
           r.handshake_error = true;
           r.error = e.what();
@@ -128,14 +132,14 @@ void UcxTransport::do_connect(std::vector<PeerInfo> peers, const std::vector<int
   std::vector<Link*> links;
   for (size_t i = 0; i < peers.size(); ++i) {
     PeerConn c;
-    c.we_dial = dials(self_, peers[i]);
+    c.we_dial = joining_ || dials(self_, peers[i]);
     c.ucx_port = ucx_ports[i];
     c.last_error = gate_errors[i];
     c.lane_ep.assign(static_cast<size_t>(cfg_.lanes), nullptr);
     c.redial_at.assign(static_cast<size_t>(cfg_.lanes), now);
     c.dial_active.assign(static_cast<size_t>(cfg_.lanes), false);
     c.bye.assign(static_cast<size_t>(cfg_.lanes), false);
-    c.link = std::make_unique<PeerLink>(*this, static_cast<int>(i));
+    c.link = std::make_unique<PeerLink>(*this, static_cast<int>(i), 0);
     links.push_back(c.link.get());
     conns_.push_back(std::move(c));
   }
@@ -245,6 +249,7 @@ void UcxTransport::on_hs_message(EpRec& rec, std::span<const uint8_t> bytes) {
     // still open may still be on their way).
     HsDecoded d = decode_handshake(bytes, version_);
     if (d.msg && d.msg->type == HsType::kBye && rec.peer >= 0) {
+      if (rec.gen != conns_[static_cast<size_t>(rec.peer)].gen) return kill_ep(rec, true);
       PeerConn& c = conns_[static_cast<size_t>(rec.peer)];
       c.bye[static_cast<size_t>(rec.lane)] = true;
       if (c.lane_ep[static_cast<size_t>(rec.lane)] == rec.ep->get()) c.lane_ep[static_cast<size_t>(rec.lane)] = nullptr;
@@ -270,10 +275,17 @@ void UcxTransport::on_hs_message(EpRec& rec, std::span<const uint8_t> bytes) {
       if (pi < 0) return fmt::format("{}/{} from {} is not one of our peers", hello.site, hello.rank, r->remote);
       r->peer = pi;
       PeerConn& c = conns_[static_cast<size_t>(pi)];
+      if (hello.lane >= cfg_.lanes) return fmt::format("lane {} out of range (lanes {})", hello.lane, cfg_.lanes);
+      // A running transport takes in a new process of a peer whose connection failed or closed.
+      if (connected_ && channel(pi).failed()) {
+        r->gen = c.gen + 1;
+        r->lane = hello.lane;
+        return {};
+      }
       if (c.we_dial) return "we dial this peer, it must not dial us";
       if (channel(pi).failed()) return "peer already failed: " + channel(pi).failure();
-      if (hello.lane >= cfg_.lanes) return fmt::format("lane {} out of range (lanes {})", hello.lane, cfg_.lanes);
       if (c.lane_ep[hello.lane] != nullptr) return fmt::format("lane {} is already connected", hello.lane);
+      r->gen = c.gen;
       r->lane = hello.lane;
       return {};
     };
@@ -291,7 +303,7 @@ void UcxTransport::on_hs_message(EpRec& rec, std::span<const uint8_t> bytes) {
       count_refused_handshake();
       if (rec.peer >= 0) {
         PeerConn& c = conns_[static_cast<size_t>(rec.peer)];
-        if (rec.dialer && !connected_)
+        if (rec.dialer && !connected_ && !joining_)
           c.fatal = fmt::format("handshake with {} failed: {}", who, step.error);
         else
           c.last_error = fmt::format("refused {}/{} from {}: {}", rec.hs->peer_site(), rec.hs->peer_rank(), rec.remote,
@@ -305,17 +317,46 @@ void UcxTransport::on_hs_message(EpRec& rec, std::span<const uint8_t> bytes) {
       count_refused_handshake();
       if (rec.peer >= 0) {
         PeerConn& c = conns_[static_cast<size_t>(rec.peer)];
-        (rec.dialer && !connected_ ? c.fatal : c.last_error) = msg;
+        // A joiner retries: the running peer may not have noticed yet that the old process is gone.
+        (rec.dialer && !connected_ && !joining_ ? c.fatal : c.last_error) = msg;
       }
       return kill_ep(rec, true);
     }
     case O::kAuthenticated:
       if (step.reply) send_hs(rec, *step.reply, false);
+      if (rec.gen != conns_[static_cast<size_t>(rec.peer)].gen) {
+        // A rejoin's lane: the first takes the peer's place unless a newer one already did.
+        if (rec.gen < conns_[static_cast<size_t>(rec.peer)].gen || !channel(rec.peer).failed())
+          return send_hs(rec, HandshakeSession::reject(version_, "a newer connection of this peer is in place"), true);
+        take_rejoin(rec.peer);
+      }
       if (conns_[static_cast<size_t>(rec.peer)].lane_ep[static_cast<size_t>(rec.lane)] != nullptr)
         return send_hs(rec, HandshakeSession::reject(version_, fmt::format("lane {} is already connected", rec.lane)),
                        true);
       return lane_ready(rec);
   }
+}
+
+void UcxTransport::take_rejoin(int pi) {
+  PeerConn& c = conns_[static_cast<size_t>(pi)];
+  channel(pi).process_failure();  // the old link's abort closes the old endpoints
+  ++c.gen;
+  c.we_dial = false;  // the joiner dials its other lanes too
+  std::fill(c.lane_ep.begin(), c.lane_ep.end(), nullptr);
+  std::fill(c.dial_active.begin(), c.dial_active.end(), false);
+  std::fill(c.bye.begin(), c.bye.end(), false);
+  c.last_error.clear();
+  c.fatal.clear();
+  retired_links_.push_back(std::move(c.link));
+  c.link = std::make_unique<PeerLink>(*this, pi, c.gen);
+  reopen_channel(pi, *c.link);
+  spdlog::info("transport: {} rejoined (connection {})", peers()[static_cast<size_t>(pi)].name(), c.gen + 1);
+}
+
+bool UcxTransport::any_peer_failed() {
+  for (size_t i = 0; i < conns_.size(); ++i)
+    if (channel(static_cast<int>(i)).failed()) return true;
+  return false;
 }
 
 void UcxTransport::lane_ready(EpRec& rec) {
@@ -331,11 +372,13 @@ void UcxTransport::lane_ready(EpRec& rec) {
 void UcxTransport::check_connect_done() {
   if (!connect_done_) return;
   std::vector<std::string> missing;
+  std::vector<size_t> missing_peers;
+  bool waiting = false;  // a joiner: for a peer that may still answer
   for (size_t i = 0; i < conns_.size(); ++i) {
     const PeerConn& c = conns_[i];
     const Channel& ch = channel(static_cast<int>(i));
     if (!c.fatal.empty()) return finish_connect(FailKind::kHandshake, c.fatal);
-    if (ch.failed()) return finish_connect(ch.fail_kind(), ch.failure());
+    if (ch.failed() && !joining_) return finish_connect(ch.fail_kind(), ch.failure());
     const size_t ready =
         static_cast<size_t>(std::count_if(c.lane_ep.begin(), c.lane_ep.end(), [](ucp_ep_h e) { return e != nullptr; }));
     if (ready != c.lane_ep.size()) {
@@ -347,11 +390,29 @@ void UcxTransport::check_connect_done() {
       }
       missing.push_back(fmt::format("{} ({}/{} lanes{}{})", p.name(), ready, c.lane_ep.size(),
                                     last.empty() ? "" : "; last error: ", last));
+      missing_peers.push_back(i);
+      // A joiner stops waiting for a peer whose gate it could not reach or that failed.
+      waiting = waiting || (c.ucx_port != 0 && !ch.failed());
     }
+  }
+  if (joining_ && !missing.empty() && (!waiting || Clock::now() >= connect_deadline_)) {
+    // The peers we reached are ours; the others fail, naming why.
+    for (size_t k = 0; k < missing_peers.size(); ++k) {
+      const int pi = static_cast<int>(missing_peers[k]);
+      if (!channel(pi).failed())
+        channel(pi).fail(FailKind::kTimeout, fmt::format("peer {} not reachable when joining", missing[k]),
+                         /*quiet=*/true);
+      channel(pi).process_failure();
+    }
+    missing.clear();
   }
   if (missing.empty()) {
     connected_ = true;
     open_api();
+    {
+      std::lock_guard<std::mutex> lock(info_mu_);
+      if (gate_) gate_->open_to_joiners();
+    }
     return finish_connect(FailKind::kNone, "");
   }
   if (Clock::now() >= connect_deadline_)
@@ -417,9 +478,10 @@ void UcxTransport::on_conn_request(ucp_conn_request_h req, void* arg) {
   size_t pending = 0;
   for (auto& [h, rec] : self->eps_)
     if (!rec->ready && !rec->dead) ++pending;
-  if (self->connected_ || self->stopping_ || pending >= kMaxPendingHandshakes) {
+  const bool full = self->connected_ && !self->any_peer_failed();
+  if (full || self->stopping_ || pending >= kMaxPendingHandshakes) {
     spdlog::warn("transport: rejected connection request from {} ({})", remote,
-                 self->connected_ ? "all peers already connected" : "too many pending handshakes");
+                 full ? "all peers already connected" : "too many pending handshakes");
     ucp_listener_reject(self->listener_->get(), req);
     return;
   }
@@ -449,6 +511,10 @@ void UcxTransport::on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
   EpRec& rec = *it->second;
   if (rec.peer >= 0 && rec.ready && self->conns_[static_cast<size_t>(rec.peer)].bye[static_cast<size_t>(rec.lane)]) {
     self->kill_ep(rec, true);  // the peer closing a lane it said goodbye on
+    return;
+  }
+  if (rec.peer >= 0 && rec.gen != self->conns_[static_cast<size_t>(rec.peer)].gen) {
+    self->kill_ep(rec, true);  // an older connection of a peer that rejoined, or a newer one not yet in place
     return;
   }
   if (rec.peer >= 0) {
@@ -481,11 +547,6 @@ void UcxTransport::kill_ep(EpRec& rec, bool force) {
   }
   rec.dead = true;
   close_force_.insert({rec.ep->get(), force});
-}
-
-void UcxTransport::kill_peer_eps(int pi) {
-  for (auto& [h, rec] : eps_)
-    if (rec->peer == pi && !rec->dead) kill_ep(*rec, true);
 }
 
 void UcxTransport::reap_endpoints() {

@@ -6,6 +6,7 @@
 namespace geoloco::transport::ucx {
 
 bool UcxTransport::PeerLink::lane_up(int lane) const {
+  if (t_.conns_[static_cast<size_t>(peer_)].gen != gen_) return false;  // replaced by a rejoin
   const auto& eps = t_.conns_[static_cast<size_t>(peer_)].lane_ep;
   return lane >= 0 && static_cast<size_t>(lane) < eps.size() && eps[static_cast<size_t>(lane)] != nullptr;
 }
@@ -67,7 +68,10 @@ void UcxTransport::PeerLink::release(const HeldData& data) {
   if (data.token != nullptr) ucp_am_data_release(t_.worker_->get(), data.token);
 }
 
-void UcxTransport::PeerLink::abort() { t_.kill_peer_eps(peer_); }
+void UcxTransport::PeerLink::abort() {
+  for (auto& [h, rec] : t_.eps_)
+    if (rec->peer == peer_ && rec->gen == gen_ && !rec->dead) t_.kill_ep(*rec, true);
+}
 
 ucs_status_t UcxTransport::on_frame_am(void* arg, const void* header, size_t header_length, void* data, size_t length,
                                        const ucp_am_recv_param_t* param) {
@@ -77,7 +81,8 @@ ucs_status_t UcxTransport::on_frame_am(void* arg, const void* header, size_t hea
     return UCS_OK;
   }
   auto it = self->eps_.find(param->reply_ep);
-  if (it == self->eps_.end() || !it->second->ready || it->second->dead || it->second->peer < 0) {
+  if (it == self->eps_.end() || !it->second->ready || it->second->dead || it->second->peer < 0 ||
+      it->second->gen != self->conns_[static_cast<size_t>(it->second->peer)].gen) {
     self->count_unauthenticated_frame(fmt::format("frame on an unauthenticated connection from {}",
                                                   it == self->eps_.end() ? std::string("?") : it->second->remote));
     return UCS_OK;

@@ -11,7 +11,7 @@ inline constexpr unsigned kAmFrame = 8;
 
 class UcxTransport::PeerLink final : public transport::Link {
  public:
-  PeerLink(UcxTransport& t, int peer) : t_(t), peer_(peer) {}
+  PeerLink(UcxTransport& t, int peer, uint64_t gen) : t_(t), peer_(peer), gen_(gen) {}
   bool lane_up(int lane) const override;
   std::optional<std::string> send_frame(int lane, std::span<const uint8_t> header, std::span<const uint8_t> payload,
                                         bool eager, SendDone done) override;
@@ -22,6 +22,7 @@ class UcxTransport::PeerLink final : public transport::Link {
  private:
   UcxTransport& t_;
   int peer_;
+  uint64_t gen_;  // the connection of the peer this link carries (abort closes only its endpoints)
 };
 
 }  // namespace geoloco::transport::ucx

@@ -46,7 +46,13 @@ class UcxTransport final : public EngineTransport {
   // connect_timeout_s. The smaller (site, rank) dials, the other accepts; dials are retried
   // until the deadline. Throws HandshakeError when a peer refused us or we refused it for a
   // reason that retrying cannot fix, TimeoutError naming every missing peer at the deadline.
-  void connect(std::vector<PeerInfo> peers);
+  // ConnectMode::kJoin (peer.hpp): a process joining a running job dials every peer, gives up
+  // on a peer whose gate cannot be reached for kJoinUnreachableS (at most half of
+  // connect_timeout_s), and returns with the peers
+  // it reached. Once connected, this transport takes in a rejoining peer in place of one
+  // whose connection failed or closed.
+  void connect(std::vector<PeerInfo> peers, ConnectMode mode = ConnectMode::kAll);
+  static constexpr double kJoinUnreachableS = 3.0;
   // listen() then connect().
   void start(const std::string& host, int port, std::vector<PeerInfo> peers);
 
@@ -67,6 +73,7 @@ class UcxTransport final : public EngineTransport {
     int lane = -1;
     std::optional<HandshakeSession> hs;
     bool ready = false, dead = false;
+    uint64_t gen = 0;  // the peer's connection it belongs to (PeerConn::gen; +1: a rejoin)
     Clock::time_point hs_deadline{};
     std::string remote;
     std::vector<std::vector<uint8_t>> early;  // messages that arrived before connect() named the peers
@@ -80,6 +87,7 @@ class UcxTransport final : public EngineTransport {
     std::vector<bool> bye;  // the peer said goodbye on this lane (everything it sent there came first)
     std::string last_error;
     std::string fatal;  // handshake failure that retrying cannot fix
+    uint64_t gen = 0;   // +1 per rejoin: endpoints of an older connection carry nothing
     std::unique_ptr<PeerLink> link;
   };
 
@@ -100,11 +108,14 @@ class UcxTransport final : public EngineTransport {
   void send_hs(EpRec& rec, const std::vector<uint8_t>& msg, bool close_after);
   void on_hs_message(EpRec& rec, std::span<const uint8_t> bytes);
   void lane_ready(EpRec& rec);
+  // A rejoining peer's first lane authenticated: the old connection's endpoints go, a fresh
+  // channel and link take the peer's place (EngineTransport::reopen_channel).
+  void take_rejoin(int pi);
+  bool any_peer_failed();
   void check_connect_done();
   void finish_connect(FailKind kind, const std::string& msg);
   void connection_timers(Clock::time_point now, Clock::time_point& next);
   void kill_ep(EpRec& rec, bool force);
-  void kill_peer_eps(int pi);
   void reap_endpoints();
   static ucs_status_t on_handshake_am(void* arg, const void* header, size_t header_length, void* data, size_t length,
                                       const ucp_am_recv_param_t* param);
@@ -135,6 +146,8 @@ class UcxTransport final : public EngineTransport {
   std::vector<PeerConn> conns_;
   bool connect_started_ = false;
   bool connected_ = false;
+  bool joining_ = false;                                  // connect(kJoin); set before the loop sees the connect
+  std::vector<std::unique_ptr<PeerLink>> retired_links_;  // of replaced channels (they may still drain)
   Clock::time_point connect_deadline_{};
   std::shared_ptr<detail::OpState> connect_done_;
 };
