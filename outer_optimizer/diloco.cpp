@@ -22,7 +22,7 @@ std::span<const uint8_t> as_bytes(const uint64_t& v) { return {reinterpret_cast<
 }  // namespace
 
 Diloco::Diloco(const trainer::RunConfig& cfg, int site, int rank, transport::Transport* transport,
-               trainer::SiteStrategy& strategy, const trainer::ParamLayout& layout, OuterHooks hooks)
+               trainer::SiteStrategy& strategy, const trainer::ParamLayout& layout, OuterHooks hooks, bool joining)
     : cfg_(cfg),
       ocfg_(cfg.outer),
       site_(site),
@@ -39,8 +39,9 @@ Diloco::Diloco(const trainer::RunConfig& cfg, int site, int rank, transport::Tra
       planner_(cfg, peers_, layout_, hooks_) {
   const int S = static_cast<int>(cfg.sites.size());
   auto shard = strategy.shard_params();
+  join_watch_.resize(static_cast<size_t>(S));
   // Every site starts from the same initial weights (same seed): check it before training.
-  if (transport) {
+  if (transport && !joining) {
     HashCheck c = post_hash_check(peers_, hash64(shard.data(), shard.size() * sizeof(float)), 0);
     verify_hash_check(peers_, cfg_, c);
   }
@@ -65,6 +66,7 @@ Diloco::~Diloco() {
   // cancelled (the operations own their buffers), so the joins are prompt.
   // (After a run that ended well nothing is pending and this cancels nothing.)
   membership_.stop();
+  donors_.clear();  // stops serving joiners
   try {
     peers_.cancel_all("the outer loop is stopping");
   } catch (const std::exception& e) {
@@ -308,6 +310,7 @@ void Diloco::sync(Fragment& f, int64_t step, trainer::SiteStrategy& strategy) {
     strategy.shard_updated();
     if (ocfg_.inner_state == "reset") strategy.optimizer().reset();
   }
+  if (r.joiners) serve_joiners(r.joiners, round, step);
   finish_round(f, strategy, step, round, std::chrono::duration<double>(Clock::now() - t0).count(), r);
 }
 
@@ -337,7 +340,7 @@ void Diloco::vote(Fragment& f, trainer::SiteStrategy& strategy, bool background)
   trainer::TraceSpan sp(ctx_.trace, "membership_vote", trainer::TraceRecorder::kMainThread);
   const auto t0 = Clock::now();
   try {
-    f.site_holds = membership_.vote_site(in.round, in.holds, strategy);
+    f.site_holds = membership_.vote_site(in.round, in.holds, poll_join_requests(in.round), strategy);
   } catch (Error& e) {
     e.add_context(fmt::format("outer step {} (inner step {})", in.round, in.step));
     throw;
@@ -363,6 +366,7 @@ ExchangeResult Diloco::decide_and_apply(Fragment& f, int tid, trainer::SiteStrat
   const RoundInbox& in = f.inbox;
   SiteMask members = 0;
   double exposed = f.vote_s;
+  const SiteMask before = membership_.active(in.round);
   {
     trainer::TraceSpan sp(ctx_.trace, "membership", tid);
     const auto t0 = Clock::now();
@@ -378,7 +382,10 @@ ExchangeResult Diloco::decide_and_apply(Fragment& f, int tid, trainer::SiteStrat
   }
   f.voted = false;
   f.awaiting_decision = false;
-  ExchangeResult r = apply_round(f, ctx_, members, tid);
+  const SiteMask joiners = members & ~before;
+  for (int s = 0; s < static_cast<int>(join_watch_.size()); ++s)
+    if ((joiners >> s) & 1) join_watch_[static_cast<size_t>(s)].requested = false;
+  ExchangeResult r = apply_round(f, ctx_, members, joiners, tid);
   r.membership_s = exposed;
   f.inbox = RoundInbox{};  // applied: nothing left to decide
   return r;
@@ -473,6 +480,7 @@ void Diloco::record_round(const Fragment& f, int64_t step, uint64_t round, doubl
                       {"ref2", r.ref2},
                       {"plan_epoch", plan_.epoch},
                       {"members", member_names(r.members)},
+                      {"joiners", member_names(r.joiners)},
                       {"wait_s", r.wait_s},
                       {"membership_s", r.membership_s},
                       {"global_hash", hex64(site_hash_)}};
@@ -541,8 +549,11 @@ nlohmann::json Diloco::summary() {
   for (const auto& e : membership_.evictions())
     ev.push_back(
         {{"round", e.round}, {"step", e.step}, {"site", cfg_.sites[static_cast<size_t>(e.site)].name}, {"why", e.why}});
-  j["membership"] = {
-      {"min_sites", membership_.quorum()}, {"members", member_names(membership_.members())}, {"evictions", ev}};
+  j["membership"] = {{"min_sites", membership_.quorum()},
+                     {"members", member_names(membership_.members())},
+                     {"evictions", ev},
+                     {"joins", joins_json()}};
+  if (!joined_.is_null()) j["membership"]["joined"] = joined_;
   return j;
 }
 

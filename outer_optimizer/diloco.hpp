@@ -50,6 +50,7 @@
 #include "outer_optimizer/plan_coordinator.hpp"
 #include "outer_optimizer/round_membership.hpp"
 #include "outer_optimizer/site_peers.hpp"
+#include "outer_optimizer/state_transfer.hpp"
 #include "trainer/loop/outer_hook.hpp"
 #include "trainer/loop/run_config.hpp"
 #include "transport/transport.hpp"
@@ -61,8 +62,11 @@ class Diloco : public trainer::OuterHook {
   // `transport` connects this rank to rank r of every other site (null for a one-site run);
   // its peers are found by site name and rank. `layout` is the model's parameter layout
   // (fragments are cut along it). `hooks` are a test's or benchmark's (outer_hooks.hpp).
+  // `joining`: this site joins a running job (join() follows): no start-up check with the
+  // other sites, which are far past it.
   Diloco(const trainer::RunConfig& cfg, int site, int rank, transport::Transport* transport,
-         trainer::SiteStrategy& strategy, const trainer::ParamLayout& layout, OuterHooks hooks = {});
+         trainer::SiteStrategy& strategy, const trainer::ParamLayout& layout, OuterHooks hooks = {},
+         bool joining = false);
   ~Diloco() override;
   Diloco(const Diloco&) = delete;
   Diloco& operator=(const Diloco&) = delete;
@@ -74,6 +78,7 @@ class Diloco : public trainer::OuterHook {
   std::vector<nlohmann::json> take_rounds() override;
   State save_state() override;                                        // diloco_state.cpp
   void restore_state(const trainer::SafetensorsFile& file) override;  // diloco_state.cpp
+  int64_t join(trainer::SiteStrategy& strategy) override;             // diloco_join.cpp
   void set_trace(trainer::TraceRecorder* trace) override { ctx_.trace = trace; }
   uint64_t member_sites() const override { return membership_.members(); }
 
@@ -100,6 +105,18 @@ class Diloco : public trainer::OuterHook {
   void set_schedule(const PlanDecision& d, std::span<const float> global);
   void apply_plan(const PlanDecision& d, int64_t step, trainer::SiteStrategy& strategy, bool initial);
   void log_plan(const PlanDecision& d, int64_t step) const;
+
+  // diloco_state.cpp: a checkpoint's or a join's outer state; a join has no error feedback.
+  void restore_outer(const trainer::SafetensorsFile& file, bool joining);
+
+  // ---- joins (diloco_join.cpp) ----
+  // Whether this schedule can take in (or be) a joiner: blocking syncs, outer.plan: manual.
+  bool joinable() const;
+  // The sites out of round `round` whose request to join this rank holds.
+  SiteMask poll_join_requests(uint64_t round);
+  // After a round that took `joiners` in: the committed state, served to each of them.
+  void serve_joiners(SiteMask joiners, uint64_t round, int64_t step);
+  nlohmann::json joins_json() const;
 
   bool overlapped() const;
   int64_t tau() const;
@@ -156,6 +173,25 @@ class Diloco : public trainer::OuterHook {
   std::vector<nlohmann::json> round_records_;  // finished rounds not yet taken by the trainer
   int64_t round_ = 0;
   uint64_t site_hash_ = 0;
+
+  // Joins. Live side: per site, the join request being watched (reposted when the peer's
+  // connection is a new one) and whether it is held; the donors serving joiners.
+  struct JoinWatch {
+    uint64_t gen = 0;
+    std::optional<transport::RecvHandle> recv;
+    bool requested = false;
+  };
+  std::vector<JoinWatch> join_watch_;
+  std::vector<std::unique_ptr<JoinDonor>> donors_;
+  struct Served {
+    uint64_t round = 0;
+    int64_t step = 0;
+    int site = 0;
+    const JoinDonor* donor = nullptr;  // while it runs; bytes below once it finished
+    uint64_t bytes = 0;
+  };
+  std::vector<Served> served_;
+  nlohmann::json joined_;  // this site's own join (null if it started with the run)
 
   // Measurements.
   std::vector<double> sync_seconds_;

@@ -56,7 +56,9 @@ Diloco::State Diloco::save_state() {
   return s;
 }
 
-void Diloco::restore_state(const trainer::SafetensorsFile& file) {
+void Diloco::restore_state(const trainer::SafetensorsFile& file) { restore_outer(file, /*joining=*/false); }
+
+void Diloco::restore_outer(const trainer::SafetensorsFile& file, bool joining) {
   const std::vector<int64_t> shape = {static_cast<int64_t>(n_)};
   if (ocfg_.auto_plan() && file.metadata().count("outer.planned") && file.meta("outer.planned") == "1") {
     // Rebuild the fragments of the saved plan before reading their state.
@@ -84,7 +86,7 @@ void Diloco::restore_state(const trainer::SafetensorsFile& file) {
   st.global = read("outer.global");
   if (!frags_[0]->opt->state_a().empty()) st.opt_a = read("outer.opt_a");
   if (!frags_[0]->opt->state_b().empty()) st.opt_b = read("outer.opt_b");
-  if (frags_[0]->ef) st.ef = read("outer.ef_residual");
+  if (frags_[0]->ef && !joining) st.ef = read("outer.ef_residual");  // a joiner's residual starts at zero
   unpack_state(st);
   round_ = file.meta_int("outer.round", 0);
   for (auto& f : frags_) {

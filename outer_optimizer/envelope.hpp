@@ -5,7 +5,8 @@
 //   off size field
 //     0    4 magic "GLOS"
 //     4    2 version (1)
-//     6    2 kind: 1 pseudo-gradient, 2 weights hash, 3 rank summary, 4 plan report, 5 plan decision
+//     6    2 kind: 1 pseudo-gradient, 2 weights hash, 3 rank summary, 4 plan report, 5 plan decision,
+//              6 membership, 7-10 join (request, manifest, fetch, chunk: join_wire.hpp)
 //     8    8 round (outer step)
 //    16    4 site index (config order)
 //    20    4 rank
@@ -33,7 +34,11 @@ enum class EnvelopeKind : uint16_t {
   kRankSummary = 3,
   kPlanReport = 4,
   kPlanDecision = 5,
-  kMembership = 6
+  kMembership = 6,
+  kJoinRequest = 7,
+  kJoinManifest = 8,
+  kJoinFetch = 9,
+  kJoinChunk = 10
 };
 
 struct Envelope {

@@ -144,9 +144,10 @@ void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64
   });
 }
 
-ExchangeResult apply_round(Fragment& f, const ExchangeContext& ctx, SiteMask members, int tid) {
+ExchangeResult apply_round(Fragment& f, const ExchangeContext& ctx, SiteMask all_members, SiteMask joiners, int tid) {
   RoundInbox& in = f.inbox;
   const uint64_t round = in.round;
+  const SiteMask members = all_members & ~joiners;  // the contributors
   return in_outer_step(round, in.step, [&] {
     const size_t n = f.n;
     const SitePeers& peers = ctx.peers;
@@ -212,7 +213,8 @@ ExchangeResult apply_round(Fragment& f, const ExchangeContext& ctx, SiteMask mem
     r.ratio = in.info.ratio();
     r.err2 = err2;
     r.ref2 = ref2;
-    r.members = members;
+    r.members = all_members;
+    r.joiners = joiners;
     r.wait_s = in.wait_s;
     in.bytes.clear();  // the contributions are in f.global now
     return r;

@@ -34,7 +34,8 @@ struct ExchangeResult {
   // This rank's own contribution as every site decoded it against the pseudo-gradient it
   // encoded: sum of squared errors and of squared values (relative error = sqrt(err2/ref2)).
   double err2 = 0, ref2 = 0;
-  SiteMask members = 0;     // the sites whose contributions are in the round
+  SiteMask members = 0;     // the round's members: contributors and joiners
+  SiteMask joiners = 0;     // members taken in by this round (no contribution)
   double wait_s = 0;        // this rank: from posting its receives to the last contribution (or the deadline)
   double membership_s = 0;  // the site's membership decision
 };
@@ -109,8 +110,10 @@ void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64
 // Steps 3-4 once the round's members are decided (every member held, self included): decode
 // the members' contributions and average them in site order (uniform over the members, or by
 // their tokens), outer step on f.global, and post the hash check to the members (verified at
-// the fragment's next round). Runs on the inner loop's thread.
-ExchangeResult apply_round(Fragment& f, const ExchangeContext& ctx, SiteMask members, int tid);
+// the fragment's next round). `joiners`: members taken in by this round (join requests, no
+// contribution): left out of the average and of the hash check; they fetch the state this
+// round commits. Runs on the inner loop's thread.
+ExchangeResult apply_round(Fragment& f, const ExchangeContext& ctx, SiteMask members, SiteMask joiners, int tid);
 
 // Overlap: runs collect_round() on the fragment's worker thread from f.snapshot;
 // join_worker() rethrows its error on the inner loop's thread.

@@ -64,6 +64,9 @@ OuterConfig OuterConfig::from_yaml(const config::Node& n) {
   c.deadline_floor_s = n.get_double("deadline_floor_s", c.deadline_floor_s, 0.001, 1e6);
   c.quorum_wait_s = n.get_double("quorum_wait_s", c.quorum_wait_s, 0.01, 1e7);
   c.consensus_retry_s = n.get_double("consensus_retry_s", c.consensus_retry_s, 0.001, 600.0);
+  c.allow_join = n.get<bool>("allow_join", c.allow_join);
+  c.join_wait_s = n.get_double("join_wait_s", c.join_wait_s, 0.1, 1e7);
+  c.join_chunk_bytes = n.get_int("join_chunk_bytes", c.join_chunk_bytes, 4096, 256 << 20);
   if (c.auto_plan() && c.overlap_steps + 1 > c.plan_h_max)
     n.fail("plan_h_max", fmt::format("must exceed overlap_steps ({})", c.overlap_steps));
   if (c.auto_plan() && c.compression.topk)

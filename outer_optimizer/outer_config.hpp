@@ -24,6 +24,9 @@
 //     deadline_floor_s: 30          # auto deadline: at least this
 //     quorum_wait_s: 60             # below quorum: wait this long for a decision, then exit 1
 //     consensus_retry_s: 1.0        # membership ballots: patience before the next one
+//     allow_join: true              # a restarted or new site may join the running job
+//     join_wait_s: 300              # a joiner waits this long to be taken in and get the state
+//     join_chunk_bytes: 4194304     # the state travels in chunks of this size, each checksummed
 #pragma once
 
 #include <cstdint>
@@ -69,6 +72,9 @@ struct OuterConfig {
   double deadline_floor_s = 30;
   double quorum_wait_s = 60;
   double consensus_retry_s = 1.0;
+  bool allow_join = true;
+  double join_wait_s = 300;
+  int64_t join_chunk_bytes = 4 << 20;
   bool auto_plan() const { return plan == "auto"; }
   int quorum(int sites) const { return min_sites > 0 ? min_sites : sites / 2 + 1; }
 

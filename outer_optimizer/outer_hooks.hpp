@@ -32,6 +32,15 @@ struct OuterHooks {
     uint64_t from_round = 0;
   };
   std::optional<LeaveOut> leave_out;
+  // Test: a donor at site index `site` flips one bit of join chunk `chunk` after hashing it,
+  // the first `times` times it sends it (memory gone bad between the snapshot and the wire),
+  // so the joiner must detect it and fetch the chunk again.
+  struct CorruptJoinChunk {
+    int site = 0;
+    uint32_t chunk = 0;
+    int times = 1;
+  };
+  std::optional<CorruptJoinChunk> corrupt_join_chunk;
   // Benchmarks: every round's pseudo-gradient of this rank's shard is written to
   // <dir>/pseudograd.<site>.r<rank>.round<N>.safetensors (tensor "delta"); `geoloco launch
   // --capture-pseudograd DIR` sets it (bench/compression/capture.sh).

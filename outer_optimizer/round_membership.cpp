@@ -62,12 +62,12 @@ void RoundMembership::record_wait(double seconds) {
   if (waits_.size() > kRecentWaits) waits_.pop_front();
 }
 
-SiteMask RoundMembership::vote_site(uint64_t round, SiteMask holds, trainer::SiteStrategy& strategy) {
+SiteMask RoundMembership::vote_site(uint64_t round, SiteMask holds, SiteMask joiners, trainer::SiteStrategy& strategy) {
   const int self = peers_.site();
   if (const auto& lo = hooks_.leave_out; lo && lo->site == self && round >= lo->from_round)
     throw SiteLeftOut(fmt::format("outer round {}: site {} left out by the test hook", round,
                                   cfg_.sites[static_cast<size_t>(self)].name));
-  holds &= active(round);
+  holds = (holds & active(round)) | (joiners & ~active(round));
   auto* coll = strategy.collective();
   if (coll && strategy.ranks() > 1) {
     const auto all = coll->all_gather_bytes(std::as_bytes(std::span<const SiteMask>(&holds, 1)));
@@ -146,6 +146,15 @@ SiteMask RoundMembership::share(uint64_t round, int64_t step, SiteMask holds, st
                    round, step, cfg_.sites[static_cast<size_t>(s)].name, e.why, mask_count(members), S,
                    mask_string(members));
     evictions_.push_back(std::move(e));
+  }
+  for (int s = 0; s < S; ++s) {
+    if (((members_ >> s) & 1) || !((members >> s) & 1)) continue;
+    if (peers_.rank() == 0)
+      spdlog::info(
+          "outer round {} (inner step {}): site {} joins the run: a member of this round, it fetches the "
+          "committed state from the others and contributes from the next",
+          round, step, cfg_.sites[static_cast<size_t>(s)].name);
+    admissions_.push_back({round, step, s});
   }
   members_ = members;
   return members;

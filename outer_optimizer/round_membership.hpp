@@ -39,6 +39,14 @@ struct Eviction {
   std::string why;
 };
 
+// A site taken (back) into the run: a member of `round`, which it did not contribute to; it
+// fetches the state committed by that round from the members and contributes from the next.
+struct Admission {
+  uint64_t round = 0;
+  int64_t step = 0;
+  int site = 0;
+};
+
 class RoundMembership {
  public:
   RoundMembership(const trainer::RunConfig& cfg, const SitePeers& peers, const OuterHooks& hooks);
@@ -61,14 +69,20 @@ class RoundMembership {
   //    throws, on every rank of the site, QuorumLost (fewer than min_sites could agree within
   //    quorum_wait_s) or SiteLeftOut (the others committed the round without this site);
   //    `missing`, by site, why a site is not held (for the errors and the eviction books).
-  SiteMask vote_site(uint64_t round, SiteMask holds, trainer::SiteStrategy& strategy);
+  // `joiners`: sites out of the run whose request to join this rank holds; they are voted
+  // for like held contributions (a joiner is admitted once every member site holds its
+  // request, on every rank).
+  SiteMask vote_site(uint64_t round, SiteMask holds, SiteMask joiners, trainer::SiteStrategy& strategy);
   std::vector<std::byte> agree(uint64_t round, SiteMask site_holds, SiteMask expected) const;
   SiteMask share(uint64_t round, int64_t step, SiteMask site_holds, std::vector<std::byte> verdict,
                  const std::vector<std::string>& missing, trainer::SiteStrategy& strategy);
 
   int quorum() const { return cc_.quorum; }
   SiteMask members() const { return members_; }  // of the latest round
+  // A joiner: the members of the round whose state it fetched.
+  void set_members(SiteMask m) { members_ = m; }
   const std::vector<Eviction>& evictions() const { return evictions_; }
+  const std::vector<Admission>& admissions() const { return admissions_; }
   // Ends any agree() still waiting (the outer loop is going away).
   void stop() { stopping_.store(true); }
 
@@ -80,6 +94,7 @@ class RoundMembership {
   SiteMask members_;
   std::deque<double> waits_;
   std::vector<Eviction> evictions_;
+  std::vector<Admission> admissions_;
   std::atomic<bool> stopping_{false};
 };
 

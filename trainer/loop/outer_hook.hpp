@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "trainer/checkpoint/safetensors.hpp"
+#include "trainer/core/error.hpp"
 #include "trainer/loop/site_strategy.hpp"
 
 namespace geoloco::trainer {
@@ -112,6 +113,11 @@ class OuterHook {
   };
   virtual State save_state() = 0;
   virtual void restore_state(const SafetensorsFile& file) = 0;
+  // Join: this rank's site joins a running job (a restarted or new site). Called on every
+  // rank before the first inner step: fetches the state the running sites committed, sets
+  // strategy.shard_params() to its global weights, and returns the inner step it was committed
+  // at (the trainer continues from there). Throws when the site cannot join.
+  virtual int64_t join(SiteStrategy& /*strategy*/) { throw Error("this outer loop cannot join a running job"); }
   // The rank's trace (owned by the trainer, outlives the run); spans of the outer loop's
   // phases go there. Default: the hook records nothing.
   virtual void set_trace(TraceRecorder* /*trace*/) {}

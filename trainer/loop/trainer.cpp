@@ -122,7 +122,7 @@ struct Trainer::Impl {
     ckpt_dir = out_dir / "checkpoints" / site.name;
     fs::create_directories(site_dir);
     fs::create_directories(ckpt_dir);
-    const bool append = opt.resume;
+    const bool append = opt.resume || opt.join;
     if (opt.rank == 0) metrics = std::make_unique<MetricsWriter>((site_dir / "metrics.jsonl").string(), append);
     if (global_rank == 0) run_metrics = std::make_unique<MetricsWriter>((out_dir / "metrics.jsonl").string(), append);
     if (cfg.run.metrics_port > 0) {
@@ -380,8 +380,22 @@ struct Trainer::Impl {
 
   double last_lr = 0, last_grad_norm = 0;
 
+  // A site joining the running job: the committed state from the other sites, this site's
+  // data stream at the step they committed it (the windows of the steps it missed are
+  // skipped, none is trained twice), a fresh inner optimizer.
+  void join_running_job() {
+    if (!opt.outer) throw ConfigError("--join needs the outer loop (a multi-site run)");
+    const int64_t at = opt.outer->join(*strategy);
+    const int64_t draws = at * cfg.train.grad_accum;
+    for (int64_t i = 0; i < draws; ++i) sampler->next_indices(cfg.train.micro_batch);
+    step = at;
+    log_info(fmt::format("site {}: joined the running job at step {}", site.name, step));
+  }
+
   nlohmann::json run() {
+    if (opt.resume && opt.join) throw ConfigError("--resume and --join exclude each other");
     if (opt.resume) restore_latest();
+    if (opt.join) join_running_job();
     const int64_t end_step = opt.stop_at_step > 0 ? std::min(opt.stop_at_step, cfg.train.steps) : cfg.train.steps;
     if (opt.rank == 0 && step == 0)
       log_info(

@@ -30,9 +30,12 @@ class Collective;
 namespace geoloco::trainer {
 
 struct TrainerOptions {
-  int site = 0;                                // index into cfg.sites
-  int rank = 0;                                // rank within the site
-  bool resume = false;                         // continue from checkpoints/<site>/latest when present
+  int site = 0;         // index into cfg.sites
+  int rank = 0;         // rank within the site
+  bool resume = false;  // continue from checkpoints/<site>/latest when present
+  // Join the running job from the other sites (OuterHook::join) instead of starting at step 0:
+  // a restarted or new site. Its inner optimizer starts fresh; its sampler skips to the step.
+  bool join = false;
   int64_t stop_at_step = 0;                    // stop cleanly (with a checkpoint) after this step; 0 = run to the end
   parallel::Collective* collective = nullptr;  // the site's collective (null: one-rank site)
   OuterHook* outer = nullptr;                  // the cross-site loop (null: no outer loop)

@@ -1,0 +1,173 @@
+// Diloco's joins (docs/elastic.md, "Rejoin and join"): the live side watches for join requests
+// of sites out of the run (voted for like contributions: round_membership.hpp) and serves the
+// state a round that took a joiner in committed (state_transfer.hpp); the joining side fetches
+// it, verifies it against the committed hash and continues from the step it was committed at.
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "outer_optimizer/diloco.hpp"
+#include "trainer/core/hash.hpp"
+#include "transport/transport_error.hpp"
+
+namespace geoloco::outer {
+
+namespace {
+// A donor serves a joiner that asks nothing for this long no more (it died or gave up).
+constexpr double kDonorIdleS = 120;
+}  // namespace
+
+bool Diloco::joinable() const { return !overlapped() && !ocfg_.auto_plan(); }
+
+SiteMask Diloco::poll_join_requests(uint64_t round) {
+  auto* t = peers_.transport();
+  if (!t || !ocfg_.allow_join || !joinable()) return 0;
+  const SiteMask active = membership_.active(round);
+  SiteMask requested = 0;
+  for (int s = 0; s < peers_.sites(); ++s) {
+    if (s == site_ || ((active >> s) & 1)) continue;
+    JoinWatch& w = join_watch_[static_cast<size_t>(s)];
+    // A new connection of that site (it was restarted): watch for its request.
+    if (const uint64_t gen = t->generation(peers_.peer(s)); gen != w.gen) {
+      w.gen = gen;
+      w.requested = false;
+      w.recv = peers_.post_recv(s, 0, kJoinShard, 0);
+    }
+    if (w.recv && w.recv->ready()) {
+      try {
+        std::vector<uint8_t> bytes;
+        peers_.read(*w.recv, s, EnvelopeKind::kJoinRequest, 0, bytes, 0);
+        w.requested = true;
+        if (rank_ == 0)
+          spdlog::info("outer round {}: site {} asks to join the run", round, cfg_.sites[static_cast<size_t>(s)].name);
+      } catch (const transport::TransportError&) {
+        // The connection failed (the site is still gone): watch again once it is back.
+      } catch (const EnvelopeError& e) {
+        spdlog::warn("outer round {}: join request refused: {}", round, e.what());
+      }
+      w.recv.reset();
+    }
+    if (w.requested) requested |= SiteMask{1} << s;
+  }
+  return requested;
+}
+
+void Diloco::serve_joiners(SiteMask joiners, uint64_t round, int64_t step) {
+  // The state this round committed, as a joiner restores it (restore_outer): global weights,
+  // outer-optimizer state, counters; no error-feedback residual (the joiner's starts at zero).
+  const ShardState st = pack_state();
+  std::vector<trainer::TensorWrite> tensors;
+  tensors.push_back(trainer::f32_tensor("outer.global", {static_cast<int64_t>(n_)}, st.global));
+  if (!st.opt_a.empty()) tensors.push_back(trainer::f32_tensor("outer.opt_a", {static_cast<int64_t>(n_)}, st.opt_a));
+  if (!st.opt_b.empty()) tensors.push_back(trainer::f32_tensor("outer.opt_b", {static_cast<int64_t>(n_)}, st.opt_b));
+  std::map<std::string, std::string> meta = {{"geoloco_step", std::to_string(step)},
+                                             {"geoloco_config_hash", hex64(cfg_.hash)},
+                                             {"outer.round", std::to_string(round)},
+                                             {"outer.fragments", std::to_string(frags_.size())}};
+  for (const auto& f : frags_) {
+    const std::string p = fmt::format("outer.f{}.", f->index);
+    meta[p + "last_sync_step"] = std::to_string(f->last_sync_step);
+    meta[p + "blocking_step"] = std::to_string(f->blocking_step);
+    meta[p + "opt_steps"] = std::to_string(f->opt->steps());
+  }
+  auto snap = std::make_shared<JoinSnapshot>();
+  snap->state = trainer::encode_safetensors(tensors, meta);
+  snap->manifest = describe_state(snap->state, static_cast<uint32_t>(ocfg_.join_chunk_bytes), round, step,
+                                  membership_.members(), combined_hash());
+  std::erase_if(donors_, [&](const std::unique_ptr<JoinDonor>& d) {
+    if (!d->finished()) return false;
+    for (auto& s : served_)
+      if (s.donor == d.get()) {
+        s.bytes = d->bytes_served();
+        s.donor = nullptr;
+      }
+    return true;
+  });
+  for (int s = 0; s < peers_.sites(); ++s) {
+    if (!((joiners >> s) & 1)) continue;
+    donors_.push_back(std::make_unique<JoinDonor>(peers_, s, snap, kDonorIdleS, hooks_));
+    served_.push_back({round, step, s, donors_.back().get(), 0});
+  }
+}
+
+nlohmann::json Diloco::joins_json() const {
+  nlohmann::json a = nlohmann::json::array();
+  for (const auto& j : membership_.admissions()) {
+    nlohmann::json e = {{"round", j.round}, {"step", j.step}, {"site", cfg_.sites[static_cast<size_t>(j.site)].name}};
+    for (const auto& s : served_)
+      if (s.round == j.round && s.site == j.site) e["bytes_served"] = s.donor ? s.donor->bytes_served() : s.bytes;
+    a.push_back(std::move(e));
+  }
+  return a;
+}
+
+int64_t Diloco::join(trainer::SiteStrategy& strategy) {
+  const std::string& here = cfg_.sites[static_cast<size_t>(site_)].name;
+  if (peers_.sites() < 2 || !peers_.transport()) throw ConfigError("--join needs a multi-site run");
+  if (!joinable())
+    throw ConfigError(fmt::format(
+        "site {} cannot join a running job with this schedule: joins need blocking syncs (outer.overlap_steps 0, "
+        "outer.delayed_update false) and outer.plan: manual; with overlap or outer.plan: auto, use --resume",
+        here));
+  if (rank_ == 0) spdlog::info("site {}: joining the running job: asking the other sites to take it in", here);
+  JoinResult res = fetch_join_state(peers_, ocfg_.join_wait_s);
+  const JoinManifest& m = res.manifest;
+  // Every rank of the site joins at the same round (the round's members serve all of them).
+  if (auto* coll = strategy.collective(); coll && strategy.ranks() > 1) {
+    const uint64_t mine[2] = {m.round, static_cast<uint64_t>(m.step)};
+    for (const auto& b : coll->all_gather_bytes(std::as_bytes(std::span<const uint64_t>(mine, 2)))) {
+      uint64_t theirs[2];
+      GEOLOCO_CHECK(b.size() == sizeof theirs, "join: {} bytes from a rank", b.size());
+      std::memcpy(theirs, b.data(), sizeof theirs);
+      if (theirs[0] != mine[0] || theirs[1] != mine[1])
+        throw JoinError(
+            fmt::format("site {}: its ranks were given the state of different rounds ({} at step {} and {} "
+                        "at step {})",
+                        here, mine[0], mine[1], theirs[0], theirs[1]));
+    }
+  }
+  std::string donors;
+  for (int s = 0; s < peers_.sites(); ++s)
+    if ((res.donors >> s) & 1) donors += (donors.empty() ? "" : ", ") + cfg_.sites[static_cast<size_t>(s)].name;
+  const std::string source = fmt::format("the join state from {} (round {})", donors, m.round);
+  auto file = trainer::SafetensorsFile::parse(std::move(res.state), source);
+  if (file.meta("geoloco_config_hash") != hex64(cfg_.hash))
+    throw JoinError(fmt::format("{} is of config {}, this site runs {}", source, file.meta("geoloco_config_hash"),
+                                hex64(cfg_.hash)));
+  if (file.meta_int("geoloco_step", 0) != m.step || file.meta_uint("outer.round", 0) != m.round)
+    throw JoinError(fmt::format("{} says step {} round {}, its manifest step {} round {}", source,
+                                file.meta("geoloco_step"), file.meta("outer.round"), m.step, m.round));
+  restore_outer(file, /*joining=*/true);
+  // The state must be the committed one before a step is trained on it.
+  if (combined_hash() != m.weights_hash)
+    throw JoinError(fmt::format("{}: the global weights hash to {}, the committed hash is {}", source,
+                                hex64(combined_hash()), hex64(m.weights_hash)));
+  round_ = static_cast<int64_t>(m.round);
+  membership_.set_members(m.members);
+  const ShardState st = pack_state();
+  auto shard = strategy.shard_params();
+  std::copy(st.global.begin(), st.global.end(), shard.begin());
+  strategy.shard_updated();
+  for (auto& f : frags_) f->last_sync_step = std::max(f->last_sync_step, m.step);  // tokens from here
+  site_hash_ = combine_site_hash(strategy, combined_hash());
+  if (rank_ == 0)
+    spdlog::info(
+        "site {}: joined at outer round {} (inner step {}) from {}: {} bytes in {:.3f} s{}, global weights {} "
+        "verified",
+        here, m.round, m.step, donors, res.bytes, res.seconds,
+        res.refetched ? fmt::format(", {} chunk(s) fetched again", res.refetched) : std::string(), hex64(site_hash_));
+  for (const auto& n : res.notes) spdlog::warn("site {}: join: {}", here, n);
+  joined_ = {{"round", m.round},
+             {"step", m.step},
+             {"seconds", res.seconds},
+             {"bytes_fetched", res.bytes},
+             {"donors", member_names(res.donors)},
+             {"chunks", m.chunks()},
+             {"refetched", res.refetched},
+             {"notes", res.notes}};
+  return m.step;
+}
+
+}  // namespace geoloco::outer
