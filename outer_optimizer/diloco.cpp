@@ -310,8 +310,8 @@ void Diloco::sync(Fragment& f, int64_t step, trainer::SiteStrategy& strategy) {
     strategy.shard_updated();
     if (ocfg_.inner_state == "reset") strategy.optimizer().reset();
   }
-  if (r.joiners) serve_joiners(r.joiners, round, step);
   finish_round(f, strategy, step, round, std::chrono::duration<double>(Clock::now() - t0).count(), r);
+  if (r.joiners) serve_joiners(r.joiners, round, step);  // after finish_round: the fragment's hash is the new one
 }
 
 void Diloco::launch(Fragment& f, int64_t step, trainer::SiteStrategy& strategy) {

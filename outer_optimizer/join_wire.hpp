@@ -34,7 +34,8 @@
 
 namespace geoloco::outer {
 
-inline constexpr uint32_t kJoinShard = 0x50000000u;
+// Below kMembershipShard: Transport::expire drops late membership messages, never these.
+inline constexpr uint32_t kJoinShard = 0x30000000u;
 inline constexpr uint32_t kJoinManifestShard = kJoinShard + 1;
 inline constexpr uint32_t kJoinFetchShard = kJoinShard + 2;
 inline constexpr uint8_t kJoinManifestMagic[4] = {'G', 'L', 'J', 'M'};

@@ -18,9 +18,10 @@ struct MemorySites {
     RankSetup s;
     s.hooks = std::move(hooks);
     const transport::TransportConfig tc = *cfg.transport;
-    s.connect_transport = [this, tc](const transport::Identity& self, const std::vector<transport::PeerInfo>& peers) {
+    s.connect_transport = [this, tc](const transport::Identity& self, const std::vector<transport::PeerInfo>& peers,
+                                     transport::ConnectMode mode) {
       auto t = fabric.endpoint(tc, self);
-      t->connect(peers);
+      t->connect(peers, mode);
       return std::unique_ptr<transport::Transport>(std::move(t));
     };
     return s;

@@ -247,3 +247,99 @@ TEST(Elastic, AStalledSitePastTheDeadlineLearnsItWasEvicted) {
   }
   EXPECT_EQ(reference_hash(4, 1, 1), h);
 }
+
+namespace {
+
+// Every rank as a thread on one fabric; the ranks of site `restart` run twice: once into the
+// faults, then again as a new process joining the running job (RankOptions::join).
+std::vector<Outcome> run_with_rejoin(const trainer::RunConfig& cfg, const std::vector<Fault>& faults,
+                                     const std::string& restart, std::vector<Outcome>* first_lives,
+                                     outer::OuterHooks hooks = {}) {
+  geoloco::testing::MemorySites m;
+  for (const auto& f : faults) m.fabric.add_fault(f);
+  const auto setup = m.setup(cfg, hooks);
+  std::vector<std::pair<int, int>> site_rank;
+  for (size_t s = 0; s < cfg.sites.size(); ++s)
+    for (int r = 0; r < cfg.sites[s].ranks; ++r) site_rank.emplace_back(static_cast<int>(s), r);
+  std::vector<Outcome> first(site_rank.size());
+  auto out = geoloco::test::run_ranks(static_cast<int>(site_rank.size()), [&](int g) {
+    const auto [s, r] = site_rank[static_cast<size_t>(g)];
+    auto once = [&, s = s, r = r](bool join) {
+      Outcome o;
+      o.site = cfg.sites[static_cast<size_t>(s)].name;
+      o.rank = r;
+      app::RankOptions ro;
+      ro.site = s;
+      ro.rank = r;
+      ro.join = join;
+      ro.progress = false;
+      ro.outer_hooks = setup.hooks;
+      ro.connect_transport = setup.connect_transport;
+      try {
+        o.result = app::run_rank(cfg, ro);
+      } catch (const std::exception& e) {
+        o.error = e.what();
+      }
+      return o;
+    };
+    Outcome o = once(false);
+    if (o.site != restart) return o;
+    first[static_cast<size_t>(g)] = o;
+    return once(true);
+  });
+  if (first_lives) *first_lives = first;
+  return out;
+}
+
+std::string all_hash(const std::vector<Outcome>& out) {
+  std::string h;
+  for (const auto& o : out) {
+    EXPECT_EQ(o.error, "") << o.site << "/" << o.rank;
+    if (!o.error.empty()) continue;
+    const std::string mine = o.result.value("global_weights_hash", std::string());
+    if (h.empty()) h = mine;
+    EXPECT_EQ(mine, h) << o.site << "/" << o.rank;
+  }
+  return h;
+}
+
+}  // namespace
+
+// lyon dies before its round-3 contributions; restarted at once, it asks to join, is taken in
+// by a later round, fetches that round's committed state from paris and milan (in several
+// checksummed chunks from both), verifies it, trains on, and the run ends with every site
+// holding the same global weights.
+TEST(Elastic, AKilledSiteRestartsRejoinsFromItsPeersAndEndsInAgreement) {
+  TempDir d;
+  auto cfg = sites_config(d, 3, 1, ", join_chunk_bytes: 4096, join_wait_s: 20");
+  // Long enough that the others are still training when lyon's first life has given up
+  // (quorum_wait_s) and its second has connected.
+  cfg.train.steps = 10000;
+  cfg.outer.interval = 10;
+  std::vector<Outcome> first;
+  const auto out = run_with_rejoin(cfg, {kill_before("lyon", 0, 5)}, "lyon", &first);
+  for (const auto& o : first)
+    if (o.site == "lyon") EXPECT_NE(o.error, "") << "lyon's first life finished although it was killed";
+  const std::string h = all_hash(out);
+  ASSERT_NE(h, "");
+  for (const auto& o : out) {
+    const auto& m = o.result["membership"];
+    ASSERT_TRUE(m.is_object()) << o.result.dump();
+    EXPECT_EQ(m["members"], nlohmann::json({"paris", "lyon", "milan"})) << o.site;
+    if (o.site == "lyon") {
+      const auto& j = m["joined"];
+      ASSERT_TRUE(j.is_object()) << m.dump();
+      EXPECT_GT(j["round"].get<int>(), 3);
+      EXPECT_EQ(j["donors"], nlohmann::json({"paris", "milan"}));
+      EXPECT_GT(j["chunks"].get<int>(), 4);
+      EXPECT_GE(j["bytes_fetched"].get<uint64_t>(), 4096u * 4);
+      EXPECT_EQ(o.result["steps"], 10000);
+    } else {
+      ASSERT_EQ(m["evictions"].size(), 1u) << m.dump();
+      EXPECT_EQ(m["evictions"][0]["site"], "lyon");
+      ASSERT_EQ(m["joins"].size(), 1u) << m.dump();
+      EXPECT_EQ(m["joins"][0]["site"], "lyon");
+      EXPECT_GT(m["joins"][0]["bytes_served"].get<uint64_t>(), 0u);
+    }
+  }
+}

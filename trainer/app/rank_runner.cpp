@@ -83,11 +83,13 @@ nlohmann::json run_rank(const trainer::RunConfig& cfg, const RankOptions& o) {
     std::vector<transport::PeerInfo> peers;
     for (const auto& s : cfg.sites)
       if (s.name != sc.name) peers.push_back({s.name, rank, s.host_of(rank), s.port + rank});
+    const auto mode = o.join ? transport::ConnectMode::kJoin : transport::ConnectMode::kAll;
     if (o.connect_transport) {
-      tp = o.connect_transport(self, peers);
+      tp = o.connect_transport(self, peers, mode);
     } else {
       auto ucx = std::make_unique<transport::ucx::UcxTransport>(*cfg.transport, self);
-      ucx->start(sc.host_of(rank), sc.port + rank, peers);
+      ucx->listen(sc.host_of(rank), sc.port + rank);
+      ucx->connect(peers, mode);
       tp = std::move(ucx);
       spdlog::info("connected to {} peer site(s) over UCX", peers.size());
     }
@@ -97,6 +99,7 @@ nlohmann::json run_rank(const trainer::RunConfig& cfg, const RankOptions& o) {
   opt.site = site;
   opt.rank = rank;
   opt.resume = o.resume;
+  opt.join = o.join;
   opt.stop_at_step = o.stop_at_step;
   opt.progress = o.progress;
   opt.status_fd = o.status_fd;
@@ -106,7 +109,7 @@ nlohmann::json run_rank(const trainer::RunConfig& cfg, const RankOptions& o) {
   std::unique_ptr<outer::Diloco> diloco;
   if (cfg.outer.enabled) {
     diloco = std::make_unique<outer::Diloco>(cfg, site, rank, tp.get(), trainer.strategy(),
-                                             trainer::ParamLayout(cfg.model), o.outer_hooks);
+                                             trainer::ParamLayout(cfg.model), o.outer_hooks, o.join);
     trainer.set_outer(diloco.get());
   }
   nlohmann::json mine = trainer.run();

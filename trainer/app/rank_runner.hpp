@@ -20,6 +20,9 @@ struct RankOptions {
   int site = 0;
   int rank = 0;
   bool resume = false;
+  // Join the running job from the other sites (a restarted or new site): the transport
+  // connects in ConnectMode::kJoin, the outer loop fetches the committed state (OuterHook::join).
+  bool join = false;
   int64_t stop_at_step = 0;
   bool progress = true;
   int status_fd = -1;  // the launcher's status pipe (TrainerOptions::status_fd)
@@ -29,7 +32,7 @@ struct RankOptions {
   // peers). Default (empty): UCX, listening on the rank's address and port from the config.
   // Tests give the in-memory fabric's (transport/memory/).
   using ConnectTransport = std::function<std::unique_ptr<transport::Transport>(
-      const transport::Identity& self, const std::vector<transport::PeerInfo>& peers)>;
+      const transport::Identity& self, const std::vector<transport::PeerInfo>& peers, transport::ConnectMode mode)>;
   ConnectTransport connect_transport;
   // Injected into the outer loop (outer_optimizer/outer_hooks.hpp).
   outer::OuterHooks outer_hooks;

@@ -28,6 +28,7 @@ struct WorkerArgs {
   std::string site;
   int rank = -1;
   bool resume = false;
+  bool join = false;
   int64_t stop_at = 0;
   std::string capture_dir;
 };
@@ -64,6 +65,7 @@ void run_worker(const WorkerArgs& a) {
   o.site = site;
   o.rank = rank;
   o.resume = a.resume;
+  o.join = a.join;
   o.stop_at_step = a.stop_at;
   o.outer_hooks.capture_dir = a.capture_dir;
   // The launcher's terminal status view: the site's rank 0 reports there, and the per-step
@@ -160,6 +162,9 @@ void add_worker_commands(CLI::App& app) {
     add_common(cmd, *a);
     cmd->add_option("--site", a->site, "site name from the config");
     cmd->add_option("--rank", a->rank, "rank within the site")->check(CLI::NonNegativeNumber);
+    cmd->add_flag("--join", a->join,
+                  "join the running job: fetch the committed state from the other sites (a restarted or new site; "
+                  "docs/elastic.md)");
     cmd->callback([a] { run_worker(*a); });
   }
   {
