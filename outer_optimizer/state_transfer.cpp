@@ -203,7 +203,8 @@ JoinResult fetch_join_state(const SitePeers& peers, double wait_s, const std::at
     }
     pending.clear();
     for (auto& w : wanted) {
-      while (!w.h.wait_for(kPoll)) {
+      while (!w.h.ready()) {  // (wait_for would throw a donor's failure here, outside the try below)
+        std::this_thread::sleep_for(kPoll);
         if ((abort && abort->load()) || since(t0) >= wait_s) {
           for (auto& x : wanted) x.h.cancel();
           check_abort();
@@ -213,6 +214,7 @@ JoinResult fetch_join_state(const SitePeers& peers, double wait_s, const std::at
       std::string why;
       bool donor_lost = false;
       try {
+        w.h.wait();  // done: throws the donor's failure
         std::vector<uint8_t> bytes = w.h.take();
         bytes.resize(w.h.bytes());
         const Envelope e = read_envelope(bytes, EnvelopeKind::kJoinChunk, w.q, static_cast<uint32_t>(w.donor),

@@ -343,3 +343,60 @@ TEST(Elastic, AKilledSiteRestartsRejoinsFromItsPeersAndEndsInAgreement) {
     }
   }
 }
+
+// A donor dies in the middle of the transfer (milan, after its second chunk to lyon): lyon
+// fetches milan's missing chunks from paris, the state verifies, and paris and lyon (2 of 3:
+// still the quorum) end in agreement.
+TEST(Elastic, ADonorKilledMidTransferTheJoinCompletesFromTheOthers) {
+  TempDir d;
+  auto cfg = sites_config(d, 3, 1, ", join_chunk_bytes: 4096, join_wait_s: 20");
+  cfg.train.steps = 10000;
+  cfg.outer.interval = 10;
+  Fault donor_dies;
+  donor_dies.action = FaultAction::kKill;
+  donor_dies.from_site = "milan";
+  donor_dies.kind = transport::FrameKind::kGlobalState;
+  donor_dies.nth = 3;
+  const auto out = run_with_rejoin(cfg, {kill_before("lyon", 0, 5), donor_dies}, "lyon", nullptr);
+  for (const auto& o : out)
+    if (o.site == "lyon") EXPECT_EQ(o.error, "") << "lyon";
+  std::string h;
+  for (const auto& o : out) {
+    if (o.site == "milan") {
+      EXPECT_NE(o.error, "") << "milan finished although it was killed";
+      continue;
+    }
+    ASSERT_EQ(o.error, "") << o.site;
+    if (h.empty()) h = o.result.value("global_weights_hash", std::string());
+    EXPECT_EQ(o.result.value("global_weights_hash", std::string()), h) << o.site;
+    if (o.site == "lyon") {
+      const auto& j = o.result["membership"]["joined"];
+      ASSERT_TRUE(j.is_object()) << o.result.dump();
+      EXPECT_GT(j["refetched"].get<int>(), 0) << j.dump();
+      EXPECT_TRUE(has(j["notes"].dump(), "milan")) << j.dump();
+    }
+  }
+  EXPECT_NE(h, "");
+}
+
+// A chunk arrives corrupted (the donor's copy went bad after it was hashed; the transport's
+// own checksum is intact): lyon detects it by the manifest's chunk hash, fetches it again from
+// the other donor, and is admitted only with the verified state.
+TEST(Elastic, ACorruptedJoinChunkIsDetectedAndFetchedAgain) {
+  TempDir d;
+  auto cfg = sites_config(d, 3, 1, ", join_chunk_bytes: 4096, join_wait_s: 20");
+  cfg.train.steps = 10000;
+  cfg.outer.interval = 10;
+  outer::OuterHooks hooks;
+  hooks.corrupt_join_chunk = outer::OuterHooks::CorruptJoinChunk{0, 2, 1};  // paris, chunk 2, once
+  const auto out = run_with_rejoin(cfg, {kill_before("lyon", 0, 5)}, "lyon", nullptr, hooks);
+  EXPECT_NE(all_hash(out), "");
+  for (const auto& o : out)
+    if (o.site == "lyon") {
+      const auto& j = o.result["membership"]["joined"];
+      ASSERT_TRUE(j.is_object()) << o.result.dump();
+      EXPECT_EQ(j["refetched"], 1) << j.dump();
+      EXPECT_TRUE(has(j["notes"].dump(), "chunk 2 from paris/0")) << j.dump();
+      EXPECT_TRUE(has(j["notes"].dump(), "failed its checksum")) << j.dump();
+    }
+}
