@@ -1,7 +1,9 @@
 #!/bin/bash
-# Watch a campus die and the run go on (docs/elastic.md): launches configs/elastic.yaml
-# (three sites), SIGKILLs site lyon's process once outer step 3 is logged, and waits for the
-# run to finish with the other two. Exit status: the launch's (0 when paris and milan finish).
+# Watch a campus die, the run go on, and the campus rejoin (docs/elastic.md): launches
+# configs/elastic.yaml (three sites), SIGKILLs site lyon's process once outer step 3 is
+# logged, restarts it 3 s later with `geoloco worker ... --join` (a round takes it in, it
+# fetches the committed state from paris and milan, verified, and trains on), and waits for
+# all three to finish. Exit status: 0 when the launch and the rejoined site both exit 0.
 #   tools/elastic_demo.sh [CONFIG] [SITE]
 set -u
 cd "$(dirname "$0")/.."
@@ -21,8 +23,20 @@ if [ -n "$pid" ]; then
   echo "elastic_demo: SIGKILL to site $victim (pid $pid)"
   kill -KILL "$pid"
 fi
+rejoin_rc=1
+if [ -n "$pid" ]; then
+  sleep 3
+  echo "elastic_demo: restarting site $victim with --join"
+  build/geoloco worker "$config" --site "$victim" --rank 0 --join --set run.output_dir=runs/elastic-demo \
+    >>"$log" 2>&1 &
+  rejoin=$!
+fi
 wait "$launch"
 rc=$?
+if [ -n "$pid" ]; then
+  wait "$rejoin"
+  rejoin_rc=$?
+fi
 sleep 0.3  # let tail print the last lines
-echo "elastic_demo: launch exited $rc; evictions: $(python3 -c 'import json,sys; print(json.load(open("runs/elastic-demo/summary.json"))["membership"]["evictions"])' 2>/dev/null)"
-exit $rc
+echo "elastic_demo: launch exited $rc, the rejoined $victim $rejoin_rc; membership: $(python3 -c 'import json; m=json.load(open("runs/elastic-demo/summary.json"))["membership"]; print({k: m[k] for k in ("members", "evictions", "joins")})' 2>/dev/null)"
+[ "$rc" -eq 0 ] && [ "$rejoin_rc" -eq 0 ]
