@@ -50,33 +50,14 @@ struct Outcome {
   std::string error;
 };
 
+std::vector<Outcome> run_with_rejoin(const trainer::RunConfig& cfg, const std::vector<Fault>& faults,
+                                     const std::string& restart, std::vector<Outcome>* first_lives,
+                                     outer::OuterHooks hooks = {});
+
 // Every rank as a thread on a fresh fabric with `faults`; each rank's outcome, by global rank.
 std::vector<Outcome> run(const trainer::RunConfig& cfg, const std::vector<Fault>& faults,
                          outer::OuterHooks hooks = {}) {
-  geoloco::testing::MemorySites m;
-  for (const auto& f : faults) m.fabric.add_fault(f);
-  const auto setup = m.setup(cfg, hooks);
-  std::vector<std::pair<int, int>> site_rank;
-  for (size_t s = 0; s < cfg.sites.size(); ++s)
-    for (int r = 0; r < cfg.sites[s].ranks; ++r) site_rank.emplace_back(static_cast<int>(s), r);
-  return geoloco::test::run_ranks(static_cast<int>(site_rank.size()), [&](int g) {
-    const auto [s, r] = site_rank[static_cast<size_t>(g)];
-    Outcome o;
-    o.site = cfg.sites[static_cast<size_t>(s)].name;
-    o.rank = r;
-    app::RankOptions ro;
-    ro.site = s;
-    ro.rank = r;
-    ro.progress = false;
-    ro.outer_hooks = setup.hooks;
-    ro.connect_transport = setup.connect_transport;
-    try {
-      o.result = app::run_rank(cfg, ro);
-    } catch (const std::exception& e) {
-      o.error = e.what();
-    }
-    return o;
-  });
+  return run_with_rejoin(cfg, faults, "", nullptr, std::move(hooks));
 }
 
 // The final global-weights hash every surviving rank reports (one, or the test fails).
@@ -250,11 +231,11 @@ TEST(Elastic, AStalledSitePastTheDeadlineLearnsItWasEvicted) {
 
 namespace {
 
-// Every rank as a thread on one fabric; the ranks of site `restart` run twice: once into the
+// Every rank as a thread on one fabric; the ranks of site `restart` ("" : none) run twice: once into the
 // faults, then again as a new process joining the running job (RankOptions::join).
 std::vector<Outcome> run_with_rejoin(const trainer::RunConfig& cfg, const std::vector<Fault>& faults,
                                      const std::string& restart, std::vector<Outcome>* first_lives,
-                                     outer::OuterHooks hooks = {}) {
+                                     outer::OuterHooks hooks) {
   geoloco::testing::MemorySites m;
   for (const auto& f : faults) m.fabric.add_fault(f);
   const auto setup = m.setup(cfg, hooks);
