@@ -101,7 +101,7 @@ void Diloco::build_fragments(int fragments, std::span<const float> shard) {
   }
 }
 
-bool Diloco::overlapped() const { return ocfg_.overlap_steps > 0 || ocfg_.delayed_update; }
+bool Diloco::overlapped() const { return ocfg_.overlapped(); }
 
 int64_t Diloco::tau() const { return ocfg_.delayed_update ? interval_ : ocfg_.overlap_steps; }
 

@@ -19,7 +19,7 @@ namespace {
 constexpr double kDonorIdleS = 120;
 }  // namespace
 
-bool Diloco::joinable() const { return !overlapped() && !ocfg_.auto_plan(); }
+bool Diloco::joinable() const { return ocfg_.joinable(); }
 
 SiteMask Diloco::poll_join_requests(uint64_t round) {
   auto* t = peers_.transport();

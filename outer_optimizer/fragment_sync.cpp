@@ -65,11 +65,15 @@ void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64
                                  {{"round", std::to_string(round)}, {"step", std::to_string(step)}});
     }
 
+    // The round's deadline counts from here: no site, alive but stuck included, holds this one
+    // longer, neither in the previous round's hash check nor in the exchange below.
+    const auto deadline =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(deadline_s));
     // The check of this fragment's previous round: its replies arrived long ago (the peers
     // sent them right after that round's outer step), so this rarely waits.
     if (f.check) {
       trainer::TraceSpan sp(ctx.trace, "hash_check", tid);
-      verify_hash_check(peers, ctx.cfg, *f.check, /*tolerate_lost=*/true);
+      verify_hash_check(peers, ctx.cfg, *f.check, /*tolerate_lost=*/true, deadline);
       f.check.reset();
     }
 
@@ -87,8 +91,6 @@ void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64
     in.max_frame = compression::kHeaderBytes + in.info.raw_bytes + compression::kTrailerBytes;
     compress_span.reset();
     const auto exchange_t0 = Clock::now();
-    const auto deadline =
-        exchange_t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(deadline_s));
     std::vector<int> others;
     for (int s = 0; s < S; ++s)
       if (s != self && ((active >> s) & 1)) others.push_back(s);

@@ -22,11 +22,22 @@ HashCheck post_hash_check(const SitePeers& peers, uint64_t h, uint64_t round, ui
   return c;
 }
 
-uint64_t verify_hash_check(const SitePeers& peers, const trainer::RunConfig& cfg, HashCheck& c, bool tolerate_lost) {
+uint64_t verify_hash_check(const SitePeers& peers, const trainer::RunConfig& cfg, HashCheck& c, bool tolerate_lost,
+                           std::optional<std::chrono::steady_clock::time_point> until) {
   uint64_t lost = 0;
+  const bool limited = tolerate_lost && until.has_value();
+  // Waits for `op` until the limit; false (and the op cancelled) when it is not done by then.
+  auto in_time = [&](const auto& op) {
+    if (!limited) return true;
+    const auto left = *until - std::chrono::steady_clock::now();
+    if (op.wait_for(std::chrono::duration<double>(std::max(left, std::chrono::steady_clock::duration::zero()))))
+      return true;
+    op.cancel();
+    return false;
+  };
   for (auto& op : c.sends) {
     try {
-      op.wait();
+      if (in_time(op)) op.wait();
     } catch (const transport::TransportError&) {
       if (!tolerate_lost) throw;  // the reply from that site fails too, naming it
     }
@@ -34,6 +45,14 @@ uint64_t verify_hash_check(const SitePeers& peers, const trainer::RunConfig& cfg
   for (auto& [s, op] : c.replies) {
     std::vector<uint8_t> bytes;
     Envelope e;
+    if (!in_time(op)) {
+      spdlog::warn(
+          "outer round {}: the hash check from site {} did not arrive within the round's deadline; it is "
+          "late, not checked this round",
+          c.round, cfg.sites[static_cast<size_t>(s)].name);
+      lost |= uint64_t{1} << s;
+      continue;
+    }
     try {
       e = peers.read(op, s, EnvelopeKind::kWeightsHash, c.round, bytes, 0);
     } catch (const transport::TransportError& err) {

@@ -4,10 +4,14 @@
 // so it costs no round trip on the sync path. Round 0 is the start: every site must begin
 // from the same weights. A mismatch stops the run naming the round, the shard and both sites.
 // A round's check covers its members; a member whose reply cannot arrive (it died or left
-// since) is no divergence: its loss shows in the next round's membership.
+// since) is no divergence: its loss shows in the next round's membership. Nor is a member
+// that is alive but stuck: with a time limit (the next round's deadline) its reply is waited
+// for until then, never longer, so a stopped site cannot hold the others past the deadline.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,8 +31,10 @@ struct HashCheck {
 HashCheck post_hash_check(const SitePeers& peers, uint64_t shard_hash, uint64_t round, uint64_t members = ~uint64_t{0});
 // Waits for every reply and compares; throws Error naming the divergence. `tolerate_lost`:
 // a reply that fails in the transport (peer died, cancelled) is logged and skipped.
-// Returns the sites whose reply did not come.
+// `until` (with tolerate_lost): a reply or send not done by then is cancelled and counted
+// as lost, like one that failed. Returns the sites whose reply did not come.
 uint64_t verify_hash_check(const SitePeers& peers, const trainer::RunConfig& cfg, HashCheck& check,
-                           bool tolerate_lost = false);
+                           bool tolerate_lost = false,
+                           std::optional<std::chrono::steady_clock::time_point> until = std::nullopt);
 
 }  // namespace geoloco::outer

@@ -26,7 +26,7 @@ using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
 ProcessSpec sh(const std::string& label, const std::string& script) {
-  return {label, {"/bin/sh", "-c", script}, {}, ""};
+  return {label, {"/bin/sh", "-c", script}, {}, "", {}};
 }
 
 std::string read_all(FILE* f) {
@@ -189,6 +189,134 @@ TEST(Launcher, IsolatedGroupsAFailedRankTakesOnlyItsSiteDown) {
   EXPECT_EQ(launch(lost, o2), kExitRankFailed);
 }
 
+ProcessSpec in_group(ProcessSpec p, const std::string& g, const std::string& restart_script = "") {
+  p.group = g;
+  if (!restart_script.empty()) p.restart_argv = {"/bin/sh", "-c", restart_script};
+  return p;
+}
+
+size_t count_of(const std::string& hay, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = hay.find(needle); at != std::string::npos; at = hay.find(needle, at + 1)) ++n;
+  return n;
+}
+
+// A failed site comes back: once both of paris's ranks are down (paris/1 failed, paris/0 was
+// stopped), both start again with their restart commands after the backoff; the restarted site
+// finishes, and tokyo is never touched.
+TEST(Launcher, AFailedGroupIsRestartedWithItsRestartCommand) {
+  Captured cap;
+  std::vector<ProcessSpec> procs = {
+      in_group(sh("paris/0", "echo pid $$; sleep 100"), "paris", "sleep 1.5; echo again 0"),
+      in_group(sh("paris/1", "sleep 0.2; exit 3"), "paris", "sleep 1.5; echo again 1"),
+      in_group(sh("tokyo/0", "sleep 3; echo done"), "tokyo", "echo tokyo restarted"),
+  };
+  // The restarted ranks outlive the grace that was running for their predecessors: it must
+  // not reach them.
+  LaunchOptions o = cap.options(1s);
+  o.isolate_groups = true;
+  o.max_restarts = 2;
+  o.restart_backoff = 100ms;
+  EXPECT_EQ(launch(procs, o), kExitOk);
+  std::string out = read_all(cap.out), err = read_all(cap.err);
+  EXPECT_NE(err.find("[launch] site paris: every rank is down; restart 1 of 2 in 0.1 s"), std::string::npos) << err;
+  EXPECT_NE(err.find("[launch] site paris: restart 1 of 2: starting its 2 ranks again"), std::string::npos) << err;
+  EXPECT_NE(out.find("[paris/0] again 0"), std::string::npos) << out;
+  EXPECT_NE(out.find("[paris/1] again 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("[tokyo/0] done"), std::string::npos) << out;
+  EXPECT_EQ(out.find("tokyo restarted"), std::string::npos) << out;
+  EXPECT_EQ(err.find("restart 2 of 2"), std::string::npos) << err;  // the restarted site finished
+  for (pid_t p : printed_pids(out)) EXPECT_TRUE(gone(p)) << "pid " << p;
+}
+
+// A site that keeps failing is started again max_restarts times, each wait twice the last,
+// then stays out; the run still ends well because tokyo finished.
+TEST(Launcher, RestartsStopAtTheLimitAndBackOff) {
+  Captured cap;
+  std::vector<ProcessSpec> procs = {
+      in_group(sh("paris/0", "echo try; exit 3"), "paris", "echo try; exit 3"),
+      in_group(sh("tokyo/0", "sleep 2.5; echo done"), "tokyo", "echo tokyo restarted"),
+  };
+  LaunchOptions o = cap.options(5s);
+  o.isolate_groups = true;
+  o.max_restarts = 3;
+  o.restart_backoff = 100ms;
+  o.restart_backoff_max = 300ms;
+  const auto t0 = Clock::now();
+  EXPECT_EQ(launch(procs, o), kExitOk);
+  const auto took = Clock::now() - t0;
+  std::string out = read_all(cap.out), err = read_all(cap.err);
+  EXPECT_EQ(count_of(out, "[paris/0] try"), 4u) << out;  // the first start and three restarts
+  EXPECT_NE(err.find("restart 1 of 3 in 0.1 s"), std::string::npos) << err;
+  EXPECT_NE(err.find("restart 2 of 3 in 0.2 s"), std::string::npos) << err;
+  EXPECT_NE(err.find("restart 3 of 3 in 0.3 s"), std::string::npos) << err;  // capped, not 0.4
+  EXPECT_NE(err.find("[launch] site paris stays out of the run: it failed again after 3 restarts (--max-restarts 3)"),
+            std::string::npos)
+      << err;
+  EXPECT_GE(took, 600ms);  // the backoffs were waited: 0.1 + 0.2 + 0.3 s at least
+  EXPECT_EQ(out.find("tokyo restarted"), std::string::npos) << out;
+  // Every site keeps failing: the launch fails once the restarts are spent.
+  Captured cap2;
+  std::vector<ProcessSpec> lost = {in_group(sh("paris/0", "exit 1"), "paris", "exit 1"),
+                                   in_group(sh("tokyo/0", "exit 1"), "tokyo", "exit 1")};
+  LaunchOptions o2 = cap2.options(5s);
+  o2.isolate_groups = true;
+  o2.max_restarts = 1;
+  o2.restart_backoff = 50ms;
+  EXPECT_EQ(launch(lost, o2), kExitRankFailed);
+  err = read_all(cap2.err);
+  EXPECT_EQ(count_of(err, "stays out of the run"), 2u) << err;
+}
+
+// Not restarted: bad input (exit 2 would fail the same way again), a site whose restart would
+// come after another site finished the run (nothing left to join), and anything once the
+// launcher is told to stop.
+TEST(Launcher, BadInputAndAFinishedRunAreNotRestarted) {
+  {
+    Captured cap;
+    std::vector<ProcessSpec> procs = {in_group(sh("paris/0", "exit 2"), "paris", "echo restarted"),
+                                      in_group(sh("tokyo/0", "sleep 0.5"), "tokyo", "echo restarted")};
+    LaunchOptions o = cap.options(5s);
+    o.isolate_groups = true;
+    o.max_restarts = 3;
+    o.restart_backoff = 10ms;
+    EXPECT_EQ(launch(procs, o), kExitOk);
+    std::string out = read_all(cap.out), err = read_all(cap.err);
+    EXPECT_EQ(out.find("restarted"), std::string::npos) << out;
+    EXPECT_NE(err.find("[launch] site paris stays out of the run: a rank exited with code 2 (bad input)"),
+              std::string::npos)
+        << err;
+  }
+  {
+    // paris fails at once and waits 3 s for its restart; tokyo finishes first: no restart.
+    Captured cap;
+    std::vector<ProcessSpec> procs = {in_group(sh("paris/0", "exit 1"), "paris", "echo restarted"),
+                                      in_group(sh("tokyo/0", "sleep 0.3"), "tokyo", "echo restarted")};
+    LaunchOptions o = cap.options(5s);
+    o.isolate_groups = true;
+    o.max_restarts = 3;
+    o.restart_backoff = 3s;
+    const auto t0 = Clock::now();
+    EXPECT_EQ(launch(procs, o), kExitOk);
+    EXPECT_LT(Clock::now() - t0, 2500ms);  // the pending restart was dropped, not waited for
+    std::string out = read_all(cap.out), err = read_all(cap.err);
+    EXPECT_EQ(out.find("restarted"), std::string::npos) << out;
+    EXPECT_NE(err.find("[launch] site tokyo finished the run; site paris is not restarted"), std::string::npos) << err;
+  }
+  {
+    // max_restarts 0 (or no isolation): the old behaviour, no restart and no restart message.
+    Captured cap;
+    std::vector<ProcessSpec> procs = {in_group(sh("paris/0", "exit 1"), "paris", "echo restarted"),
+                                      in_group(sh("tokyo/0", "sleep 0.3"), "tokyo", "echo restarted")};
+    LaunchOptions o = cap.options(5s);
+    o.isolate_groups = true;
+    EXPECT_EQ(launch(procs, o), kExitOk);
+    std::string out = read_all(cap.out), err = read_all(cap.err);
+    EXPECT_EQ(out.find("restarted"), std::string::npos) << out;
+    EXPECT_EQ(err.find("restart"), std::string::npos) << err;
+  }
+}
+
 TEST(Launcher, KilledRankIsReportedWithItsSignal) {
   Captured cap;
   std::vector<ProcessSpec> procs = {
@@ -225,7 +353,7 @@ TEST(Launcher, CommandThatCannotStartStopsTheOthers) {
   Captured cap;
   std::vector<ProcessSpec> procs = {
       sh("a/0", "echo pid $$; exec sleep 100"),
-      {"a/1", {"/nonexistent/geoloco-worker", "--rank", "1"}, {}, ""},
+      {"a/1", {"/nonexistent/geoloco-worker", "--rank", "1"}, {}, "", {}},
       sh("a/2", "echo never"),
   };
   auto t0 = Clock::now();
@@ -241,8 +369,16 @@ TEST(Launcher, CommandThatCannotStartStopsTheOthers) {
 }
 
 TEST(Launcher, RejectsBadInput) {
+  {
+    LaunchOptions o;
+    o.max_restarts = -1;
+    EXPECT_THROW(launch({sh("a", "true")}, o), InputError);
+    o.max_restarts = 1;
+    o.restart_backoff = -1ms;
+    EXPECT_THROW(launch({sh("a", "true")}, o), InputError);
+  }
   EXPECT_THROW(launch({}), InputError);
-  EXPECT_THROW(launch({{"a/0", {}, {}, ""}}), InputError);
+  EXPECT_THROW(launch({{"a/0", {}, {}, "", {}}}), InputError);
   EXPECT_THROW(launch({sh("a/0", "true"), sh("a/0", "true")}), InputError);
 }
 
@@ -293,6 +429,37 @@ TEST_P(LauncherSignal, StopsEveryRankAndReturnsTheDocumentedCode) {
 
 INSTANTIATE_TEST_SUITE_P(Signals, LauncherSignal, ::testing::Values(SIGTERM, SIGINT),
                          [](const auto& info) { return info.param == SIGINT ? std::string("SIGINT") : "SIGTERM"; });
+
+// SIGTERM while a site waits for its restart: the restart is dropped and the launcher ends
+// within the grace, not after the backoff.
+TEST(Launcher, AStopDropsAPendingRestart) {
+  const geoloco::test::TempDir tmp("geoloco-launch-test");
+  const std::string marker = tmp.str() + "/restarted";
+  const std::string ready = tmp.str() + "/ready";
+  pid_t helper = ::fork();
+  if (helper == 0) {
+    std::vector<ProcessSpec> procs = {in_group(sh("paris/0", "exit 1"), "paris", "touch " + marker),
+                                      in_group(sh("tokyo/0", "touch " + ready + "; exec sleep 100"), "tokyo")};
+    LaunchOptions o;
+    o.grace = 2s;
+    o.out_fd = o.err_fd = ::open("/dev/null", O_WRONLY);
+    o.isolate_groups = true;
+    o.max_restarts = 2;
+    o.restart_backoff = 10s;
+    ::_exit(launch(procs, o));
+  }
+  const auto deadline = Clock::now() + 5s;
+  while (!std::filesystem::exists(ready) && Clock::now() < deadline) std::this_thread::sleep_for(10ms);
+  std::this_thread::sleep_for(300ms);  // paris has failed and waits for its restart
+  const auto t0 = Clock::now();
+  ::kill(helper, SIGTERM);
+  int st = 0;
+  while (::waitpid(helper, &st, WNOHANG) == 0 && Clock::now() - t0 < 8s) std::this_thread::sleep_for(10ms);
+  ASSERT_TRUE(WIFEXITED(st)) << "launcher did not exit in time";
+  EXPECT_EQ(WEXITSTATUS(st), kExitTerminated);
+  EXPECT_LT(Clock::now() - t0, 4s);
+  EXPECT_FALSE(std::filesystem::exists(marker));
+}
 
 TEST(Launcher, SecondSignalSkipsTheGrace) {
   int ready[2];

@@ -300,7 +300,9 @@ TEST(Elastic, AKilledSiteRestartsRejoinsFromItsPeersAndEndsInAgreement) {
   std::vector<Outcome> first;
   const auto out = run_with_rejoin(cfg, {kill_before("lyon", 0, 5)}, "lyon", &first);
   for (const auto& o : first)
-    if (o.site == "lyon") EXPECT_NE(o.error, "") << "lyon's first life finished although it was killed";
+    if (o.site == "lyon") {
+      EXPECT_NE(o.error, "") << "lyon's first life finished although it was killed";
+    }
   const std::string h = all_hash(out);
   ASSERT_NE(h, "");
   for (const auto& o : out) {
@@ -340,7 +342,9 @@ TEST(Elastic, ADonorKilledMidTransferTheJoinCompletesFromTheOthers) {
   donor_dies.nth = 3;
   const auto out = run_with_rejoin(cfg, {kill_before("lyon", 0, 5), donor_dies}, "lyon", nullptr);
   for (const auto& o : out)
-    if (o.site == "lyon") EXPECT_EQ(o.error, "") << "lyon";
+    if (o.site == "lyon") {
+      EXPECT_EQ(o.error, "") << "lyon";
+    }
   std::string h;
   for (const auto& o : out) {
     if (o.site == "milan") {

@@ -79,7 +79,9 @@ void run_worker(const WorkerArgs& a) {
 }
 
 struct LaunchArgs : WorkerArgs {
-  bool plain = false;  // --plain: prefixed lines only, even on a terminal
+  bool plain = false;            // --plain: prefixed lines only, even on a terminal
+  int max_restarts = 3;          // --max-restarts: a failed site's processes are started again with --join
+  double restart_backoff_s = 1;  // --restart-backoff-s: the first wait, doubled per restart (at most 30 s)
 };
 
 // The status view needs a terminal on both outputs (lines and block share the screen).
@@ -119,6 +121,10 @@ void run_launch(const LaunchArgs& a) {
         p.argv.push_back("--capture-pseudograd");
         p.argv.push_back(a.capture_dir);
       }
+      // A restart joins the running job from its peers (never --resume: the others went on).
+      for (const auto& arg : p.argv)
+        if (arg != "--resume") p.restart_argv.push_back(arg);
+      p.restart_argv.push_back("--join");
       p.env = {{"GEOLOCO_LAUNCHED", "1"}, {"OMP_NUM_THREADS", std::to_string(cfg.train.threads)}};
       procs.push_back(std::move(p));
     }
@@ -129,6 +135,20 @@ void run_launch(const LaunchArgs& a) {
   // number of sites), a failed rank takes only its own site down.
   const int S = static_cast<int>(cfg.sites.size());
   lo.isolate_groups = S > 1 && cfg.outer.quorum(S) < S;
+  // A failed site comes back with --join when the schedule lets a site join (docs/elastic.md).
+  if (lo.isolate_groups && a.max_restarts > 0) {
+    std::string off;
+    if (!cfg.outer.allow_join)
+      off = "outer.allow_join is false";
+    else if (!cfg.outer.joinable())
+      off = "joins need blocking syncs (outer.overlap_steps 0, outer.delayed_update false) and outer.plan: manual";
+    if (off.empty()) {
+      lo.max_restarts = a.max_restarts;
+      lo.restart_backoff = std::chrono::milliseconds(static_cast<int64_t>(a.restart_backoff_s * 1000));
+    } else {
+      fmt::print(stderr, "geoloco: a failed site is not restarted: {}\n", off);
+    }
+  }
   if (wants_status_view(a))
     for (const auto& s : cfg.sites) lo.status_sites.push_back(s.name);
   int rc = launch::launch(procs, lo);
@@ -173,6 +193,15 @@ void add_worker_commands(CLI::App& app) {
     add_common(cmd, *a);
     cmd->add_flag("--plain", a->plain,
                   "plain prefixed lines even on a terminal (default there: a status block per site)");
+    cmd->add_option("--max-restarts", a->max_restarts,
+                    "when the run outlives a site: start a failed site's processes again with --join, at most N "
+                    "times per site (0: never)")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
+    cmd->add_option("--restart-backoff-s", a->restart_backoff_s,
+                    "wait before a site's first restart, doubled for each further one (at most 30 s)")
+        ->check(CLI::Range(0.0, 3600.0))
+        ->capture_default_str();
     cmd->callback([a] { run_launch(*a); });
   }
 }

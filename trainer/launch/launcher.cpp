@@ -11,8 +11,10 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <memory>
+#include <deque>
 #include <map>
+#include <memory>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
@@ -299,6 +301,7 @@ class Launcher {
     if (stopping_) return;
     stopping_ = true;
     result_ = code;
+    for (auto& [g, st] : group_state_) st.restart_at.reset();  // nothing comes back while stopping
     signal_all(SIGTERM);
     kill_at_ = Clock::now() + opts_.grace;
   }
@@ -325,8 +328,28 @@ class Launcher {
     }
   }
   void handle_signal_bytes(int fd);
+  // Restarts (isolate_groups, max_restarts): which failed groups come back, and when.
+  void note_finished_groups();
+  void schedule_restarts();
+  void start_due_restarts();
+  bool restart_pending() const;
+  int ms_to_next_restart() const;
+  void start(Child& c);  // fork + exec with our signals blocked
+  std::string group_size_text(const std::string& g) const;
+
+  struct GroupState {
+    int restarts = 0;        // how many times it was started again
+    bool bad_input = false;  // a child exited kExitBadInput: a restart would fail the same way
+    bool settled = false;    // down for good (message given)
+    std::optional<Clock::time_point> restart_at;
+  };
 
   const LaunchOptions& opts_;
+  Fd devnull_;
+  sigset_t original_mask_{};
+  std::deque<ProcessSpec> restart_specs_;  // stable addresses: Child::spec points here after a restart
+  std::map<std::string, GroupState> group_state_;
+  bool run_finished_ = false;           // some group finished whole: nothing is restarted any more
   std::unique_ptr<StatusBlock> block_;  // the terminal status view, when asked for
   std::vector<Child> children_;
   bool stopping_ = false;
@@ -360,6 +383,8 @@ void Launcher::collect_exits() {
     pump(c.err, *c.err_lines);
     if (failed(c) && !stopping_) {
       if (opts_.isolate_groups && !c.spec->group.empty()) {
+        if (c.start_error.empty() && c.term_signal == 0 && c.exit_code == kExitBadInput)
+          group_state_[c.spec->group].bad_input = true;
         stop_group(c);
         continue;
       }
@@ -404,6 +429,148 @@ void Launcher::kill_overdue_groups() {
   }
 }
 
+std::string Launcher::group_size_text(const std::string& g) const {
+  size_t n = 0;
+  for (const auto& c : children_) n += c.spec->group == g;
+  return fmt::format("{} rank{}", n, n == 1 ? "" : "s");
+}
+
+void Launcher::note_finished_groups() {
+  if (run_finished_ || !opts_.isolate_groups) return;
+  std::map<std::string, bool> whole;  // every child reaped and exited 0
+  for (const auto& c : children_) {
+    auto [it, fresh] = whole.emplace(c.spec->group, true);
+    if (c.pid <= 0 || !c.reaped || failed(c)) it->second = false;
+  }
+  for (const auto& [g, ok] : whole) {
+    if (!ok || groups_down_.count(g)) continue;
+    run_finished_ = true;
+    for (auto& [h, st] : group_state_)
+      if (st.restart_at) {
+        st.restart_at.reset();
+        st.settled = true;
+        message(fmt::format("site {} finished the run; site {} is not restarted", g, h));
+      }
+    return;
+  }
+}
+
+void Launcher::schedule_restarts() {
+  if (!opts_.isolate_groups || opts_.max_restarts <= 0) return;
+  for (const auto& g : groups_down_) {
+    GroupState& st = group_state_[g];
+    if (st.settled || st.restart_at) continue;
+    bool all_reaped = true, restartable = true;
+    for (const auto& c : children_) {
+      if (c.spec->group != g) continue;
+      all_reaped = all_reaped && (c.pid <= 0 || c.reaped);
+      restartable = restartable && !c.spec->restart_argv.empty();
+    }
+    if (!all_reaped) continue;
+    std::string why_not;
+    if (stopping_)
+      why_not = "the launch is stopping";
+    else if (run_finished_)
+      why_not = "the run is over";
+    else if (st.bad_input)
+      why_not = fmt::format("a rank exited with code {} (bad input)", kExitBadInput);
+    else if (!restartable)
+      why_not = "it has no restart command";
+    else if (st.restarts >= opts_.max_restarts)
+      why_not = fmt::format("it failed again after {} restart{} (--max-restarts {})", st.restarts,
+                            st.restarts == 1 ? "" : "s", opts_.max_restarts);
+    if (!why_not.empty()) {
+      st.settled = true;
+      message(fmt::format("site {} stays out of the run: {}", g, why_not));
+      continue;
+    }
+    auto wait = opts_.restart_backoff;
+    for (int i = 0; i < st.restarts && wait < opts_.restart_backoff_max; ++i) wait *= 2;
+    wait = std::min(wait, std::max(opts_.restart_backoff_max, opts_.restart_backoff));
+    st.restart_at = Clock::now() + wait;
+    message(fmt::format("site {}: every rank is down; restart {} of {} in {:.1f} s", g, st.restarts + 1,
+                        opts_.max_restarts, static_cast<double>(wait.count()) / 1000.0));
+  }
+}
+
+bool Launcher::restart_pending() const {
+  for (const auto& [g, st] : group_state_)
+    if (st.restart_at) return true;
+  return false;
+}
+
+int Launcher::ms_to_next_restart() const {
+  int64_t best = 250;
+  const auto now = Clock::now();
+  for (const auto& [g, st] : group_state_)
+    if (st.restart_at)
+      best =
+          std::min<int64_t>(best, std::chrono::duration_cast<std::chrono::milliseconds>(*st.restart_at - now).count());
+  return static_cast<int>(std::max<int64_t>(best, 0));
+}
+
+void Launcher::start(Child& c) {
+  sigset_t block, saved;
+  sigemptyset(&block);
+  sigaddset(&block, SIGINT);
+  sigaddset(&block, SIGTERM);
+  sigaddset(&block, SIGCHLD);
+  ::pthread_sigmask(SIG_BLOCK, &block, &saved);
+  try {
+    start_child(c, devnull_.get(), original_mask_, opts_, block_.get());
+  } catch (const Error& e) {
+    c.start_error = e.what();
+  }
+  ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
+  if (!c.start_error.empty() && c.pid > 0) {
+    int st = 0;
+    ::waitpid(c.pid, &st, 0);
+    c.reaped = true;
+  }
+}
+
+void Launcher::start_due_restarts() {
+  const auto now = Clock::now();
+  for (auto& [g, st] : group_state_) {
+    if (!st.restart_at || now < *st.restart_at) continue;
+    st.restart_at.reset();
+    if (stopping_ || run_finished_) continue;
+    ++st.restarts;
+    st.bad_input = false;
+    groups_down_.erase(g);
+    group_kill_at_.erase(g);  // its old processes are reaped; the SIGKILL due to them must not hit the new ones
+    message(fmt::format("site {}: restart {} of {}: starting its {} again", g, st.restarts, opts_.max_restarts,
+                        group_size_text(g)));
+    Child* failed_start = nullptr;
+    for (auto& c : children_) {
+      if (c.spec->group != g) continue;
+      // The previous process's last lines first (it is reaped; its pipes are at EOF or close).
+      for (auto s : {std::make_pair(&c.out, c.out_lines.get()), std::make_pair(&c.err, c.err_lines.get())}) {
+        const auto until = Clock::now() + std::chrono::milliseconds(200);
+        while (s.first->get() >= 0 && Clock::now() < until) {
+          pollfd p{s.first->get(), POLLIN, 0};
+          ::poll(&p, 1, 20);
+          pump(*s.first, *s.second);
+        }
+        if (s.second) s.second->finish();
+      }
+      if (block_) pump_status(c, *block_);
+      restart_specs_.push_back(*c.spec);
+      restart_specs_.back().argv = c.spec->restart_argv;
+      c = Child{};
+      c.spec = &restart_specs_.back();
+      if (failed_start == nullptr) {
+        start(c);
+        if (!c.start_error.empty()) failed_start = &c;
+      } else {
+        c.reaped = true;  // not started: its group is going down again
+        c.start_error = "not started: a sibling could not be started";
+      }
+    }
+    if (failed_start) stop_group(*failed_start);
+  }
+}
+
 int Launcher::isolated_result() const {
   // The run finished if some site finished whole (its rounds committed with a quorum).
   std::map<std::string, bool> clean;
@@ -442,8 +609,8 @@ int Launcher::run() {
   Pipe sig_pipe = make_pipe();
   ::fcntl(sig_pipe.read.get(), F_SETFL, O_NONBLOCK);
   ::fcntl(sig_pipe.write.get(), F_SETFL, O_NONBLOCK);
-  Fd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-  if (devnull.get() < 0) sys_fail("open /dev/null");
+  devnull_ = Fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  if (devnull_.get() < 0) sys_fail("open /dev/null");
 
   SignalScope signals(sig_pipe.write.get(), opts_.handle_signals);
   SubreaperScope subreaper;
@@ -456,18 +623,10 @@ int Launcher::run() {
   sigaddset(&block, SIGTERM);
   sigaddset(&block, SIGCHLD);
   ::pthread_sigmask(SIG_BLOCK, &block, &original);
+  original_mask_ = original;
   for (auto& c : children_) {
-    try {
-      start_child(c, devnull.get(), original, opts_, block_.get());
-    } catch (const Error& e) {
-      c.start_error = e.what();
-    }
+    start(c);
     if (!c.start_error.empty()) {
-      if (c.pid > 0) {
-        int st = 0;
-        ::waitpid(c.pid, &st, 0);
-        c.reaped = true;
-      }
       message(fmt::format("rank {} {}; stopping {} other rank{}", c.spec->label, describe_exit(c), live(),
                           live() == 1 ? "" : "s"));
       begin_stop(kExitRankFailed);
@@ -478,7 +637,7 @@ int Launcher::run() {
 
   std::vector<pollfd> pfds;
   std::vector<std::pair<Fd*, LinePrefixer*>> streams;
-  while (live() > 0) {
+  while (live() > 0 || restart_pending()) {
     pfds.clear();
     streams.clear();
     pfds.push_back({sig_pipe.read.get(), POLLIN, 0});
@@ -500,7 +659,7 @@ int Launcher::run() {
         reporting.push_back(&c);
       }
     // 250 ms is only a safety net; SIGCHLD and output wake us up earlier.
-    int timeout_ms = 250;
+    int timeout_ms = ms_to_next_restart();
     if (stopping_ && !killed_) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(kill_at_ - Clock::now()).count();
       timeout_ms = static_cast<int>(std::clamp<int64_t>(left, 0, 250));
@@ -516,6 +675,9 @@ int Launcher::run() {
     }
     collect_exits();
     kill_overdue_groups();
+    note_finished_groups();
+    schedule_restarts();
+    start_due_restarts();
     if (stopping_ && !killed_ && Clock::now() >= kill_at_ && live() > 0) {
       message(fmt::format("{} rank{} still running after {} ms; sending SIGKILL", live(), live() == 1 ? "" : "s",
                           opts_.grace.count()));
@@ -554,6 +716,9 @@ int launch(const std::vector<ProcessSpec>& procs, const LaunchOptions& opts) {
     if (!labels.insert(p.label).second) throw InputError(fmt::format("launch: label '{}' is used twice", p.label));
   }
   if (opts.grace.count() < 0) throw InputError("launch: grace period must not be negative");
+  if (opts.max_restarts < 0) throw InputError("launch: max_restarts must not be negative");
+  if (opts.restart_backoff.count() < 0 || opts.restart_backoff_max.count() < 0)
+    throw InputError("launch: restart backoff must not be negative");
   bool expected = false;
   if (!g_launch_active.compare_exchange_strong(expected, true))
     throw Error("launch: another launch() is already running in this process");

@@ -21,6 +21,14 @@
 //    `grace`, and the other groups go on. launch() returns 0 when at least one group
 //    finished with every child exiting 0 (it finished the run with its quorum), else
 //    kExitRankFailed;
+//  * restarts (isolate_groups with max_restarts > 0): once every child of a failed group is
+//    reaped, the group is started again after a backoff (restart_backoff, doubled per
+//    restart of that group, at most restart_backoff_max), each child with its restart_argv
+//    (`geoloco launch` adds --join), up to max_restarts times per group. Not restarted: a
+//    group whose failure was bad input (a child exited kExitBadInput: it would fail the same
+//    way), a group without restart_argv, and any group once another group has finished whole
+//    (the run is over; there is nothing left to join). A restarted group that finishes whole
+//    counts as finished;
 //  * when a rank exits, stragglers left in its process group are SIGKILLed and reaped (the
 //    launcher is their subreaper while launch() runs): no orphans, no zombies. A helper that
 //    moved itself to another process group or session (setsid) escapes this sweep.
@@ -38,6 +46,7 @@ struct ProcessSpec {
   std::vector<std::string> argv;                         // argv[0] is looked up in PATH
   std::vector<std::pair<std::string, std::string>> env;  // added to (or replacing in) our environment
   std::string group;                                     // its failure domain (site name); see isolate_groups
+  std::vector<std::string> restart_argv;                 // its command when its group is restarted (empty: never)
 };
 
 struct LaunchOptions {
@@ -52,16 +61,22 @@ struct LaunchOptions {
   std::vector<std::string> status_sites;
   // A failing child stops only the children of its group (ProcessSpec::group).
   bool isolate_groups = false;
+  // With isolate_groups: how many times a failed group is started again (0: never), and the
+  // wait before its first restart (doubled for each further one, capped).
+  int max_restarts = 0;
+  std::chrono::milliseconds restart_backoff{1000};
+  std::chrono::milliseconds restart_backoff_max{30000};
 };
 
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitRankFailed = 1;     // a rank failed or could not be started
+inline constexpr int kExitBadInput = 2;       // a rank's own code for bad input: its group is not restarted
 inline constexpr int kExitInterrupted = 130;  // SIGINT (128 + 2)
 inline constexpr int kExitTerminated = 143;   // SIGTERM (128 + 15)
 
 // Runs all processes to completion. Returns 0 when every one exited 0, otherwise one of the
 // codes above. Throws geoloco::InputError for an empty list, empty argv or duplicate labels,
-// and geoloco::Error when a system call the launcher itself needs fails (pipe, fork).
+// a negative grace, max_restarts or backoff, and geoloco::Error when a system call the launcher itself needs fails (pipe, fork).
 int launch(const std::vector<ProcessSpec>& procs, const LaunchOptions& opts = {});
 
 }  // namespace geoloco::launch
