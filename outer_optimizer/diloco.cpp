@@ -440,7 +440,9 @@ void Diloco::verify_pending_checks() {
   for (auto& f : frags_) {
     if (!f->check || f->in_flight) continue;  // in flight: the worker verifies it
     trainer::TraceSpan sp(ctx_.trace, "hash_check", trainer::TraceRecorder::kMainThread);
-    verify_hash_check(peers_, cfg_, *f->check);
+    // When the run outlives a site, a member lost since the round is no divergence (it is out
+    // of the next round, or the run ended); with every site needed, its loss is an error.
+    verify_hash_check(peers_, cfg_, *f->check, membership_.quorum() < peers_.sites());
     f->check.reset();
   }
 }

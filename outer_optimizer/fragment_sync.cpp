@@ -65,18 +65,6 @@ void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64
                                  {{"round", std::to_string(round)}, {"step", std::to_string(step)}});
     }
 
-    // The round's deadline counts from here: no site, alive but stuck included, holds this one
-    // longer, neither in the previous round's hash check nor in the exchange below.
-    const auto deadline =
-        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(deadline_s));
-    // The check of this fragment's previous round: its replies arrived long ago (the peers
-    // sent them right after that round's outer step), so this rarely waits.
-    if (f.check) {
-      trainer::TraceSpan sp(ctx.trace, "hash_check", tid);
-      verify_hash_check(peers, ctx.cfg, *f.check, /*tolerate_lost=*/true, deadline);
-      f.check.reset();
-    }
-
     // 2. Compress, wrap, exchange with the active sites.
     std::optional<trainer::TraceSpan> compress_span(std::in_place, ctx.trace, "compress", tid);
     std::vector<uint8_t> frame;
@@ -91,6 +79,10 @@ void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64
     in.max_frame = compression::kHeaderBytes + in.info.raw_bytes + compression::kTrailerBytes;
     compress_span.reset();
     const auto exchange_t0 = Clock::now();
+    // The round's deadline: no site, alive but stuck included, holds this one longer, neither
+    // in the exchange nor in the previous round's hash check below.
+    const auto deadline =
+        exchange_t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(deadline_s));
     std::vector<int> others;
     for (int s = 0; s < S; ++s)
       if (s != self && ((active >> s) & 1)) others.push_back(s);
@@ -142,6 +134,16 @@ void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64
     }
     in.wait_s = std::chrono::duration<double>(Clock::now() - exchange_t0).count();
     if (ctx.trace && !recvs.empty()) ctx.trace->span("receive", tid, exchange_t0, Clock::now());
+    // The check of this fragment's previous round, before anything of this round is applied.
+    // Its replies were sent right after that round's outer step, before these contributions,
+    // so they are in by now; a site late with it is late with its contribution too, and its
+    // check waits at most until the deadline (or an instant after a punctual exchange).
+    if (f.check) {
+      trainer::TraceSpan sp(ctx.trace, "hash_check", tid);
+      verify_hash_check(peers, ctx.cfg, *f.check, /*tolerate_lost=*/true,
+                        std::max(deadline, Clock::now() + std::chrono::milliseconds(100)));
+      f.check.reset();
+    }
     return 0;
   });
 }

@@ -30,8 +30,12 @@ uint64_t verify_hash_check(const SitePeers& peers, const trainer::RunConfig& cfg
   auto in_time = [&](const auto& op) {
     if (!limited) return true;
     const auto left = *until - std::chrono::steady_clock::now();
-    if (op.wait_for(std::chrono::duration<double>(std::max(left, std::chrono::steady_clock::duration::zero()))))
-      return true;
+    try {
+      if (op.wait_for(std::chrono::duration<double>(std::max(left, std::chrono::steady_clock::duration::zero()))))
+        return true;
+    } catch (const transport::TransportError&) {
+      return true;  // done, failed: the wait below reports it
+    }
     op.cancel();
     return false;
   };

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <thread>
@@ -19,6 +20,7 @@ constexpr uint32_t kMaxSequence = 1u << 24;
 struct PeerLink {
   int site = -1;
   bool alive = true;
+  bool heard = false;  // a message of this round came from it
   uint32_t next_in = 0, next_out = 0;
   std::optional<transport::RecvHandle> recv;
 };
@@ -26,7 +28,7 @@ struct PeerLink {
 }  // namespace
 
 MembershipOutcome agree_membership(const SitePeers& peers, const ConsensusConfig& cc, uint64_t round, SiteMask holds,
-                                   double wait_s, const std::atomic<bool>* abort) {
+                                   double wait_s, const std::atomic<bool>* abort, double unheard_grace_s) {
   GEOLOCO_CHECK(cc.sites == peers.sites() && cc.self == peers.site(),
                 "consensus for site {} of {}, peers of site {} of {}", cc.self, cc.sites, peers.site(), peers.sites());
   using Clock = std::chrono::steady_clock;
@@ -51,6 +53,7 @@ MembershipOutcome agree_membership(const SitePeers& peers, const ConsensusConfig
     __builtin_unreachable();
   };
   std::vector<transport::SendHandle> sends;
+  double last_joined = 0;  // when the last site heard from this round was first heard
   auto flush = [&] {
     for (const auto& m : rc.take_outbox()) {
       PeerLink& l = link_of(m.to);
@@ -97,6 +100,8 @@ MembershipOutcome agree_membership(const SitePeers& peers, const ConsensusConfig
             fmt::format("membership message from {}: addressed to site {} round {}, this is site {} round {}",
                         peers.name(l.site), m.to, m.round, cc.self, round));
       ++out.messages_received;
+      if (!l.heard) last_joined = std::max(last_joined, now());
+      l.heard = true;
       if (++l.next_in >= kMaxSequence)
         throw MembershipError(fmt::format("round {}: too many membership messages from {}", round, peers.name(l.site)));
       l.recv = peers.post_recv(l.site, round, kMembershipShard + l.next_in, kMemberMsgBytes);
@@ -109,7 +114,12 @@ MembershipOutcome agree_membership(const SitePeers& peers, const ConsensusConfig
     if (rc.decided()) break;
     if (abort && abort->load())
       throw Error(fmt::format("outer round {}: membership abandoned: the outer loop is stopping", round));
-    if (now() >= wait_s) {
+    // The wait counts from when the last live site took part (a site that has said nothing
+    // this round may still be waiting out its exchange), at most `unheard_grace_s` late.
+    bool unheard = false;
+    for (const auto& l : links) unheard = unheard || (l.alive && !l.heard);
+    const double start = std::min(unheard ? now() : last_joined, unheard_grace_s);
+    if (now() >= start + wait_s) {
       SiteMask heard = SiteMask{1} << cc.self;
       for (const auto& l : links)
         if (l.alive) heard |= SiteMask{1} << l.site;

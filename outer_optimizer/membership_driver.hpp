@@ -44,7 +44,10 @@ struct MembershipOutcome {
 // MembershipError or EnvelopeError for a malformed message (naming the peer). `cc.sites`
 // and `cc.self` must match `peers`.
 // `abort`, when set, ends the wait early with an Error (the outer loop is stopping).
+// `unheard_grace_s`: the wait counts from when the last site whose link is alive took part
+// (a site that has sent nothing this round may still be waiting out its exchange deadline),
+// starting at most that late.
 MembershipOutcome agree_membership(const SitePeers& peers, const ConsensusConfig& cc, uint64_t round, SiteMask holds,
-                                   double wait_s, const std::atomic<bool>* abort = nullptr);
+                                   double wait_s, const std::atomic<bool>* abort = nullptr, double unheard_grace_s = 0);
 
 }  // namespace geoloco::outer

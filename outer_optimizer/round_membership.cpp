@@ -86,7 +86,11 @@ std::vector<std::byte> RoundMembership::agree(uint64_t round, SiteMask site_hold
     if (peers_.sites() == 1) return encode_verdict(Verdict::kDecided, site_holds, true, "");
     ConsensusConfig cc = cc_;
     cc.expected = expected;  // the fast path: every site still in holds them all
-    const MembershipOutcome out = agree_membership(peers_, cc, round, site_holds, cfg_.outer.quorum_wait_s, &stopping_);
+    // A site that holds every contribution early votes at once, while the others may still be
+    // waiting for a late site up to the round's deadline: a site not heard from yet in this
+    // round (alive, still in its exchange) is waited for that much longer.
+    const MembershipOutcome out =
+        agree_membership(peers_, cc, round, site_holds, cfg_.outer.quorum_wait_s, &stopping_, deadline_s());
     return encode_verdict(Verdict::kDecided, out.members, out.can_apply, "");
   } catch (const QuorumLost& e) {
     return encode_verdict(Verdict::kQuorumLost, e.heard(), false, e.what());

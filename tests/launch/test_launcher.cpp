@@ -255,17 +255,18 @@ TEST(Launcher, RestartsStopAtTheLimitAndBackOff) {
       << err;
   EXPECT_GE(took, 600ms);  // the backoffs were waited: 0.1 + 0.2 + 0.3 s at least
   EXPECT_EQ(out.find("tokyo restarted"), std::string::npos) << out;
-  // Every site keeps failing: the launch fails once the restarts are spent.
+  // Every site fails: none is restarted (there is no running job to join) and the launch fails.
   Captured cap2;
   std::vector<ProcessSpec> lost = {in_group(sh("paris/0", "exit 1"), "paris", "exit 1"),
                                    in_group(sh("tokyo/0", "exit 1"), "tokyo", "exit 1")};
   LaunchOptions o2 = cap2.options(5s);
   o2.isolate_groups = true;
   o2.max_restarts = 1;
-  o2.restart_backoff = 50ms;
+  o2.restart_backoff = 500ms;  // both are down long before
   EXPECT_EQ(launch(lost, o2), kExitRankFailed);
   err = read_all(cap2.err);
-  EXPECT_EQ(count_of(err, "stays out of the run"), 2u) << err;
+  EXPECT_EQ(count_of(err, "stays out of the run: no other site is running: there is nothing to rejoin"), 2u) << err;
+  EXPECT_EQ(count_of(err, "starting its"), 0u) << err;
 }
 
 // Not restarted: bad input (exit 2 would fail the same way again), a site whose restart would

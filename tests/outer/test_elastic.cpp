@@ -385,3 +385,30 @@ TEST(Elastic, ACorruptedJoinChunkIsDetectedAndFetchedAgain) {
       EXPECT_TRUE(has(j["notes"].dump(), "failed its checksum")) << j.dump();
     }
 }
+
+// A site stalled (alive but stuck, as under SIGSTOP) at any point of a round after the
+// start-up, its membership consensus and its hash check included, holds the others at most
+// the round's deadline: they evict it and finish in agreement; it never finishes. The stall
+// starts at lyon's nth control frame (hash checks and membership messages; the first two are
+// the start-up check, which waits for every site by design).
+class StallAnywhere : public ::testing::TestWithParam<int> {};
+TEST_P(StallAnywhere, TheOthersEvictItAndFinish) {
+  TempDir d;
+  Fault f;
+  f.action = FaultAction::kStall;
+  f.from_site = "lyon";
+  f.kind = transport::FrameKind::kControl;
+  f.nth = static_cast<uint64_t>(GetParam());
+  f.delay_s = 4;  // past the 3 s deadline, below the 5 s transfer timeout
+  auto cfg = sites_config(d, 3, 1);
+  cfg.train.steps = 24;
+  const auto out = run(cfg, {f});
+  EXPECT_NE(survivors_hash(out, "lyon"), "");
+  for (const auto& o : out) {
+    if (o.site == "lyon" || !o.error.empty()) continue;
+    const auto& ev = o.result["membership"]["evictions"];
+    ASSERT_EQ(ev.size(), 1u) << o.result["membership"].dump();
+    EXPECT_EQ(ev[0]["site"], "lyon");
+  }
+}
+INSTANTIATE_TEST_SUITE_P(ControlFrames, StallAnywhere, ::testing::Range(3, 40, 3));

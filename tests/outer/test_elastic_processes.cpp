@@ -219,7 +219,7 @@ TEST(ElasticProcesses, ARankOfATwoRankSiteKilledTheLauncherRestartsTheSiteAndItR
 // Issue test 4: a site SIGSTOPped past the round's deadline, then SIGCONT. The others evict it
 // and go on; on waking it learns it was evicted, commits nothing stale, and exits; the
 // launcher restarts it with --join and it rejoins from its peers.
-TEST(ElasticProcesses, DISABLED_ASiteStoppedPastTheDeadlineLearnsItWasEvictedAndRejoins) {
+TEST(ElasticProcesses, ASiteStoppedPastTheDeadlineLearnsItWasEvictedAndRejoins) {
   TempDir d;
   Scenario sc;
   sc.sites = {{"paris", 1}, {"lyon", 1}, {"milan", 1}};

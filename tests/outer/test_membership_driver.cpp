@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <future>
+#include <thread>
 #include <variant>
 
 #include "outer_optimizer/membership_driver.hpp"
@@ -153,6 +154,38 @@ TEST(MembershipDriver, GarbageFromAPeerIsRefusedNamingIt) {
   } catch (const MembershipError& e) {
     EXPECT_NE(std::string(e.what()).find("lyon"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("magic"), std::string::npos) << e.what();
+  }
+}
+
+// Paris held every contribution early and votes at once; lyon is still waiting out its
+// exchange deadline and votes 1.5 s later, past paris's 0.5 s wait. Paris, having heard
+// nothing from lyon's live link this round, waits the grace (the deadline) longer, and the
+// two decide. Without the grace it gives up first (the reason for it).
+TEST(MembershipDriver, AnEarlyVoterWaitsForALiveSiteStillInItsExchange) {
+  for (double grace : {3.0, 0.0}) {
+    Leaders l(2);
+    auto late = std::async(std::launch::async, [&]() -> std::variant<MembershipOutcome, std::string> {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      try {
+        return agree_membership(*l.peers[1], l.cc(1, 2), 3, 0b11, 5);
+      } catch (const std::exception& e) {
+        return std::string(e.what());
+      }
+    });
+    std::variant<MembershipOutcome, std::string> early;
+    try {
+      early = agree_membership(*l.peers[0], l.cc(0, 2), 3, 0b11, 0.5, nullptr, grace);
+    } catch (const std::exception& e) {
+      early = std::string(e.what());
+    }
+    if (grace > 0) {
+      EXPECT_EQ(ok(early).members, SiteMask{0b11});
+      EXPECT_EQ(ok(late.get()).members, SiteMask{0b11});
+    } else {
+      ASSERT_TRUE(std::holds_alternative<std::string>(early));
+      EXPECT_NE(std::get<std::string>(early).find("no membership agreed within 0.5 s"), std::string::npos);
+      late.wait();
+    }
   }
 }
 

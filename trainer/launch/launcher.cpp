@@ -336,6 +336,7 @@ class Launcher {
   int ms_to_next_restart() const;
   void start(Child& c);  // fork + exec with our signals blocked
   std::string group_size_text(const std::string& g) const;
+  bool another_group_runs(const std::string& g) const;  // one with a live child that is not going down
 
   struct GroupState {
     int restarts = 0;        // how many times it was started again
@@ -435,6 +436,12 @@ std::string Launcher::group_size_text(const std::string& g) const {
   return fmt::format("{} rank{}", n, n == 1 ? "" : "s");
 }
 
+bool Launcher::another_group_runs(const std::string& g) const {
+  for (const auto& c : children_)
+    if (c.spec->group != g && c.pid > 0 && !c.reaped && !groups_down_.count(c.spec->group)) return true;
+  return false;
+}
+
 void Launcher::note_finished_groups() {
   if (run_finished_ || !opts_.isolate_groups) return;
   std::map<std::string, bool> whole;  // every child reaped and exited 0
@@ -476,6 +483,8 @@ void Launcher::schedule_restarts() {
       why_not = fmt::format("a rank exited with code {} (bad input)", kExitBadInput);
     else if (!restartable)
       why_not = "it has no restart command";
+    else if (!another_group_runs(g))
+      why_not = "no other site is running: there is nothing to rejoin (start the run again with --resume)";
     else if (st.restarts >= opts_.max_restarts)
       why_not = fmt::format("it failed again after {} restart{} (--max-restarts {})", st.restarts,
                             st.restarts == 1 ? "" : "s", opts_.max_restarts);
@@ -535,6 +544,14 @@ void Launcher::start_due_restarts() {
     if (!st.restart_at || now < *st.restart_at) continue;
     st.restart_at.reset();
     if (stopping_ || run_finished_) continue;
+    if (!another_group_runs(g)) {
+      st.settled = true;
+      message(fmt::format(
+          "site {} stays out of the run: no other site is running: there is nothing to rejoin (start the run again "
+          "with --resume)",
+          g));
+      continue;
+    }
     ++st.restarts;
     st.bad_input = false;
     groups_down_.erase(g);
