@@ -6,7 +6,9 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <thread>
 
 #include "trainer/checkpoint/safetensors.hpp"
 #include "trainer/core/error.hpp"
@@ -207,6 +209,8 @@ ExchangeResult apply_round(Fragment& f, const ExchangeContext& ctx, SiteMask all
     }
     if (const auto& p = ctx.hooks.perturb_global; p && p->site == self && p->round == round && f.n > 0)
       f.global[0] = std::nextafter(f.global[0], INFINITY);
+    if (const auto& p = ctx.hooks.pace; p && p->site == self)
+      std::this_thread::sleep_for(std::chrono::duration<double>(p->seconds));
     ExchangeResult r;
     r.hash = hash64(f.global.data(), f.global.size() * sizeof(float));
     // Posted now, verified at this fragment's next round (or a checkpoint, re-plan, the end).

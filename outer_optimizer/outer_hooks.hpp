@@ -41,6 +41,13 @@ struct OuterHooks {
     int times = 1;
   };
   std::optional<CorruptJoinChunk> corrupt_join_chunk;
+  // Test: site index `site` sleeps `seconds` after each of its outer steps (a slow site; a
+  // lone survivor slow enough that a restarted site still finds it training).
+  struct Pace {
+    int site = 0;
+    double seconds = 0;
+  };
+  std::optional<Pace> pace;
   // Benchmarks: every round's pseudo-gradient of this rank's shard is written to
   // <dir>/pseudograd.<site>.r<rank>.round<N>.safetensors (tensor "delta"); `geoloco launch
   // --capture-pseudograd DIR` sets it (bench/compression/capture.sh).

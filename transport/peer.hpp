@@ -30,8 +30,11 @@ struct Identity {
 //          passed; a peer it could not reach is failed (its operations fail naming why). The
 //          running peers take the joiner in place of the process whose connection failed or
 //          closed (Transport::generation counts it). A refusal is retried until the deadline:
-//          a running peer may not have noticed yet that the old process is gone.
+//          a running peer may not have noticed yet that the old process is gone. A peer
+//          with no live process (nothing answers) is given up after kJoinUnreachableS, at
+//          most half of connect_timeout_s.
 enum class ConnectMode { kAll, kJoin };
+inline constexpr double kJoinUnreachableS = 3.0;
 
 // Deterministic roles: the smaller (site, rank) dials, the other accepts.
 inline bool dials(const Identity& self, const PeerInfo& peer) {

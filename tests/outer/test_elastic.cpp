@@ -52,7 +52,7 @@ struct Outcome {
 
 std::vector<Outcome> run_with_rejoin(const trainer::RunConfig& cfg, const std::vector<Fault>& faults,
                                      const std::string& restart, std::vector<Outcome>* first_lives,
-                                     outer::OuterHooks hooks = {});
+                                     outer::OuterHooks hooks = {}, std::map<std::string, int64_t> stop_at = {});
 
 // Every rank as a thread on a fresh fabric with `faults`; each rank's outcome, by global rank.
 std::vector<Outcome> run(const trainer::RunConfig& cfg, const std::vector<Fault>& faults,
@@ -235,7 +235,7 @@ namespace {
 // faults, then again as a new process joining the running job (RankOptions::join).
 std::vector<Outcome> run_with_rejoin(const trainer::RunConfig& cfg, const std::vector<Fault>& faults,
                                      const std::string& restart, std::vector<Outcome>* first_lives,
-                                     outer::OuterHooks hooks) {
+                                     outer::OuterHooks hooks, std::map<std::string, int64_t> stop_at) {
   geoloco::testing::MemorySites m;
   for (const auto& f : faults) m.fabric.add_fault(f);
   const auto setup = m.setup(cfg, hooks);
@@ -254,6 +254,9 @@ std::vector<Outcome> run_with_rejoin(const trainer::RunConfig& cfg, const std::v
       ro.rank = r;
       ro.join = join;
       ro.progress = false;
+      // A process that ends here (its first life: it stops, as a killed one would, and stays
+      // gone; the fabric's kill only cuts a thread's transport).
+      if (!join && stop_at.count(o.site)) ro.stop_at_step = stop_at.at(o.site);
       ro.outer_hooks = setup.hooks;
       ro.connect_transport = setup.connect_transport;
       try {
@@ -325,6 +328,54 @@ TEST(Elastic, AKilledSiteRestartsRejoinsFromItsPeersAndEndsInAgreement) {
       EXPECT_GT(m["joins"][0]["bytes_served"].get<uint64_t>(), 0u);
     }
   }
+}
+
+// Issue test 9: with min_sites 1 every site but paris goes (lyon and milan stop after step
+// 25: with min_sites 1 a thread whose transport the fabric killed would train on alone, as a
+// partitioned site does); paris trains on alone; lyon, restarted, joins from paris, the only
+// donor, and both end on one hash: the state paris committed alone is what lyon continues
+// from, nothing of it lost. milan stays away.
+TEST(Elastic, WithMinSitesOneTheLoneSurvivorTrainsOnAndARestartedSiteJoinsFromIt) {
+  TempDir d;
+  auto cfg = sites_config(d, 3, 1, ", min_sites: 1, join_chunk_bytes: 4096, join_wait_s: 20");
+  cfg.train.steps = 5000;
+  cfg.outer.interval = 10;
+  // paris alone would finish its 500 rounds in ~2 s, before lyon's second life (which first
+  // gives up on milan, not reachable) asks to join: 30 ms a round keeps it training ~15 s.
+  outer::OuterHooks hooks;
+  hooks.pace = outer::OuterHooks::Pace{0, 0.03};
+  const auto out = run_with_rejoin(cfg, {}, "lyon", nullptr, hooks, {{"lyon", 25}, {"milan", 25}});
+  std::string h;
+  for (const auto& o : out) {
+    if (o.site == "milan") {
+      // It stopped there: its summary says so, or its end (waiting for the run's summary
+      // from sites that evicted it) failed.
+      if (o.result.is_object())
+        EXPECT_EQ(o.result.value("steps", 0), 25) << o.result.dump();
+      else
+        EXPECT_NE(o.error, "");
+      continue;
+    }
+    ASSERT_EQ(o.error, "") << o.site;
+    const std::string mine = o.result.value("global_weights_hash", std::string());
+    if (h.empty()) h = mine;
+    EXPECT_EQ(mine, h) << o.site;
+    const auto& m = o.result["membership"];
+    EXPECT_EQ(m["members"], nlohmann::json({"paris", "lyon"})) << o.site << " " << m.dump();
+    EXPECT_EQ(o.result.value("steps", 0), 5000) << o.site;
+    if (o.site == "lyon") {
+      const auto& j = m["joined"];
+      ASSERT_TRUE(j.is_object()) << m.dump();
+      EXPECT_EQ(j["donors"], nlohmann::json({"paris"}));
+      EXPECT_GT(j["round"].get<int>(), 3);
+    } else {
+      EXPECT_EQ(m["evictions"].size(), 2u) << m.dump();
+      ASSERT_EQ(m["joins"].size(), 1u) << m.dump();
+      EXPECT_EQ(m["joins"][0]["site"], "lyon");
+      EXPECT_EQ(o.result.value("outer_steps", 0), 500) << o.result.dump();  // no round lost or repeated
+    }
+  }
+  EXPECT_NE(h, "");
 }
 
 // A donor dies in the middle of the transfer (milan, after its second chunk to lyon): lyon

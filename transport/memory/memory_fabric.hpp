@@ -186,6 +186,7 @@ class MemoryTransport : public EngineTransport {
   std::string fatal_;
   std::shared_ptr<detail::OpState> connect_done_;
   Clock::time_point connect_deadline_{};
+  Clock::time_point unreachable_at_{};  // kJoin: a peer with no live endpoint by then is given up
   bool connected_ = false;
   std::vector<std::unique_ptr<Link>> links_;
 };

@@ -98,6 +98,9 @@ void MemoryTransport::connect(std::vector<PeerInfo> peers, ConnectMode mode) {
     last_error_.assign(want_.size(), "");
     connect_done_ = st;
     connect_deadline_ = Clock::now() + seconds_d(cfg_.connect_timeout_s);
+    // As over UCX: a joiner gives up on a peer that has no live process (no gate to reach)
+    // after kJoinUnreachableS, at most half the connect timeout.
+    unreachable_at_ = Clock::now() + seconds_d(std::min(kJoinUnreachableS, cfg_.connect_timeout_s / 2));
     // Channels exist from now on, so frames of peers that finished connecting first are held
     // until their receives are posted; the API opens once every peer is connected.
     std::vector<Link*> links;
@@ -243,7 +246,15 @@ void MemoryTransport::check_connect_deadline(Clock::time_point now, Clock::time_
     if (!connect_done_) return;
     book(std::min(connect_deadline_, now + std::chrono::milliseconds(10)));
   }
-  if (now < connect_deadline_) {
+  bool only_gone_missing = joining_;  // every peer not paired has no live endpoint
+  for (size_t i = 0; i < want_.size() && only_gone_missing; ++i) {
+    if (peer_ids_[i] >= 0) continue;
+    const int pid = fabric_.find(want_[i].site, want_[i].rank);
+    only_gone_missing = pid < 0 || fabric_.endpoints_[static_cast<size_t>(pid)].dead;
+  }
+  const bool give_up_early = only_gone_missing && now >= unreachable_at_;
+  if (only_gone_missing && !give_up_early) book(unreachable_at_);
+  if (now < connect_deadline_ && !give_up_early) {
     book(connect_deadline_);
     return;
   }
@@ -254,7 +265,8 @@ void MemoryTransport::check_connect_deadline(Clock::time_point now, Clock::time_
         channel(static_cast<int>(i))
             .fail(FailKind::kTimeout,
                   fmt::format("peer {} not reachable when joining (connect_timeout_s {}){}{}", want_[i].name(),
-                              cfg_.connect_timeout_s, last_error_[i].empty() ? "" : ": ", last_error_[i]),
+                              cfg_.connect_timeout_s, last_error_[i].empty() ? "" : ": ",
+                              give_up_early ? "no live process" : last_error_[i]),
                   /*quiet=*/true);
     connected_ = true;
     open_api();

@@ -52,7 +52,7 @@ class UcxTransport final : public EngineTransport {
   // it reached. Once connected, this transport takes in a rejoining peer in place of one
   // whose connection failed or closed.
   void connect(std::vector<PeerInfo> peers, ConnectMode mode = ConnectMode::kAll);
-  static constexpr double kJoinUnreachableS = 3.0;
+  static constexpr double kJoinUnreachableS = transport::kJoinUnreachableS;
   // listen() then connect().
   void start(const std::string& host, int port, std::vector<PeerInfo> peers);
 
