@@ -126,7 +126,9 @@ SiteMask RoundMembership::share(uint64_t round, int64_t step, SiteMask holds, st
     return r;
   };
   if (v == Verdict::kQuorumLost) {
-    const SiteMask waited = all_sites(S) & ~members;
+    // `members` holds the sites still heard from here: waited for, the others and those
+    // heard but whose contribution this site does not hold (the other side of a partition).
+    const SiteMask waited = all_sites(S) & ~(members & holds);
     std::string names;
     for (int s = 0; s < S; ++s)
       if ((waited >> s) & 1) names += (names.empty() ? "" : ", ") + cfg_.sites[static_cast<size_t>(s)].name;

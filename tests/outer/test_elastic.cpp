@@ -52,7 +52,8 @@ struct Outcome {
 
 std::vector<Outcome> run_with_rejoin(const trainer::RunConfig& cfg, const std::vector<Fault>& faults,
                                      const std::string& restart, std::vector<Outcome>* first_lives,
-                                     outer::OuterHooks hooks = {}, std::map<std::string, int64_t> stop_at = {});
+                                     outer::OuterHooks hooks = {}, std::map<std::string, int64_t> stop_at = {},
+                                     bool resume = false);
 
 // Every rank as a thread on a fresh fabric with `faults`; each rank's outcome, by global rank.
 std::vector<Outcome> run(const trainer::RunConfig& cfg, const std::vector<Fault>& faults,
@@ -235,7 +236,7 @@ namespace {
 // faults, then again as a new process joining the running job (RankOptions::join).
 std::vector<Outcome> run_with_rejoin(const trainer::RunConfig& cfg, const std::vector<Fault>& faults,
                                      const std::string& restart, std::vector<Outcome>* first_lives,
-                                     outer::OuterHooks hooks, std::map<std::string, int64_t> stop_at) {
+                                     outer::OuterHooks hooks, std::map<std::string, int64_t> stop_at, bool resume) {
   geoloco::testing::MemorySites m;
   for (const auto& f : faults) m.fabric.add_fault(f);
   const auto setup = m.setup(cfg, hooks);
@@ -253,6 +254,7 @@ std::vector<Outcome> run_with_rejoin(const trainer::RunConfig& cfg, const std::v
       ro.site = s;
       ro.rank = r;
       ro.join = join;
+      ro.resume = resume && !join;
       ro.progress = false;
       // A process that ends here (its first life: it stops, as a killed one would, and stays
       // gone; the fabric's kill only cuts a thread's transport).
@@ -376,6 +378,54 @@ TEST(Elastic, WithMinSitesOneTheLoneSurvivorTrainsOnAndARestartedSiteJoinsFromIt
     }
   }
   EXPECT_NE(h, "");
+}
+
+// Issue test 8: four sites split 2|2 by a link cut at round 4 (every frame between {paris,
+// lyon} and {milan, oslo}, both ways, held for 4 s, past the round's 3 s deadline; then the
+// link heals). With the default quorum (3 of 4) neither side commits round 4: each side holds
+// only its own two contributions, before and after the heal, so every site stops after
+// quorum_wait_s naming whom it waited for, with round 3 its last commit and no eviction.
+// Resumed, all four finish with the hash of a run that was never cut: nothing diverged.
+TEST(Elastic, APartitionTwoAgainstTwoCommitsNeitherSideAndAfterTheHealEverySiteResumesAndAgrees) {
+  TempDir clean_dir, d;
+  auto cfg_for = [](const TempDir& dir) {
+    auto c = sites_config(dir, 4, 1);
+    c.train.checkpoint_every = 4;
+    return c;
+  };
+  const std::string clean = all_hash(run(cfg_for(clean_dir), {}));
+  ASSERT_NE(clean, "");
+  std::vector<Fault> cut;
+  for (const char* a : {"paris", "lyon"})
+    for (const char* b : {"milan", "oslo"})
+      for (const auto& [from, to] : {std::pair{a, b}, std::pair{b, a}}) {
+        Fault f = kill_before(from, 0, 4);  // round 4's pseudo-gradient frame to `to` triggers it
+        f.action = FaultAction::kCut;
+        f.to_site = to;
+        f.delay_s = 4;
+        cut.push_back(f);
+      }
+  const auto cfg = cfg_for(d);
+  const auto parted = run(cfg, cut);
+  for (const auto& o : parted) {
+    EXPECT_TRUE(has(o.error, "outer step 4 (inner step 8): outer round 4: no membership agreed"))
+        << o.site << ": " << o.error;
+    const bool west = o.site == "paris" || o.site == "lyon";
+    EXPECT_TRUE(has(o.error, west ? "waited for milan, oslo" : "waited for paris, lyon")) << o.site << ": " << o.error;
+    // Its rounds: 1..3 committed by all four, nothing after.
+    std::ifstream rounds(d.path() / "out" / "sites" / o.site / "rounds.r0.jsonl");
+    std::string line;
+    uint64_t last = 0;
+    while (std::getline(rounds, line)) {
+      const auto r = nlohmann::json::parse(line);
+      last = r.value("round", uint64_t{0});
+      EXPECT_EQ(r["members"].size(), 4u) << o.site << ": " << line;
+    }
+    EXPECT_EQ(last, 3u) << o.site;
+  }
+  const auto resumed = run_with_rejoin(cfg, {}, "", nullptr, {}, {}, /*resume=*/true);
+  EXPECT_EQ(all_hash(resumed), clean);
+  for (const auto& o : resumed) EXPECT_EQ(o.result["membership"]["evictions"].size(), 0u) << o.site;
 }
 
 // A donor dies in the middle of the transfer (milan, after its second chunk to lyon): lyon

@@ -1,5 +1,5 @@
 // The in-memory backend: the backend-generic tests, then the fabric's own faults (drop,
-// delay, corrupt, garbage, stall, kill), each landing at an exact frame.
+// delay, corrupt, garbage, stall, kill, cut), each landing at an exact frame.
 #include <gtest/gtest.h>
 
 #include "tests/transport/backend_fault_tests.hpp"
@@ -74,6 +74,40 @@ TEST(MemoryFaults, DelayedFrameArrivesLateAndInOrder) {
   r.wait();
   EXPECT_GE(since(t0), 0.25);
   EXPECT_EQ(r.take(), x);
+}
+
+// A cut link (a partition that heals): from the triggering frame on, every frame a -> b of
+// any kind waits for the heal, then everything arrives whole and in order; b -> a is not cut.
+TEST(MemoryFaults, ACutLinkHoldsEveryFrameUntilItHeals) {
+  Pair p(2);
+  auto f = from_a(FaultAction::kCut, 1);
+  f.to_site = "b";
+  f.delay_s = 0.4;
+  p.fabric().add_fault(f);
+  auto x = pattern(200000, 9), y = pattern(100, 10), z = pattern(100, 11);
+  const auto t0 = Clock::now();
+  auto r = p.b().recv(0, FrameKind::kPseudoGradient, 1, 0, x.size());
+  auto rc = p.b().recv(0, FrameKind::kControl, 2, 0, y.size());
+  auto back = p.a().recv(0, FrameKind::kControl, 3, 0, z.size());
+  p.a().send(0, FrameKind::kPseudoGradient, 1, 0, P(x));
+  p.a().send(0, FrameKind::kControl, 2, 0, P(y));  // another kind: cut too
+  p.b().send(0, FrameKind::kControl, 3, 0, P(z));  // the other direction: not cut
+  back.wait();
+  EXPECT_LT(since(t0), 0.3);
+  EXPECT_EQ(back.take(), z);
+  rc.wait();
+  r.wait();
+  EXPECT_GE(since(t0), 0.4);
+  EXPECT_EQ(r.take(), x);
+  EXPECT_EQ(rc.take(), y);
+  // Healed: a frame sent now is not held.
+  auto w = pattern(100, 12);
+  auto r2 = p.b().recv(0, FrameKind::kControl, 4, 0, w.size());
+  const auto t1 = Clock::now();
+  p.a().send(0, FrameKind::kControl, 4, 0, P(w));
+  r2.wait();
+  EXPECT_LT(since(t1), 0.3);
+  EXPECT_EQ(r2.take(), w);
 }
 
 TEST(MemoryFaults, CorruptedFrameFailsTheChecksum) {

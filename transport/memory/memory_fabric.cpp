@@ -290,6 +290,7 @@ std::optional<std::string> MemoryFabric::transmit(int from, int to, int lane, st
   bool frozen_sender = endpoints_[static_cast<size_t>(from)].frozen;
   if (auto h = FrameHeader::decode(header)) {
     if (auto fault = match_fault(from, to, *h)) {
+      if (fault->action == FaultAction::kCut) cuts_.emplace_back(*fault, Clock::now() + seconds_d(fault->delay_s));
       const std::string what =
           fmt::format("{} round {} offset {}", to_string(static_cast<FrameKind>(h->kind)), h->round, h->offset);
       switch (fault->action) {
@@ -302,6 +303,7 @@ std::optional<std::string> MemoryFabric::transmit(int from, int to, int lane, st
           if (fault->delay_s > 0)
             schedule(Clock::now() + seconds_d(fault->delay_s), -1, [this, from] { do_resume(from); });
           break;
+        case FaultAction::kCut: break;  // held below, with every other frame on the link
         case FaultAction::kDrop: return std::string();
         case FaultAction::kDelay: extra = fault->delay_s; break;
         case FaultAction::kCorrupt: {
@@ -327,6 +329,17 @@ std::optional<std::string> MemoryFabric::transmit(int from, int to, int lane, st
   }
   if (m->rndv) m->sender_done = std::move(done);
   const auto now = Clock::now();
+  // A cut link: the frame waits for the heal (frames after it queue behind it on the lane).
+  if (!cuts_.empty()) {
+    const Identity& fi = endpoints_[static_cast<size_t>(from)].t->self();
+    const Identity& ti = endpoints_[static_cast<size_t>(to)].t->self();
+    for (const auto& [c, healed_at] : cuts_) {
+      if (now >= healed_at) continue;
+      if ((!c.from_site.empty() && c.from_site != fi.site) || (c.from_rank >= 0 && c.from_rank != fi.rank)) continue;
+      if ((!c.to_site.empty() && c.to_site != ti.site) || (c.to_rank >= 0 && c.to_rank != ti.rank)) continue;
+      extra = std::max(extra, std::chrono::duration<double>(healed_at - now).count());
+    }
+  }
   auto& free_at = lane_free_[{from, to * 64 + lane}];
   auto due = now + seconds_d(opt_.latency_s + extra);
   if (due < free_at) due = free_at;

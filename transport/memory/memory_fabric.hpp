@@ -37,7 +37,10 @@
 
 namespace geoloco::transport::memory {
 
-enum class FaultAction { kDrop, kDelay, kCorrupt, kGarbage, kStall, kKill };
+// kCut: a link cut that heals. From the matching frame on, every frame (any kind, credits
+// included) on the links the fault names waits until delay_s after that frame, then they
+// arrive in order: a partition of delay_s seconds (its own nth/count only pick the trigger).
+enum class FaultAction { kDrop, kDelay, kCorrupt, kGarbage, kStall, kKill, kCut };
 
 // Which frames a fault applies to, and what it does. Empty site / rank -1 / no kind: any.
 struct Fault {
@@ -49,7 +52,8 @@ struct Fault {
   std::optional<FrameKind> kind;  // credit frames match only when named
   uint64_t nth = 1;               // the first matching frame it applies to (1-based)
   uint64_t count = 1;             // matching frames from the nth on it applies to (0: all)
-  double delay_s = 0;             // kDelay: how late; kStall: resumes after this long (0: at resume())
+  double delay_s = 0;             // kDelay: how late; kStall: resumes after this long (0: at resume());
+                                  // kCut: how long the link stays cut
   uint64_t seed = 1;              // kCorrupt (which bit), kGarbage (which bytes)
 };
 
@@ -147,6 +151,7 @@ class MemoryFabric {
   std::vector<Endpoint> endpoints_;
   std::map<std::pair<int, int>, Clock::time_point> lane_free_;  // (from, to*64 + lane) -> last delivery
   std::map<uint64_t, std::shared_ptr<Message>> held_;           // frames a channel kept
+  std::vector<std::pair<Fault, Clock::time_point>> cuts_;       // kCut faults fired: (links, healed at)
   uint64_t next_msg_ = 1;
   std::thread thread_;
 };
