@@ -2,6 +2,7 @@
 // overlapped, merges and all-gathers on the inner loop's thread, plans applied at period
 // boundaries, and the books (metrics, summary). See diloco.hpp.
 #include "outer_optimizer/diloco.hpp"
+#include "outer_optimizer/membership_driver.hpp"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -286,15 +287,24 @@ uint64_t Diloco::tokens_since(int64_t step, int64_t since) const {
          static_cast<uint64_t>(cfg_.seq_len());
 }
 
-void Diloco::sync(Fragment& f, int64_t step, trainer::SiteStrategy& strategy) {
+void Diloco::sync(Fragment& f, int64_t step, trainer::SiteStrategy& strategy, const Retry* again) {
   const auto t0 = Clock::now();
   const uint64_t round = static_cast<uint64_t>(++round_);
   auto shard = strategy.shard_params();
   f.snapshot.resize(f.n);
   gather_local(f, shard, f.snapshot);
   collect_round(f, ctx_, step, round, tokens_since(step, f.last_sync_step), f.snapshot, membership_.active(round),
-                membership_.deadline_s(), trainer::TraceRecorder::kMainThread);
-  const ExchangeResult r = decide_and_apply(f, trainer::TraceRecorder::kMainThread, strategy);
+                membership_.deadline_s(), trainer::TraceRecorder::kMainThread, again ? &again->mine : nullptr);
+  ExchangeResult r;
+  try {
+    r = decide_and_apply(f, trainer::TraceRecorder::kMainThread, strategy);
+  } catch (const QuorumLost&) {
+    // Nothing of the round is applied: the state is the last committed one, plus this
+    // rank's contribution (and its encoding error in the residual). A checkpoint of it lets
+    // --resume exchange this round again, as if the wait had been longer.
+    if (!overlapped()) retry_ = Retry{f.index, round, step, OwnContribution{f.inbox.mine, f.inbox.info}};
+    throw;
+  }
   f.last_sync_step = step;
   f.blocking_step = step;
 

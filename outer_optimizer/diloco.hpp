@@ -79,6 +79,10 @@ class Diloco : public trainer::OuterHook {
   State save_state() override;                                        // diloco_state.cpp
   void restore_state(const trainer::SafetensorsFile& file) override;  // diloco_state.cpp
   int64_t join(trainer::SiteStrategy& strategy) override;             // diloco_join.cpp
+  // A blocking round whose quorum was lost: the trainer checkpoints, and --resume exchanges
+  // that round again (resumed) with the contribution this rank made to it.
+  bool checkpoint_after_failure() const override { return retry_.has_value(); }
+  void resumed(int64_t step, trainer::SiteStrategy& strategy) override;  // diloco_state.cpp
   void set_trace(trainer::TraceRecorder* trace) override { ctx_.trace = trace; }
   uint64_t member_sites() const override { return membership_.members(); }
 
@@ -124,7 +128,14 @@ class Diloco : public trainer::OuterHook {
   uint64_t tokens_since(int64_t step, int64_t since) const;
   void gather_local(const Fragment& f, std::span<const float> shard, std::span<float> out) const;
   // Blocking sync of one fragment (the plain outer loop when F = 1).
-  void sync(Fragment& f, int64_t step, trainer::SiteStrategy& strategy);
+  // `again`: the round is one a lost quorum left undecided, exchanged again after --resume.
+  struct Retry {
+    int fragment = 0;
+    uint64_t round = 0;
+    int64_t step = 0;
+    OwnContribution mine;
+  };
+  void sync(Fragment& f, int64_t step, trainer::SiteStrategy& strategy, const Retry* again = nullptr);
   // Overlap: start a fragment's round on its worker; join + merge + all-gather.
   void launch(Fragment& f, int64_t step, trainer::SiteStrategy& strategy);
   void complete(Fragment& f, trainer::SiteStrategy& strategy);
@@ -173,6 +184,9 @@ class Diloco : public trainer::OuterHook {
   std::vector<nlohmann::json> round_records_;  // finished rounds not yet taken by the trainer
   int64_t round_ = 0;
   uint64_t site_hash_ = 0;
+  // retry_: the round this rank's quorum was lost in (saved by the failure's checkpoint);
+  // resume_retry_: one restored from a checkpoint, exchanged again by resumed().
+  std::optional<Retry> retry_, resume_retry_;
 
   // Joins. Live side: per site, the join request being watched (reposted when the peer's
   // connection is a new one) and whether it is held; the donors serving joiners.

@@ -3,6 +3,7 @@
 // counters, the plan in force and the merges still due (diloco.hpp). A resumed run continues
 // bit for bit: it merges at the same steps as an uninterrupted one.
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <limits>
 
@@ -20,8 +21,9 @@ Diloco::State Diloco::save_state() {
     // Collected, not applied yet: decide and apply it now.
     if (f->awaiting_decision) f->result = decide_and_apply(*f, trace_tid(*f), *strategy_);
   }
-  // A checkpoint holds weights every site agreed on.
-  verify_pending_checks();
+  // A checkpoint holds weights every site agreed on. (After a lost quorum the other sites
+  // may be out of reach: the round exchanged again on resume posts a check that covers them.)
+  if (!retry_) verify_pending_checks();
   ShardState st = pack_state();
   State s;
   s.tensors["global"] = std::move(st.global);
@@ -30,6 +32,22 @@ Diloco::State Diloco::save_state() {
   if (!st.ef.empty()) s.tensors["ef_residual"] = std::move(st.ef);
   planner_.drain();
   s.metadata["round"] = std::to_string(round_);
+  if (retry_) {
+    // The round the quorum was lost in, to exchange again: counters as before it, this
+    // rank's contribution as it was sent.
+    const auto& i = retry_->mine.info;
+    s.metadata["round"] = std::to_string(retry_->round - 1);
+    s.metadata["retry.fragment"] = std::to_string(retry_->fragment);
+    s.metadata["retry.round"] = std::to_string(retry_->round);
+    s.metadata["retry.step"] = std::to_string(retry_->step);
+    s.metadata["retry.codec"] = std::to_string(static_cast<int>(i.codec));
+    s.metadata["retry.topk"] = i.topk ? "1" : "0";
+    s.metadata["retry.zstd"] = i.zstd ? "1" : "0";
+    s.metadata["retry.elements"] = std::to_string(i.elements);
+    s.metadata["retry.raw_bytes"] = std::to_string(i.raw_bytes);
+    s.metadata["retry.frame_bytes"] = std::to_string(i.frame_bytes);
+    s.bytes["retry.envelope"] = *retry_->mine.envelope;
+  }
   s.metadata["fragments"] = std::to_string(frags_.size());
   if (ocfg_.auto_plan()) {
     // The plan in effect and where its schedule starts; the protocol restarts after a
@@ -56,7 +74,51 @@ Diloco::State Diloco::save_state() {
   return s;
 }
 
-void Diloco::restore_state(const trainer::SafetensorsFile& file) { restore_outer(file, /*joining=*/false); }
+void Diloco::restore_state(const trainer::SafetensorsFile& file) {
+  restore_outer(file, /*joining=*/false);
+  resume_retry_.reset();
+  if (!file.metadata().count("outer.retry.round")) return;
+  // Written when a blocking round lost its quorum: resumed() exchanges that round again.
+  constexpr uint64_t kMax = std::numeric_limits<int64_t>::max();
+  Retry r;
+  r.fragment = static_cast<int>(file.meta_int("outer.retry.fragment", 0, static_cast<int64_t>(frags_.size()) - 1));
+  r.round = file.meta_uint("outer.retry.round", 1, kMax);
+  r.step = file.meta_int("outer.retry.step", 1, cfg_.train.steps);
+  auto& i = r.mine.info;
+  const int64_t codec = file.meta_int("outer.retry.codec", 0, 255);
+  i.codec = static_cast<compression::Codec>(codec);
+  i.topk = file.meta_int("outer.retry.topk", 0, 1) == 1;
+  i.zstd = file.meta_int("outer.retry.zstd", 0, 1) == 1;
+  i.elements = file.meta_uint("outer.retry.elements", 0, kMax);
+  i.raw_bytes = file.meta_uint("outer.retry.raw_bytes", 0, kMax);
+  i.frame_bytes = file.meta_uint("outer.retry.frame_bytes", 0, kMax);
+  const auto env = file.u8("outer.retry.envelope");
+  r.mine.envelope = transport::make_payload(std::vector<uint8_t>(env.begin(), env.end()));
+  if (overlapped())
+    throw FileError(file.path(),
+                    "holds an outer round to exchange again, but this run overlaps its syncs "
+                    "(outer.overlap_steps or outer.delayed_update changed?)");
+  if (r.round != static_cast<uint64_t>(round_) + 1)
+    throw FileError(file.path(), fmt::format("outer.retry.round {} does not follow outer.round {}", r.round, round_));
+  if (r.step != file.meta_int("geoloco_step", 0))
+    throw FileError(file.path(), fmt::format("outer.retry.step {} is not the checkpoint's step {}", r.step,
+                                             file.meta("geoloco_step")));
+  if (r.mine.envelope->empty()) throw FileError(file.path(), "outer.retry.envelope is empty");
+  resume_retry_ = std::move(r);
+}
+
+void Diloco::resumed(int64_t step, trainer::SiteStrategy& strategy) {
+  if (!resume_retry_) return;
+  const Retry r = std::move(*resume_retry_);
+  resume_retry_.reset();
+  GEOLOCO_CHECK(r.step == step, "outer round {} to exchange again at step {}, resumed at {}", r.round, r.step, step);
+  if (rank_ == 0)
+    spdlog::info("outer round {} (inner step {}): its quorum was lost; exchanged again after --resume", r.round,
+                 r.step);
+  sync(*frags_[static_cast<size_t>(r.fragment)], step, strategy, &r);
+  // The last step's blocking syncs of the fragments after it, as the uninterrupted run does.
+  if (step == cfg_.train.steps) final_sync(step, strategy);
+}
 
 void Diloco::restore_outer(const trainer::SafetensorsFile& file, bool joining) {
   const std::vector<int64_t> shape = {static_cast<int64_t>(n_)};

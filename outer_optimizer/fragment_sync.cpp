@@ -44,7 +44,8 @@ struct CancelOnExit {
 }  // namespace
 
 void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64_t round, uint64_t tokens,
-                   std::span<const float> local, SiteMask active, double deadline_s, int tid) {
+                   std::span<const float> local, SiteMask active, double deadline_s, int tid,
+                   const OwnContribution* again) {
   in_outer_step(round, step, [&] {
     const size_t n = f.n;
     const SitePeers& peers = ctx.peers;
@@ -59,7 +60,7 @@ void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64
 
     // 1. Pseudo-gradient of this shard.
     for (size_t i = 0; i < n; ++i) f.delta[i] = f.global[i] - local[i];
-    if (!ctx.hooks.capture_dir.empty()) {
+    if (!ctx.hooks.capture_dir.empty() && !again) {
       const std::string path = fmt::format("{}/pseudograd.{}.r{}.round{}.safetensors", ctx.hooks.capture_dir,
                                            ctx.cfg.sites[static_cast<size_t>(self)].name, rank, round);
       trainer::TensorWrite t = trainer::f32_tensor("delta", {static_cast<int64_t>(n)}, f.delta);
@@ -69,13 +70,18 @@ void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64
 
     // 2. Compress, wrap, exchange with the active sites.
     std::optional<trainer::TraceSpan> compress_span(std::in_place, ctx.trace, "compress", tid);
-    std::vector<uint8_t> frame;
-    in.info = f.pipeline->encode(f.delta, f.ef.get(), frame);
-    std::vector<uint8_t> mine_bytes;
-    write_envelope(
-        {EnvelopeKind::kPseudoGradient, round, static_cast<uint32_t>(self), static_cast<uint32_t>(rank), tokens, frame},
-        mine_bytes);
-    in.mine = transport::make_payload(std::move(mine_bytes));
+    if (again) {
+      in.info = again->info;
+      in.mine = again->envelope;
+    } else {
+      std::vector<uint8_t> frame;
+      in.info = f.pipeline->encode(f.delta, f.ef.get(), frame);
+      std::vector<uint8_t> mine_bytes;
+      write_envelope({EnvelopeKind::kPseudoGradient, round, static_cast<uint32_t>(self), static_cast<uint32_t>(rank),
+                      tokens, frame},
+                     mine_bytes);
+      in.mine = transport::make_payload(std::move(mine_bytes));
+    }
     // Every site encodes with the same pipeline config, so a peer's frame is at most our raw
     // size plus framing (zstd is only kept when it shrinks the payload).
     in.max_frame = compression::kHeaderBytes + in.info.raw_bytes + compression::kTrailerBytes;

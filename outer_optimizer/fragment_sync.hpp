@@ -104,8 +104,16 @@ struct ExchangeContext {
 // receives were posted. A site that does not deliver in time, whose connection fails or whose
 // envelope is malformed is not held (inbox.missing says why); its operations are cancelled.
 // Verifies the fragment's previous hash check first. Fills f.inbox; may run on the worker.
+// `again`: this rank's contribution to the round as made before (a round exchanged again
+// after --resume from the checkpoint its lost quorum left): sent as is, not encoded again
+// (the error-feedback residual already holds its encoding error).
+struct OwnContribution {
+  transport::Payload envelope;
+  compression::FrameInfo info;
+};
 void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64_t round, uint64_t tokens,
-                   std::span<const float> local, SiteMask active, double deadline_s, int tid);
+                   std::span<const float> local, SiteMask active, double deadline_s, int tid,
+                   const OwnContribution* again = nullptr);
 
 // Steps 3-4 once the round's members are decided (every member held, self included): decode
 // the members' contributions and average them in site order (uniform over the members, or by

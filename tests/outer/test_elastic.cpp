@@ -384,13 +384,15 @@ TEST(Elastic, WithMinSitesOneTheLoneSurvivorTrainsOnAndARestartedSiteJoinsFromIt
 // lyon} and {milan, oslo}, both ways, held for 4 s, past the round's 3 s deadline; then the
 // link heals). With the default quorum (3 of 4) neither side commits round 4: each side holds
 // only its own two contributions, before and after the heal, so every site stops after
-// quorum_wait_s naming whom it waited for, with round 3 its last commit and no eviction.
-// Resumed, all four finish with the hash of a run that was never cut: nothing diverged.
+// quorum_wait_s naming whom it waited for, with round 3 its last commit and no eviction,
+// and writes a checkpoint at step 8 (round 4's step; the periodic ones are every 5 steps).
+// Resumed from it, the sites exchange round 4 again and all four finish with the hash of a
+// run that was never cut: nothing diverged, nothing is trained twice.
 TEST(Elastic, APartitionTwoAgainstTwoCommitsNeitherSideAndAfterTheHealEverySiteResumesAndAgrees) {
   TempDir clean_dir, d;
   auto cfg_for = [](const TempDir& dir) {
     auto c = sites_config(dir, 4, 1);
-    c.train.checkpoint_every = 4;
+    c.train.checkpoint_every = 5;
     return c;
   };
   const std::string clean = all_hash(run(cfg_for(clean_dir), {}));
@@ -422,6 +424,10 @@ TEST(Elastic, APartitionTwoAgainstTwoCommitsNeitherSideAndAfterTheHealEverySiteR
       EXPECT_EQ(r["members"].size(), 4u) << o.site << ": " << line;
     }
     EXPECT_EQ(last, 3u) << o.site;
+    std::ifstream latest(d.path() / "out" / "checkpoints" / o.site / "latest");
+    std::string name;
+    std::getline(latest, name);
+    EXPECT_EQ(name, "step_00000008") << o.site;
   }
   const auto resumed = run_with_rejoin(cfg, {}, "", nullptr, {}, {}, /*resume=*/true);
   EXPECT_EQ(all_hash(resumed), clean);

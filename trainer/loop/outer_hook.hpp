@@ -109,10 +109,18 @@ class OuterHook {
   // Checkpoint: this rank's outer state as extra tensors/metadata (owned buffers).
   struct State {
     std::map<std::string, std::vector<float>> tensors;
+    std::map<std::string, std::vector<uint8_t>> bytes;
     std::map<std::string, std::string> metadata;
   };
   virtual State save_state() = 0;
   virtual void restore_state(const SafetensorsFile& file) = 0;
+  // After a failure of after_inner_step/finish: whether the trainer should write a checkpoint
+  // at this step before the error ends the rank (the hook's save_state then holds what
+  // `resumed` needs to carry on, e.g. an outer round to exchange again). Default: no.
+  virtual bool checkpoint_after_failure() const { return false; }
+  // Called on every rank right after a checkpoint was restored (--resume), before the next
+  // inner step; `step` is the checkpoint's. Default: nothing to do.
+  virtual void resumed(int64_t /*step*/, SiteStrategy& /*strategy*/) {}
   // Join: this rank's site joins a running job (a restarted or new site). Called on every
   // rank before the first inner step: fetches the state the running sites committed, sets
   // strategy.shard_params() to its global weights, and returns the inner step it was committed

@@ -216,6 +216,8 @@ struct Trainer::Impl {
       for (auto& [k, v] : outer_state.metadata) smeta["outer." + k] = v;
       for (auto& [k, v] : outer_state.tensors)
         tensors.push_back(f32_tensor("outer." + k, {static_cast<int64_t>(v.size())}, v));
+      for (auto& [k, v] : outer_state.bytes)
+        tensors.push_back(u8_tensor("outer." + k, {static_cast<int64_t>(v.size())}, v));
     }
     write_safetensors(state_file(dir), tensors, smeta);
     barrier();  // every rank's state is on disk before `latest` names the checkpoint
@@ -224,6 +226,25 @@ struct Trainer::Impl {
       prune_checkpoints();
     }
     log_info(fmt::format("checkpoint {} written", (dir).string()));
+  }
+
+  // The outer loop failed in a way it can carry on from (outer_hook.hpp): a checkpoint at
+  // this step, so --resume continues from here. Best effort: the original error still ends
+  // the rank, and a checkpoint that cannot be written is said, not thrown.
+  static std::string first_line(const std::string& s) {
+    const auto cut = s.find_first_of(";\n");
+    return cut == std::string::npos ? s : s.substr(0, cut);
+  }
+  void save_checkpoint_after_failure(const std::exception& why) {
+    try {
+      save_checkpoint();
+      log_info(
+          fmt::format("site {}: the outer loop stopped at step {} ({}); checkpoint written: --resume carries "
+                      "on from it",
+                      site.name, step, first_line(why.what())));
+    } catch (const std::exception& e) {
+      spdlog::error("site {}: no checkpoint at step {} after the failure: {}", site.name, step, e.what());
+    }
   }
 
   void prune_checkpoints() {
@@ -394,7 +415,10 @@ struct Trainer::Impl {
 
   nlohmann::json run() {
     if (opt.resume && opt.join) throw ConfigError("--resume and --join exclude each other");
-    if (opt.resume) restore_latest();
+    if (opt.resume) {
+      restore_latest();
+      if (opt.outer) opt.outer->resumed(step, *strategy);
+    }
     if (opt.join) join_running_job();
     const int64_t end_step = opt.stop_at_step > 0 ? std::min(opt.stop_at_step, cfg.train.steps) : cfg.train.steps;
     if (opt.rank == 0 && step == 0)
@@ -423,8 +447,13 @@ struct Trainer::Impl {
         // Everything the inner loop spends inside the outer hook is exposed wait: time the
         // compute could not hide (all of a sync without overlap, only the tail with it).
         const auto w0 = Clock::now();
-        outer_step = opt.outer->after_inner_step(step, *strategy);
-        if (last) opt.outer->finish(step, *strategy);
+        try {
+          outer_step = opt.outer->after_inner_step(step, *strategy);
+          if (last) opt.outer->finish(step, *strategy);
+        } catch (const std::exception& e) {
+          if (opt.outer->checkpoint_after_failure()) save_checkpoint_after_failure(e);
+          throw;
+        }
         const auto w1 = Clock::now();
         for (auto& r : opt.outer->take_rounds()) {
           if (!rounds) rounds = std::make_unique<MetricsWriter>(rounds_path().string(), opt.resume);
