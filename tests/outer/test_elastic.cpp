@@ -429,6 +429,12 @@ TEST(Elastic, APartitionTwoAgainstTwoCommitsNeitherSideAndAfterTheHealEverySiteR
     std::getline(latest, name);
     EXPECT_EQ(name, "step_00000008") << o.site;
   }
+  // That checkpoint holds a blocking round to exchange again: a run that overlaps its syncs
+  // refuses it, naming the file, and leaves it as it was.
+  auto overlapped = cfg;
+  overlapped.outer.overlap_steps = 1;
+  for (const auto& o : run_with_rejoin(overlapped, {}, "", nullptr, {}, {}, /*resume=*/true))
+    EXPECT_TRUE(has(o.error, "step_00000008/state.r0.safetensors: holds an outer round to exchange again")) << o.error;
   const auto resumed = run_with_rejoin(cfg, {}, "", nullptr, {}, {}, /*resume=*/true);
   EXPECT_EQ(all_hash(resumed), clean);
   for (const auto& o : resumed) EXPECT_EQ(o.result["membership"]["evictions"].size(), 0u) << o.site;
