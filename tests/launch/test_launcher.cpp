@@ -187,6 +187,11 @@ TEST(Launcher, IsolatedGroupsAFailedRankTakesOnlyItsSiteDown) {
   LaunchOptions o2 = cap2.options(5s);
   o2.isolate_groups = true;
   EXPECT_EQ(launch(lost, o2), kExitRankFailed);
+  // A one-rank site has nothing else to stop: the line says only that it leaves.
+  EXPECT_NE(read_all(cap2.err).find("[launch] rank paris/0 exited with code 1; site paris leaves the run; 1 rank of "
+                                    "other sites go on"),
+            std::string::npos)
+      << read_all(cap2.err);
 }
 
 ProcessSpec in_group(ProcessSpec p, const std::string& g, const std::string& restart_script = "") {

@@ -412,9 +412,10 @@ void Launcher::stop_group(const Child& c) {
     }
   }
   group_kill_at_[g] = Clock::now() + opts_.grace;
-  message(fmt::format(
-      "rank {} {}; site {} leaves the run: stopping its {} other rank{}; {} rank{} of other sites go on", c.spec->label,
-      describe_exit(c), g, siblings, siblings == 1 ? "" : "s", others, others == 1 ? "" : "s"));
+  const std::string stopping =
+      siblings == 0 ? std::string() : fmt::format(": stopping its {} other rank{}", siblings, siblings == 1 ? "" : "s");
+  message(fmt::format("rank {} {}; site {} leaves the run{}; {} rank{} of other sites go on", c.spec->label,
+                      describe_exit(c), g, stopping, others, others == 1 ? "" : "s"));
 }
 
 void Launcher::kill_overdue_groups() {
