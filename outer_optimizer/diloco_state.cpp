@@ -35,17 +35,10 @@ Diloco::State Diloco::save_state() {
   if (retry_) {
     // The round the quorum was lost in, to exchange again: counters as before it, this
     // rank's contribution as it was sent.
-    const auto& i = retry_->mine.info;
     s.metadata["round"] = std::to_string(retry_->round - 1);
     s.metadata["retry.fragment"] = std::to_string(retry_->fragment);
     s.metadata["retry.round"] = std::to_string(retry_->round);
     s.metadata["retry.step"] = std::to_string(retry_->step);
-    s.metadata["retry.codec"] = std::to_string(static_cast<int>(i.codec));
-    s.metadata["retry.topk"] = i.topk ? "1" : "0";
-    s.metadata["retry.zstd"] = i.zstd ? "1" : "0";
-    s.metadata["retry.elements"] = std::to_string(i.elements);
-    s.metadata["retry.raw_bytes"] = std::to_string(i.raw_bytes);
-    s.metadata["retry.frame_bytes"] = std::to_string(i.frame_bytes);
     s.bytes["retry.envelope"] = *retry_->mine.envelope;
   }
   s.metadata["fragments"] = std::to_string(frags_.size());
@@ -84,14 +77,6 @@ void Diloco::restore_state(const trainer::SafetensorsFile& file) {
   r.fragment = static_cast<int>(file.meta_int("outer.retry.fragment", 0, static_cast<int64_t>(frags_.size()) - 1));
   r.round = file.meta_uint("outer.retry.round", 1, kMax);
   r.step = file.meta_int("outer.retry.step", 1, cfg_.train.steps);
-  auto& i = r.mine.info;
-  const int64_t codec = file.meta_int("outer.retry.codec", 0, 255);
-  i.codec = static_cast<compression::Codec>(codec);
-  i.topk = file.meta_int("outer.retry.topk", 0, 1) == 1;
-  i.zstd = file.meta_int("outer.retry.zstd", 0, 1) == 1;
-  i.elements = file.meta_uint("outer.retry.elements", 0, kMax);
-  i.raw_bytes = file.meta_uint("outer.retry.raw_bytes", 0, kMax);
-  i.frame_bytes = file.meta_uint("outer.retry.frame_bytes", 0, kMax);
   const auto env = file.u8("outer.retry.envelope");
   r.mine.envelope = transport::make_payload(std::vector<uint8_t>(env.begin(), env.end()));
   if (overlapped())
@@ -103,7 +88,15 @@ void Diloco::restore_state(const trainer::SafetensorsFile& file) {
   if (r.step != file.meta_int("geoloco_step", 0))
     throw FileError(file.path(), fmt::format("outer.retry.step {} is not the checkpoint's step {}", r.step,
                                              file.meta("geoloco_step")));
-  if (r.mine.envelope->empty()) throw FileError(file.path(), "outer.retry.envelope is empty");
+  // The contribution's frame info comes from the envelope itself, checked as a peer's would be.
+  try {
+    const Envelope e =
+        read_envelope(*r.mine.envelope, EnvelopeKind::kPseudoGradient, r.round, static_cast<uint32_t>(site_),
+                      static_cast<uint32_t>(rank_), r.mine.envelope->size(), "this rank's saved contribution");
+    r.mine.info = compression::Pipeline::inspect(e.body, frags_[static_cast<size_t>(r.fragment)]->n);
+  } catch (const Error& e) {
+    throw FileError(file.path(), fmt::format("outer.retry.envelope: {}", e.what()));
+  }
   resume_retry_ = std::move(r);
 }
 

@@ -247,16 +247,28 @@ void MemoryFabric::announce_death(int id, const std::string& why) {
   }
 }
 
+namespace {
+// Whether the link from -> to is one `fault` names (empty site / rank -1: any).
+bool names_link(const Fault& fault, const Identity& f, const Identity& t) {
+  return (fault.from_site.empty() || fault.from_site == f.site) && (fault.from_rank < 0 || fault.from_rank == f.rank) &&
+         (fault.to_site.empty() || fault.to_site == t.site) && (fault.to_rank < 0 || fault.to_rank == t.rank);
+}
+
+uint64_t xorshift(uint64_t& s) {
+  s ^= s << 13;
+  s ^= s >> 7;
+  s ^= s << 17;
+  return s;
+}
+}  // namespace
+
 std::optional<Fault> MemoryFabric::match_fault(int from, int to, const FrameHeader& h) {
   const Identity& f = endpoints_[static_cast<size_t>(from)].t->self();
   const Identity& t = endpoints_[static_cast<size_t>(to)].t->self();
   std::lock_guard<std::mutex> lock(mu_);
   ++frames_from_[{f.site, f.rank}];
   for (auto& [fault, seen] : faults_) {
-    if (!fault.from_site.empty() && fault.from_site != f.site) continue;
-    if (fault.from_rank >= 0 && fault.from_rank != f.rank) continue;
-    if (!fault.to_site.empty() && fault.to_site != t.site) continue;
-    if (fault.to_rank >= 0 && fault.to_rank != t.rank) continue;
+    if (!names_link(fault, f, t)) continue;
     const bool credit = h.kind == static_cast<uint16_t>(FrameKind::kCredit);
     if (fault.kind ? static_cast<uint16_t>(*fault.kind) != h.kind : credit) continue;
     const uint64_t n = ++seen;
@@ -266,15 +278,6 @@ std::optional<Fault> MemoryFabric::match_fault(int from, int to, const FrameHead
   }
   return std::nullopt;
 }
-
-namespace {
-uint64_t xorshift(uint64_t& s) {
-  s ^= s << 13;
-  s ^= s >> 7;
-  s ^= s << 17;
-  return s;
-}
-}  // namespace
 
 std::optional<std::string> MemoryFabric::transmit(int from, int to, int lane, std::span<const uint8_t> header,
                                                   std::span<const uint8_t> payload, bool eager, Link::SendDone done) {
@@ -290,7 +293,6 @@ std::optional<std::string> MemoryFabric::transmit(int from, int to, int lane, st
   bool frozen_sender = endpoints_[static_cast<size_t>(from)].frozen;
   if (auto h = FrameHeader::decode(header)) {
     if (auto fault = match_fault(from, to, *h)) {
-      if (fault->action == FaultAction::kCut) cuts_.emplace_back(*fault, Clock::now() + seconds_d(fault->delay_s));
       const std::string what =
           fmt::format("{} round {} offset {}", to_string(static_cast<FrameKind>(h->kind)), h->round, h->offset);
       switch (fault->action) {
@@ -303,7 +305,9 @@ std::optional<std::string> MemoryFabric::transmit(int from, int to, int lane, st
           if (fault->delay_s > 0)
             schedule(Clock::now() + seconds_d(fault->delay_s), -1, [this, from] { do_resume(from); });
           break;
-        case FaultAction::kCut: break;  // held below, with every other frame on the link
+        case FaultAction::kCut:  // held below, with every later frame on the links it names
+          cuts_.emplace_back(*fault, Clock::now() + seconds_d(fault->delay_s));
+          break;
         case FaultAction::kDrop: return std::string();
         case FaultAction::kDelay: extra = fault->delay_s; break;
         case FaultAction::kCorrupt: {
@@ -333,12 +337,9 @@ std::optional<std::string> MemoryFabric::transmit(int from, int to, int lane, st
   if (!cuts_.empty()) {
     const Identity& fi = endpoints_[static_cast<size_t>(from)].t->self();
     const Identity& ti = endpoints_[static_cast<size_t>(to)].t->self();
-    for (const auto& [c, healed_at] : cuts_) {
-      if (now >= healed_at) continue;
-      if ((!c.from_site.empty() && c.from_site != fi.site) || (c.from_rank >= 0 && c.from_rank != fi.rank)) continue;
-      if ((!c.to_site.empty() && c.to_site != ti.site) || (c.to_rank >= 0 && c.to_rank != ti.rank)) continue;
-      extra = std::max(extra, std::chrono::duration<double>(healed_at - now).count());
-    }
+    for (const auto& [c, healed_at] : cuts_)
+      if (now < healed_at && names_link(c, fi, ti))
+        extra = std::max(extra, std::chrono::duration<double>(healed_at - now).count());
   }
   auto& free_at = lane_free_[{from, to * 64 + lane}];
   auto due = now + seconds_d(opt_.latency_s + extra);
