@@ -11,6 +11,11 @@
 #
 #   tools/gpu_check.sh OUTDIR        exit 0 only when every step passed
 #
+# A machine without geoloco's Debian libraries (the lent H200s have CUDA but no UCX, Gloo, yaml-cpp)
+# runs a bundle built elsewhere instead: GEOLOCO_GPU_PREBUILT=ARCHIVE (from tools/gpu_bundle.sh)
+# skips configure and build, unpacks it into GEOLOCO_GPU_BUILD (default /tmp/geoloco-gpu-bundle)
+# and finds cuBLAS and NCCL on this machine.
+#
 # Environment: GEOLOCO_GPU_BUILD (build dir, default <repo>/build-gpu),
 # GEOLOCO_GPU_ARCH (CMAKE_CUDA_ARCHITECTURES, default 90), GEOLOCO_GPU_BATCH (bench B, 32),
 # GEOLOCO_GPU_BUDGET (seconds for the whole check, default 470).
@@ -18,6 +23,7 @@ set -uo pipefail
 out="${1:?usage: tools/gpu_check.sh OUTDIR}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${GEOLOCO_GPU_BUILD:-$here/build-gpu}"
+[[ -n "${GEOLOCO_GPU_PREBUILT:-}" && -z "${GEOLOCO_GPU_BUILD:-}" ]] && build=/tmp/geoloco-gpu-bundle
 arch="${GEOLOCO_GPU_ARCH:-90}"
 batch="${GEOLOCO_GPU_BATCH:-32}"
 budget="${GEOLOCO_GPU_BUDGET:-470}"
@@ -62,11 +68,48 @@ run_step() {
 
 gpu="$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
 [[ -z "$gpu" ]] && gpu="unknown (nvidia-smi unavailable)"
-note "gpu: $gpu; cores: $jobs; build: $build; arch: $arch"
+note "gpu: $gpu; cores: $jobs; build: $build${GEOLOCO_GPU_PREBUILT:+ (prebuilt from $GEOLOCO_GPU_PREBUILT)}; arch: $arch"
+note "system: $(uname -r); $(ldd --version 2>&1 | head -1)"
 nvidia-smi >>"$log" 2>&1 || true
 
+# find_cuda_libs: the directories holding the libraries the bundle leaves to this machine (cuBLAS,
+# cuBLASLt, NCCL), from CUDA's own folders or the Python wheels (nvidia-*-cu13) a PyTorch image has.
+find_cuda_libs() {
+  local dirs=() lib d
+  for lib in libcublasLt.so.13 libcublas.so.13 libnccl.so.2; do
+    d="$(find /usr/local/cuda/ /usr/local/cuda-13*/ /usr/lib/x86_64-linux-gnu /opt /usr/local/lib -name "$lib" \
+      -print 2>/dev/null | head -1)"
+    if [[ -z "$d" ]]; then
+      note "prebuilt: $lib not found on this machine"
+      continue
+    fi
+    d="$(dirname "$d")"
+    [[ " ${dirs[*]} " == *" $d "* ]] || dirs+=("$d")
+  done
+  local IFS=:
+  echo "${dirs[*]}"
+}
+
 built=0
-if run_step configure 120 cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGEOLOCO_CUDA=ON \
+if [[ -n "${GEOLOCO_GPU_PREBUILT:-}" ]]; then
+  # A bundle made by tools/gpu_bundle.sh on a machine with geoloco's dependencies: unpack, and
+  # point the loader at its libraries and at this machine's CUDA ones.
+  if run_step unpack 60 bash -c "rm -rf '$build' && mkdir -p '$build' && tar -C '$build' -xzf '$GEOLOCO_GPU_PREBUILT'"; then
+    cuda_dirs="$(find_cuda_libs)"
+    export LD_LIBRARY_PATH="$build/lib${cuda_dirs:+:$cuda_dirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    note "prebuilt: LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+    missing="$(for b in "$build"/tests/cuda/* "$build"/tests/parallel/* "$build"/bench/gpu/* "$build"/trainer/cuda/*; do
+      ldd "$b" 2>&1 | grep 'not found' | sed "s|^|$(basename "$b"): |"; done)"
+    if [[ -n "$missing" ]]; then
+      note "prebuilt: libraries not found:"
+      echo "$missing" | tee -a "$log"
+      steps+=("libraries:1:0")
+      failed=1
+    else
+      built=1
+    fi
+  fi
+elif run_step configure 120 cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGEOLOCO_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" -DGEOLOCO_BUILD_TESTS=ON -DGEOLOCO_BUILD_BENCH=ON; then
   # Only the check's targets: the whole tree would not fit the budget.
   run_step build 300 ninja -C "$build" -j"$jobs" test_cuda_host test_cuda_gpu bench_gpu_gpt2 geoloco_gpu_report \

@@ -342,7 +342,10 @@ TEST(CheckReport, ToolWritesTheReportAndExitCode) {
   const std::filesystem::path& dir = tmp.path();
   std::ofstream(dir / "parity.json") << R"({"ok": true})";
   std::ofstream(dir / "bench.json") << R"({"tokens_per_s": 5})";
-  const std::string tool = std::string(GEOLOCO_BINARY_DIR) + "/trainer/cuda/geoloco_gpu_report";
+  // Beside this test in the build tree (build/tests/cuda -> build/trainer/cuda): found from the test's own
+  // path, so a build copied elsewhere (tools/gpu_bundle.sh) runs it too.
+  const std::string tool =
+      (std::filesystem::canonical("/proc/self/exe").parent_path() / "../../trainer/cuda/geoloco_gpu_report").string();
   const std::string base = tool + " --out " + (dir / "report.json").string() + " --gpu test --parity " +
                            (dir / "parity.json").string() + " --bench " + (dir / "bench.json").string();
   int rc = std::system((base + " --step build:0:1 --step tests:0:2 > /dev/null").c_str());
