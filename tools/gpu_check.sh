@@ -2,11 +2,11 @@
 # One prepared GPU check (for a machine with a GPU, e.g. one H200 with 16 cores, < 8 minutes):
 # configure with CUDA into build-gpu, build only what the check needs, run the device tests
 # once in one process (test_cuda_gpu: op and model parity, writes parity.json), the GPT-2 124M
-# bf16 benchmark (bench.json, fused attention, with a device-time profile of one step per op
+# bf16 benchmark (bench.json, attention auto, with a device-time profile of one step per op
 # kind), the training loop on the GPU (test_cuda_loop:
 # 2-rank site vs the CPU curve, ddp == zero1, bit-exact resume, 2-site DiLoCo, NCCL in the
-# loop), the NCCL tests of the parallel area, and last the benchmark with the materialised
-# attention (bench_materialized.json); then write report.json + gpu_check.log into OUTDIR and print the
+# loop), the NCCL tests of the parallel area, and last the benchmark with the fused
+# attention (bench_fused.json); then write report.json + gpu_check.log into OUTDIR and print the
 # report's summary (verdict, figures, the costliest ops) last.
 #
 #   tools/gpu_check.sh OUTDIR        exit 0 only when every step passed
@@ -122,15 +122,15 @@ if ((built)); then
   # then the training loop on the GPU and the NCCL tests.
   run_step host_tests 60 "$build/tests/cuda/test_cuda_host" --gtest_brief=1
   GEOLOCO_GPU_REPORT_DIR="$out" run_step gpu_tests 150 "$build/tests/cuda/test_cuda_gpu" --gtest_brief=1
-  run_step bench 150 "$build/bench/gpu/bench_gpu_gpt2" --batch "$batch" --steps 20 --warmup 3 --max-seconds 60 \
+  run_step bench 150 "$build/bench/gpu/bench_gpu_gpt2" --batch "$batch" --steps 20 --warmup 3 --max-seconds 60 --gemm-probe \
     --out "$out/bench.json"
   # site.device: cuda end to end (label gpu_loop).
   run_step loop_tests 120 "$build/tests/cuda/test_cuda_loop" --gtest_brief=1
   run_step nccl_tests 90 "$build/tests/parallel/test_parallel" --gtest_filter='Gpu*:Nccl*' --gtest_brief=1
-  # Last (least needed): the benchmark with the materialised attention, for what the fused
-  # kernels gain, measured in the same session.
-  run_step bench_materialized 90 "$build/bench/gpu/bench_gpu_gpt2" --batch "$batch" --steps 10 --warmup 2 \
-    --max-seconds 30 --attention materialized --out "$out/bench_materialized.json"
+  # Last (least needed): the benchmark with the fused attention (auto picks the materialized one
+  # where its T x T buffers fit, as here), for what each kernel costs, in the same session.
+  run_step bench_fused 90 "$build/bench/gpu/bench_gpu_gpt2" --batch "$batch" --steps 10 --warmup 2 \
+    --max-seconds 30 --attention fused --out "$out/bench_fused.json"
 fi
 
 args=()

@@ -7,7 +7,9 @@
 // --peak-tflops for GPUs not in the small table).
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <vector>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -16,7 +18,9 @@
 #include "trainer/cuda/cuda_adamw.hpp"
 #include "trainer/cuda/cuda_gpt.hpp"
 #include "trainer/cuda/device.hpp"
+#include "trainer/cuda/handles.hpp"
 #include "trainer/cuda/op_profile.hpp"
+#include "trainer/cuda/ops.hpp"
 #include "trainer/model/gpt.hpp"
 
 using namespace geoloco;
@@ -28,6 +32,64 @@ double peak_tflops_for(const std::string& name) {
   if (name.find("A100") != std::string::npos) return 312.0;
   return 0;
 }
+// cuBLAS alone on the step's largest GEMM shapes (bf16 in, fp32 accumulate, as the model
+// calls it), each the median of 10 timed calls after 2: what the LM head could take, against
+// what its op profile shows, and a square product for the device's reference rate.
+nlohmann::json gemm_probe(int64_t N, int C, int V, int Vp) {
+  using cuda::DType;
+  cuda::Stream stream("gemm probe");
+  cuda::CublasHandle blas(stream.get());
+  const cuda::OpContext ctx{stream.get(), blas.get(), nullptr, 0};
+  struct Shape {
+    const char* name;
+    bool ta, tb;
+    int M, N, K, lda, ldb, ldc;
+    DType c_type;
+  };
+  const int n = int(N), sq = 8192;
+  const Shape shapes[] = {
+      {"lm_head.fwd (N x V, ldc Vp)", false, true, n, V, C, C, C, Vp, DType::BF16},
+      {"lm_head.fwd (N x Vp)", false, true, n, Vp, C, C, C, Vp, DType::BF16},
+      {"lm_head.bwd dinp (K V)", false, false, n, C, V, Vp, C, C, DType::BF16},
+      {"lm_head.bwd dwte (V x C, K N, fp32 out)", true, false, V, C, n, Vp, C, C, DType::F32},
+      {"square 8192", false, false, sq, sq, sq, sq, sq, sq, DType::BF16},
+  };
+  nlohmann::json out = nlohmann::json::array();
+  const size_t big = std::max<size_t>(size_t(N) * size_t(Vp), size_t(sq) * sq);
+  cuda::DeviceBuffer<uint16_t> a(big, "probe A"), b(big, "probe B");
+  cuda::DeviceBuffer<float> c(big, "probe C");
+  cuda::check_cuda(cudaMemsetAsync(a.data(), 0, big * 2, stream.get()), "probe memset");
+  cuda::check_cuda(cudaMemsetAsync(b.data(), 0, big * 2, stream.get()), "probe memset");
+  cuda::Event e0(true), e1(true);
+  for (const Shape& s : shapes) {
+    auto call = [&] {
+      cuda::gemm(ctx, s.ta, s.tb, s.M, s.N, s.K, 1.0f, a.data(), s.lda, 0, b.data(), s.ldb, 0, DType::BF16, 0.0f,
+                 c.data(), s.ldc, 0, s.c_type, 1, s.name);
+    };
+    call();
+    call();
+    std::vector<float> times;
+    for (int i = 0; i < 10; ++i) {
+      cuda::check_cuda(cudaEventRecord(e0.get(), stream.get()), "probe event");
+      call();
+      cuda::check_cuda(cudaEventRecord(e1.get(), stream.get()), "probe event");
+      cuda::check_cuda(cudaEventSynchronize(e1.get()), "probe sync");
+      float ms = 0;
+      cuda::check_cuda(cudaEventElapsedTime(&ms, e0.get(), e1.get()), "probe time");
+      times.push_back(ms);
+    }
+    std::sort(times.begin(), times.end());
+    const double ms = times[times.size() / 2];
+    out.push_back({{"gemm", s.name},
+                   {"M", s.M},
+                   {"N", s.N},
+                   {"K", s.K},
+                   {"ms", ms},
+                   {"tflops", 2.0 * s.M * double(s.N) * s.K / (ms * 1e-3) / 1e12}});
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -44,6 +106,8 @@ int main(int argc, char** argv) {
   app.add_option("--attention", attention, "auto | fused | materialized (fused: bf16 only)");
   app.add_option("--peak-tflops", peak, "dense peak of this GPU (default: from its name)");
   app.add_option("--out", out, "also write the JSON here");
+  bool gemm_probes = false;
+  app.add_flag("--gemm-probe", gemm_probes, "also time cuBLAS alone on the LM head's GEMM shapes and a square one");
   CLI11_PARSE(app, argc, argv);
   try {
     const cuda::Precision prec = cuda::parse_precision(precision);
@@ -55,7 +119,7 @@ int main(int argc, char** argv) {
     cfg.n_embd = 768;
     cfg.block_size = 1024;
     cfg.vocab_size = 50257;
-    cuda::CudaGpt model(cfg, prec, cuda::parse_attention_kernel(attention));
+    cuda::CudaGpt model(cfg, prec, cuda::parse_attention_kernel(attention), batch);
     const trainer::ParamLayout& layout = model.layout();
     std::vector<float> host(size_t(layout.total()));
     trainer::Gpt::init_params(layout, host, 1337);
@@ -154,6 +218,7 @@ int main(int argc, char** argv) {
                                    : "10B tokens in ~90 min on 8x A100 80GB (llm.c discussion #481)"},
                  {"measured_here", false}};
     j["ratio"] = tokens_per_s / ref;
+    if (gemm_probes) j["gemm_probe"] = gemm_probe(N, cfg.n_embd, cfg.vocab_size, (cfg.vocab_size + 63) / 64 * 64);
     const std::string text = j.dump(2);
     std::cout << text << "\n";
     if (!out.empty()) std::ofstream(out) << text << "\n";

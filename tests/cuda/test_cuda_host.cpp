@@ -112,6 +112,16 @@ TEST(AttentionChoice, FusedOnlyForBf16AndHeadSizesItServes) {
   EXPECT_FALSE(uses_fused_attention(AttentionKernel::Materialized, Precision::Bf16, 768, 12));
   EXPECT_TRUE(uses_fused_attention(AttentionKernel::Fused, Precision::Bf16, 768, 12));
   EXPECT_THROW(uses_fused_attention(AttentionKernel::Fused, Precision::Fp32, 768, 12), ConfigError);
+  // Auto weighs the materialized attention's memory: GPT-2 124M, B 32, T 1024, bf16 holds
+  // 12 layers x 32 x 12 x 1024^2 x 2 bytes of probabilities + the workspace's 6 bytes a score.
+  const int64_t m = materialized_attention_bytes(12, 12, 32, 1024, 2);
+  EXPECT_EQ(m, int64_t(32) * 12 * 1024 * 1024 * (12 * 2 + 6));
+  constexpr int64_t kGiB = int64_t(1) << 30;
+  EXPECT_FALSE(uses_fused_attention(AttentionKernel::Auto, Precision::Bf16, 768, 12, m, 130 * kGiB));  // H200: fits
+  EXPECT_TRUE(uses_fused_attention(AttentionKernel::Auto, Precision::Bf16, 768, 12, m, 20 * kGiB));    // > half
+  EXPECT_TRUE(uses_fused_attention(AttentionKernel::Auto, Precision::Bf16, 768, 12, 0, 130 * kGiB));   // B unknown
+  EXPECT_TRUE(uses_fused_attention(AttentionKernel::Fused, Precision::Bf16, 768, 12, m, 130 * kGiB));  // as asked
+  EXPECT_FALSE(uses_fused_attention(AttentionKernel::Auto, Precision::Fp32, 768, 12, m, 40 * kGiB));   // fp32: no fused
   EXPECT_NE(fused_attention_refusal(Precision::Bf16, 96, 4).find("n_embd / n_head = 96 / 4"), std::string::npos);
 }
 

@@ -40,10 +40,17 @@ std::string fused_attention_refusal(Precision p, int n_embd, int n_head) {
   return "";
 }
 
-bool uses_fused_attention(AttentionKernel k, Precision p, int n_embd, int n_head) {
+int64_t materialized_attention_bytes(int n_layer, int n_head, int64_t B, int64_t T, int act_bytes) {
+  const int64_t scores = B * n_head * T * T;
+  return scores * act_bytes * n_layer + scores * (4 + act_bytes);
+}
+
+bool uses_fused_attention(AttentionKernel k, Precision p, int n_embd, int n_head, int64_t materialized_bytes,
+                          int64_t free_bytes) {
   if (k == AttentionKernel::Materialized) return false;
   const std::string why = fused_attention_refusal(p, n_embd, n_head);
   if (k == AttentionKernel::Fused && !why.empty()) throw ConfigError(why);
+  if (k == AttentionKernel::Auto && materialized_bytes > 0 && materialized_bytes <= free_bytes / 2) return false;
   return why.empty();
 }
 

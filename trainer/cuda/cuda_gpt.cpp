@@ -340,13 +340,21 @@ struct ModelT final : CudaGpt::Impl {
 
 }  // namespace
 
-CudaGpt::CudaGpt(const trainer::ModelConfig& cfg, Precision precision, AttentionKernel attention) {
+CudaGpt::CudaGpt(const trainer::ModelConfig& cfg, Precision precision, AttentionKernel attention, int batch) {
   if (cfg.n_layer < 0 || cfg.n_head < 1 || cfg.n_embd < 1 || cfg.n_embd % cfg.n_head != 0 || cfg.block_size < 1 ||
       cfg.vocab_size < 1)
     throw ConfigError(fmt::format("model config n_layer {} n_head {} n_embd {} block_size {} vocab_size {}: need "
                                   "n_embd a positive multiple of n_head and positive sizes",
                                   cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.vocab_size));
-  const bool fused = uses_fused_attention(attention, precision, cfg.n_embd, cfg.n_head);
+  int64_t materialized = 0, free_bytes = 0;
+  if (attention == AttentionKernel::Auto && batch > 0) {
+    size_t f = 0, total = 0;
+    check_cuda(cudaMemGetInfo(&f, &total), "cudaMemGetInfo");
+    free_bytes = static_cast<int64_t>(f);
+    materialized = materialized_attention_bytes(cfg.n_layer, cfg.n_head, batch, cfg.block_size,
+                                                precision == Precision::Fp32 ? 4 : 2);
+  }
+  const bool fused = uses_fused_attention(attention, precision, cfg.n_embd, cfg.n_head, materialized, free_bytes);
   if (precision == Precision::Fp32)
     impl_ = std::make_unique<ModelT<float>>(cfg, precision, false);  // the fused attention is bf16 only
   else

@@ -43,8 +43,11 @@ using GradReadyHook = std::function<void(int block, cudaStream_t s)>;
 class CudaGpt {
  public:
   // attention: which attention kernel (attention_choice.hpp); Fused where it does not apply
-  // is a ConfigError.
-  CudaGpt(const trainer::ModelConfig& cfg, Precision precision, AttentionKernel attention = AttentionKernel::Auto);
+  // is a ConfigError. batch: the sequences per step the model will run (block_size tokens
+  // each), for Auto to weigh the materialized attention's memory against the device's free
+  // memory now; 0 (unknown): Auto picks fused where it applies.
+  CudaGpt(const trainer::ModelConfig& cfg, Precision precision, AttentionKernel attention = AttentionKernel::Auto,
+          int batch = 0);
   ~CudaGpt();
   CudaGpt(const CudaGpt&) = delete;
   CudaGpt& operator=(const CudaGpt&) = delete;

@@ -64,8 +64,8 @@ void column_sums(const OpContext& ctx, float* out_a, float* out_b, const A* dout
   Carver w(ctx, op);
   float* pa = out_a ? w.take<float>(int64_t(kColumnChunks) * C) : nullptr;
   float* pb = w.take<float>(int64_t(kColumnChunks) * C);
-  const dim3 grid((C + kThreads - 1) / kThreads, kColumnChunks);
-  kern::column_partials<A>(grid, kThreads, ctx.stream, pa, pb, dout, inp, mean, rstd, N, C);
+  const dim3 grid((C + kColumnTile - 1) / kColumnTile, kColumnChunks);
+  kern::column_partials<A>(grid, dim3(kColumnTile, kColumnLanes), ctx.stream, pa, pb, dout, inp, mean, rstd, N, C);
   check_launch(op);
   kern::column_finish((C + kThreads - 1) / kThreads, kThreads, ctx.stream, out_a, out_b, pa, pb, C);
   check_launch(op);

@@ -16,6 +16,8 @@ constexpr int kThreads = 256;
 // Column sums (bias, LayerNorm weight gradients) first sum fixed row chunks, then the
 // chunks in order: parallel enough for N = 8192 rows, deterministic, no atomics.
 constexpr int kColumnChunks = 64;
+constexpr int kColumnTile = 32;   // columns per block of column_partials
+constexpr int kColumnLanes = 8;   // row lanes per block of column_partials
 // Sum of squares: a fixed grid (not derived from the device) keeps the summation order, and
 // so the bits, the same on every GPU model.
 constexpr int kSumBlocks = 256;

@@ -27,14 +27,16 @@ void copy_to_device(float* dst, const float* src, size_t n, const char* what) {
 bool built_with_cuda() { return true; }
 
 CudaSiteStrategy::CudaSiteStrategy(const RunConfig& cfg, int site, const ParamLayout& layout,
-                                   parallel::Collective* coll, std::span<const float> initial, int device)
+                                   parallel::Collective* coll, std::span<const float> initial, int device,
+                                   bool keep_one_rank_collective)
     : SiteStrategy(parse_strategy(cfg.sites.at(static_cast<size_t>(site)).strategy), layout, coll, cfg.train.optimizer,
-                   NoHostState{}),
+                   NoHostState{keep_one_rank_collective}),
       device_(device),
       info_((cuda::check_cuda(cudaSetDevice(device), fmt::format("cudaSetDevice({})", device)), cuda::device_info(device))),
       precision_(cfg.train.precision),
       plan_(plan_device_buffers(kind(), layout.total(), rank(), ranks())),
-      model_(cfg.model, cuda::parse_precision(cfg.train.precision), cuda::parse_attention_kernel(cfg.train.attention)),
+      model_(cfg.model, cuda::parse_precision(cfg.train.precision), cuda::parse_attention_kernel(cfg.train.attention),
+             cfg.train.micro_batch),
       d_params_(static_cast<size_t>(plan_.param_elems), "parameters"),
       d_grad_shard_(static_cast<size_t>(plan_.grad_shard_elems), "gradient shard"),
       d_grads_(plan_.grads_persistent ? static_cast<size_t>(plan_.grad_elems) : 0, model_.stream(), "gradients"),
@@ -298,7 +300,8 @@ std::unique_ptr<DeviceSite> make_device_site(const RunConfig& cfg, int site, con
                                              parallel::Collective* coll, std::span<const float> initial,
                                              const DeviceSiteOptions& opts) {
   GEOLOCO_CHECK(opts.device >= 0, "make_device_site: no device selected");
-  return std::make_unique<CudaSiteStrategy>(cfg, site, layout, coll, initial, opts.device);
+  return std::make_unique<CudaSiteStrategy>(cfg, site, layout, coll, initial, opts.device,
+                                            opts.keep_one_rank_collective);
 }
 
 // The GPU of (site, rank): the local rank among every rank of the config on the same host.

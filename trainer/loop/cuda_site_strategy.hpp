@@ -36,7 +36,7 @@ namespace geoloco::trainer {
 class CudaSiteStrategy final : public SiteStrategy, public DeviceSite {
  public:
   CudaSiteStrategy(const RunConfig& cfg, int site, const ParamLayout& layout, parallel::Collective* coll,
-                   std::span<const float> initial, int device);
+                   std::span<const float> initial, int device, bool keep_one_rank_collective = false);
   ~CudaSiteStrategy() override;
 
   // DeviceSite

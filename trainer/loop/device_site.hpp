@@ -47,6 +47,7 @@ class DeviceSite {
 
 struct DeviceSiteOptions {
   int device = -1;  // CUDA device index, already selected for this thread (select_device)
+  bool keep_one_rank_collective = false;  // TrainerOptions::keep_one_rank_collective
 };
 
 // Builds the device strategy of `site` for this rank. `layout` must outlive it; `coll` is the

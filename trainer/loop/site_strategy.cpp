@@ -43,9 +43,9 @@ SiteStrategy::SiteStrategy(StrategyKind kind, const ParamLayout& layout, paralle
 }
 
 SiteStrategy::SiteStrategy(StrategyKind kind, const ParamLayout& layout, parallel::Collective* coll,
-                           const AdamWConfig& adamw, NoHostState)
+                           const AdamWConfig& adamw, NoHostState h)
     : kind_(kind), layout_(layout), coll_(coll), n_(layout.total()), host_(false) {
-  if (coll_ && coll_->size() == 1) coll_ = nullptr;
+  if (coll_ && coll_->size() == 1 && !h.keep_one_rank_collective) coll_ = nullptr;
   shard_ = parallel::shard_of(n_, rank(), ranks());
   adamw_ = std::make_unique<AdamW>(adamw, layout_, 0, 0);
 }

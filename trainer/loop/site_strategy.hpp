@@ -110,7 +110,11 @@ class SiteStrategy {
  protected:
   // For a device strategy: kind, layout, collective and shard as above, no host buffers, and
   // an optimizer proxy with an empty range (steps and reset only).
-  struct NoHostState {};
+  // keep_one_rank_collective: keep a collective of one rank (dropped otherwise: a sum over one
+  // rank is the identity), so one GPU runs every NCCL call of the loop (tests).
+  struct NoHostState {
+    bool keep_one_rank_collective = false;
+  };
   SiteStrategy(StrategyKind kind, const ParamLayout& layout, parallel::Collective* coll, const AdamWConfig& adamw,
                NoHostState);
   const ParamLayout& layout() const { return layout_; }

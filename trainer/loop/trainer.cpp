@@ -109,6 +109,7 @@ struct Trainer::Impl {
     if (site.device == "cuda") {
       DeviceSiteOptions dso;
       dso.device = select_rank_device(cfg, o.site, o.rank, o.cuda_device);
+      dso.keep_one_rank_collective = opt.keep_one_rank_collective;
       device = make_device_site(cfg, o.site, model.layout(), opt.collective, init, dso);
       strategy = &device->strategy();
     } else {

@@ -46,6 +46,9 @@ struct TrainerOptions {
   // site.device: cuda: the GPU of this rank, already chosen by the caller (run_rank selects it
   // before creating NCCL); -1 lets the trainer select it (select_rank_device).
   int cuda_device = -1;
+  // site.device: cuda with a one-rank collective: run its calls anyway (a one-rank site drops
+  // its collective otherwise), so one GPU exercises NCCL inside the loop. For tests.
+  bool keep_one_rank_collective = false;
 };
 
 class Trainer {
