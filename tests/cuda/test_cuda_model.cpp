@@ -222,7 +222,8 @@ TEST_P(ModelParity, OpProfileCountsEveryOpOfAStep) {
       {"attention.fwd", L}, {"matmul.attproj.fwd", L}, {"residual.fwd", 2 * L}, {"matmul.fc.fwd", L},
       {"gelu.fwd", L}, {"matmul.fcproj.fwd", L}, {"lm_head.fwd", 1}, {"crossentropy.fwd", 1},
       {"loss.to_host", 1}, {"crossentropy.bwd", 1}, {"lm_head.bwd", 1}, {"memset.bwd", 1},
-      {"layernorm.bwd", 2 * L + 1}, {"matmul.fcproj.bwd", L}, {"gelu.bwd", L}, {"matmul.fc.bwd", L},
+      {"layernorm.bwd", 2 * L + 1}, {"layernorm.bwd.params", 2 * L + 1}, {"matmul.bias.bwd", 4 * L},
+      {"matmul.fcproj.bwd", L}, {"gelu.bwd", L}, {"matmul.fc.bwd", L},
       {"matmul.attproj.bwd", L}, {"attention.bwd", L}, {"matmul.qkv.bwd", L}, {"grad_hook", L + 1},
       {"encoder.bwd", 1}};
   if (GetParam().p == Precision::Bf16) want["cast_bf16"] = 1;

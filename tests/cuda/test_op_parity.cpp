@@ -5,6 +5,7 @@
 // Every result is also logged to parity.json (GEOLOCO_GPU_REPORT_DIR) for tools/gpu_check.sh.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -459,6 +460,30 @@ TEST_P(OpParity, LmHeadAndCrossEntropyWithPaddedRows) {
                                            N, C, V);
     EXPECT_PARITY("lm_head_backward", p(), "dinp (padded rows)", to_host(d_dx), fv(w_dx));
     EXPECT_PARITY("lm_head_backward", p(), "dwte (padded rows)", to_host(d_dw), fv(w_dw));
+    const auto dlogits_padded = to_host(d_logits);
+    int nonzero_padding = 0;
+    for (int n = 0; n < N; ++n)
+      for (int v = V; v < ldv; ++v) nonzero_padding += dlogits_padded[size_t(n) * ldv + v] != 0.0f;
+    EXPECT_EQ(nonzero_padding, 0) << "crossentropy_backward leaves the padding columns of dlogits zero";
+
+    // wte padded to ldv rows (zero past V): the GEMMs run on the padded width, same results.
+    vector<float> wte_padded(size_t(ldv) * C, 0.0f);
+    std::copy(wte.begin(), wte.end(), wte_padded.begin());
+    auto d_wte_padded = to_device<A>(wte_padded);
+    auto d_logits2 = to_device<A>(pad(vector<float>(size_t(N) * V, 0.0f)));
+    lm_head_forward<A>(ctx_, d_logits2.data(), d_x.data(), d_wte_padded.data(), N, C, V, ldv, true);
+    const auto logits2 = to_host(d_logits2);
+    EXPECT_PARITY("lm_head_forward", p(), "logits (padded wte)", unpad(logits2), fv(w_logits));
+    int padding_not_zero = 0;
+    for (int n = 0; n < N; ++n)
+      for (int v = V; v < ldv; ++v) padding_not_zero += logits2[size_t(n) * ldv + v] != 0.0f;
+    EXPECT_EQ(padding_not_zero, 0) << "the padded forward writes zeros past V";
+    auto d_dx2 = to_device<A>(dx0);
+    auto d_dw2 = to_device<float>(dw0);
+    lm_head_backward<A>(ctx_, d_dx2.data(), d_dw2.data(), d_logits.data(), d_x.data(), d_wte_padded.data(), N, C, V,
+                        ldv, false, true);
+    EXPECT_PARITY("lm_head_backward", p(), "dinp (padded wte)", to_host(d_dx2), fv(w_dx));
+    EXPECT_PARITY("lm_head_backward", p(), "dwte (padded wte)", to_host(d_dw2), fv(w_dw));
   });
 }
 

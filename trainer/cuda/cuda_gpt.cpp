@@ -107,7 +107,9 @@ struct CudaGpt::Impl {
   DeviceBuffer<float> losses;
   OpProfile* profile = nullptr;
 
-  OpContext ctx() const { return {stream.get(), blas.get(), const_cast<char*>(work.data()), work.size()}; }
+  OpContext ctx() const {
+    return {stream.get(), blas.get(), const_cast<char*>(work.data()), work.size(), profile};
+  }
 };
 
 namespace {
@@ -115,6 +117,7 @@ namespace {
 // The scratch gradients (dln, dfch, ...) are written, not accumulated, by their first op:
 // no memset per layer. Only dres, which LayerNorm backward adds into, is zeroed once.
 constexpr bool kOverwrite = true;
+constexpr bool kPaddedWte = true;  // lm_w holds Vp rows, zero past V
 
 template <class A>
 struct ModelT final : CudaGpt::Impl {
@@ -127,6 +130,10 @@ struct ModelT final : CudaGpt::Impl {
   ModelT(const trainer::ModelConfig& c, Precision p, bool fused_attention)
       : Impl(c, p, fused_attention), layers(size_t(c.n_layer)) {
     if constexpr (std::is_same_v<A, bf16>) wcopy = DeviceBuffer<bf16>(size_t(layout.total()), "bf16 weight copy");
+    // The LM head's weights padded to Vp rows (zero past V): its GEMMs then run on an aligned
+    // width (lm_head_forward in ops.hpp). Rows [0, V) are copied in at each forward.
+    lm_w = DeviceBuffer<A>(size_t(Vp()) * size_t(c.n_embd), "LM head weights (padded)");
+    check_cuda(cudaMemset(lm_w.data(), 0, lm_w.size() * sizeof(A)), "zero the LM head's padding");
   }
 
   // Logit row stride: V rounded up to 64 elements (see lm_head_forward in ops.hpp).
@@ -231,7 +238,10 @@ struct ModelT final : CudaGpt::Impl {
     mark("layernorm.fwd");
     layernorm_forward<A>(c, lnf, lnf_mean, lnf_rstd, x, P + layout.lnf_w(), P + layout.lnf_b(), N, C);
     mark("lm_head.fwd");
-    lm_head_forward<A>(c, probs, lnf, W(P, layout.wte()), N, C, V, Vp());
+    check_cuda(cudaMemcpyAsync(lm_w.data(), W(P, layout.wte()), size_t(V) * size_t(C) * sizeof(A),
+                               cudaMemcpyDeviceToDevice, stream.get()),
+               "copy the LM head's weights");
+    lm_head_forward<A>(c, probs, lnf, lm_w.data(), N, C, V, Vp(), kPaddedWte);
     mark("crossentropy.fwd");
     crossentropy_forward<A>(c, probs, losses.data(), probs, targets_dev(), N, V, Vp());
     mark("loss.to_host");
@@ -262,7 +272,7 @@ struct ModelT final : CudaGpt::Impl {
     mark("crossentropy.bwd");
     crossentropy_backward<A>(c, dlogits, probs, targets_dev(), loss_scale / float(N), N, V, Vp());
     mark("lm_head.bwd");
-    lm_head_backward<A>(c, dln, G + layout.wte(), dlogits, lnf, W(P, layout.wte()), N, C, V, Vp(), kOverwrite);
+    lm_head_backward<A>(c, dln, G + layout.wte(), dlogits, lnf, lm_w.data(), N, C, V, Vp(), kOverwrite, kPaddedWte);
     const A* x_last = cfg.n_layer > 0 ? layers.back().res3 : encoded;
     mark("memset.bwd");
     zero(dres, NC);
@@ -325,6 +335,7 @@ struct ModelT final : CudaGpt::Impl {
 
   size_t bytes() const override {
     return act.size() * sizeof(A) + stat.size() * sizeof(float) + work.size() + wcopy.size() * sizeof(bf16) +
+           lm_w.size() * sizeof(A) +
            losses.size() * sizeof(float) + tokens_dev.size() * sizeof(int32_t);
   }
 
@@ -332,6 +343,7 @@ struct ModelT final : CudaGpt::Impl {
   DeviceBuffer<A> act;
   DeviceBuffer<float> stat;
   DeviceBuffer<bf16> wcopy;
+  DeviceBuffer<A> lm_w;
   int aB = 0, aT = 0;
   A *encoded = nullptr, *lnf = nullptr, *probs = nullptr;
   A *dres = nullptr, *dln = nullptr, *datty = nullptr, *dqkv = nullptr, *dfch_gelu = nullptr, *dfch = nullptr;

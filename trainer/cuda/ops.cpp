@@ -9,11 +9,16 @@
 
 #include "trainer/cuda/cuda_check.hpp"
 #include "trainer/cuda/attention_kernels.hpp"
+#include "trainer/cuda/op_profile.hpp"
 #include "trainer/cuda/ops_kernels.hpp"
 
 namespace geoloco::cuda {
 
 namespace {
+
+void sub_mark(const OpContext& ctx, const char* op) {
+  if (ctx.profile) ctx.profile->mark(op);
+}
 
 unsigned grid_for(int64_t n, int threads = kThreads) {
   return static_cast<unsigned>(std::clamp<int64_t>((n + threads - 1) / threads, 1, 65536));
@@ -129,6 +134,7 @@ void layernorm_backward(const OpContext& ctx, A* dinp, float* dw, float* db, con
                         const float* w, const float* mean, const float* rstd, int N, int C) {
   kern::layernorm_backward_dx<A>(grid_rows(N, kThreads / 32), kThreads, ctx.stream, dinp, dout, inp, w, mean, rstd, N, C);
   check_launch("layernorm_backward (dx)");
+  sub_mark(ctx, "layernorm.bwd.params");
   column_sums<A>(ctx, dw, db, dout, inp, mean, rstd, N, C, "layernorm_backward (dw, db)");
 }
 
@@ -150,6 +156,7 @@ void matmul_backward(const OpContext& ctx, A* dinp, float* dw, float* dbias, con
        "matmul_backward (dinp)");
   gemm(ctx, true, false, IC, OC, N, 1.0f, inp, IC, 0, dout, OC, 0, t, 1.0f, dw, OC, 0, DType::F32, 1,
        "matmul_backward (dw)");
+  if (dbias) sub_mark(ctx, "matmul.bias.bwd");
   if (dbias) column_sums<A>(ctx, nullptr, dbias, dout, static_cast<const A*>(nullptr), nullptr, nullptr, N, OC,
                             "matmul_backward (dbias)");
 }
@@ -262,17 +269,20 @@ void residual_backward(const OpContext& ctx, A* da, A* db, const A* dout, int64_
 }
 
 template <class A>
-void lm_head_forward(const OpContext& ctx, A* logits, const A* inp, const A* wte, int N, int C, int V, int ldv) {
+void lm_head_forward(const OpContext& ctx, A* logits, const A* inp, const A* wte, int N, int C, int V, int ldv,
+                     bool padded_wte) {
   constexpr DType t = dtype_of<A>();
   if (ldv < 0) ldv = V;
-  gemm(ctx, false, true, N, V, C, 1.0f, inp, C, 0, wte, C, 0, t, 0.0f, logits, ldv, 0, t, 1, "lm_head_forward");
+  const int width = padded_wte ? ldv : V;
+  gemm(ctx, false, true, N, width, C, 1.0f, inp, C, 0, wte, C, 0, t, 0.0f, logits, ldv, 0, t, 1, "lm_head_forward");
 }
 template <class A>
 void lm_head_backward(const OpContext& ctx, A* dinp, float* dwte, const A* dlogits, const A* inp, const A* wte, int N,
-                      int C, int V, int ldv, bool overwrite) {
+                      int C, int V, int ldv, bool overwrite, bool padded_wte) {
   constexpr DType t = dtype_of<A>();
   if (ldv < 0) ldv = V;
-  gemm(ctx, false, false, N, C, V, 1.0f, dlogits, ldv, 0, wte, C, 0, t, overwrite ? 0.0f : 1.0f, dinp, C, 0, t, 1,
+  const int width = padded_wte ? ldv : V;  // the padding's zeros add nothing to dinp
+  gemm(ctx, false, false, N, C, width, 1.0f, dlogits, ldv, 0, wte, C, 0, t, overwrite ? 0.0f : 1.0f, dinp, C, 0, t, 1,
        "lm_head_backward (dinp)");
   gemm(ctx, true, false, V, C, N, 1.0f, dlogits, ldv, 0, inp, C, 0, t, 1.0f, dwte, C, 0, DType::F32, 1,
        "lm_head_backward (dwte)");
@@ -289,7 +299,7 @@ template <class A>
 void crossentropy_backward(const OpContext& ctx, A* dlogits, const A* probs, const int32_t* targets, float dloss, int N,
                            int V, int ldv) {
   if (ldv < 0) ldv = V;
-  kern::crossentropy_backward<A>(grid_cols_rows(V, N), kThreads, ctx.stream, dlogits, probs, targets, dloss, V, ldv, N);
+  kern::crossentropy_backward<A>(grid_cols_rows(ldv, N), kThreads, ctx.stream, dlogits, probs, targets, dloss, V, ldv, N);
   check_launch("crossentropy_backward");
 }
 
@@ -351,9 +361,9 @@ void cast_to_float(const OpContext& ctx, float* out, const bf16* in, int64_t n) 
   template void gelu_backward<A>(const OpContext&, A*, const A*, const A*, int64_t, bool);                           \
   template void residual_forward<A>(const OpContext&, A*, const A*, const A*, int64_t);                              \
   template void residual_backward<A>(const OpContext&, A*, A*, const A*, int64_t);                                   \
-  template void lm_head_forward<A>(const OpContext&, A*, const A*, const A*, int, int, int, int);                    \
+  template void lm_head_forward<A>(const OpContext&, A*, const A*, const A*, int, int, int, int, bool);              \
   template void lm_head_backward<A>(const OpContext&, A*, float*, const A*, const A*, const A*, int, int, int, int,   \
-                                    bool);                                                                          \
+                                    bool, bool);                                                                    \
   template void crossentropy_forward<A>(const OpContext&, A*, float*, const A*, const int32_t*, int, int, int);      \
   template void crossentropy_backward<A>(const OpContext&, A*, const A*, const int32_t*, float, int, int, int);
 

@@ -29,11 +29,16 @@ using bf16 = __nv_bfloat16;
 
 // What every op needs: the stream, a cuBLAS handle bound to it, and scratch device memory
 // (ops check that it is large enough: workspace_bytes() gives the size for a shape).
+class OpProfile;
+
 struct OpContext {
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
   void* work = nullptr;
   size_t work_bytes = 0;
+  // When set, ops made of several kernels mark their parts (layernorm.bwd.params,
+  // matmul.bias.bwd) so a profiled step shows them apart (bench_gpu_gpt2's op profile).
+  OpProfile* profile = nullptr;
 };
 
 // Scratch bytes the ops need for N = B*T rows, C channels, NH heads, V vocabulary; with
@@ -98,16 +103,22 @@ void residual_backward(const OpContext& ctx, A* da, A* db, const A* dout, int64_
 // logits[N,V] = inp[N,C] @ wte[V,C]^T (wte in A). Logit rows are ldv >= V apart (-1: V):
 // padding the row stride to a multiple of 64 keeps every bf16 row 128-byte aligned, which the
 // fast cuBLAS kernels need (GPT-2's V = 50257 is odd); the padding columns are never read.
+// padded_wte: wte holds ldv rows, those past V zero. The GEMMs then run on the padded width:
+// the forward writes the padding columns (zeros) and the backward's dinp product reads them
+// (crossentropy_backward writes them zero). On an H200 the GPT-2 shapes ran 8x (forward) and
+// 4x (dinp) faster so than with an odd width (docs/gpu.md).
 template <class A>
-void lm_head_forward(const OpContext& ctx, A* logits, const A* inp, const A* wte, int N, int C, int V, int ldv = -1);
+void lm_head_forward(const OpContext& ctx, A* logits, const A* inp, const A* wte, int N, int C, int V, int ldv = -1,
+                     bool padded_wte = false);
 template <class A>
 void lm_head_backward(const OpContext& ctx, A* dinp, float* dwte, const A* dlogits, const A* inp, const A* wte, int N,
-                      int C, int V, int ldv = -1, bool overwrite = false);
+                      int C, int V, int ldv = -1, bool overwrite = false, bool padded_wte = false);
 
 // probs = softmax(logits) (may alias logits), losses[n] fp32 from the logits (log-sum-exp).
 template <class A>
 void crossentropy_forward(const OpContext& ctx, A* probs, float* losses, const A* logits, const int32_t* targets, int N,
                           int V, int ldv = -1);
+// dlogits[n, v] = (probs[n, v] - [v == target]) * dloss, and 0 in the padding columns [V, ldv).
 template <class A>
 void crossentropy_backward(const OpContext& ctx, A* dlogits, const A* probs, const int32_t* targets, float dloss, int N,
                            int V, int ldv = -1);

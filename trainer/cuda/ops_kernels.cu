@@ -352,10 +352,10 @@ template <class A>
 __global__ void crossentropy_backward_k(A* dlogits, const A* probs, const int32_t* targets, float dloss, int V,
                                         int ldv, int64_t N) {
   const int v = blockIdx.x * blockDim.x + threadIdx.x;
-  if (v >= V) return;
+  if (v >= ldv) return;
   GEOLOCO_FOR_ROWS(n, N) {
     const int64_t at = n * ldv + v;
-    dlogits[at] = st<A>((ld(probs[at]) - (v == targets[n] ? 1.0f : 0.0f)) * dloss);
+    dlogits[at] = v < V ? st<A>((ld(probs[at]) - (v == targets[n] ? 1.0f : 0.0f)) * dloss) : st<A>(0.0f);
   }
 }
 
