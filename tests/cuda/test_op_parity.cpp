@@ -200,6 +200,42 @@ TEST_P(OpParity, LayerNorm) {
   });
 }
 
+// Odd widths: the LayerNorm backward and the bias add take single columns instead of pairs.
+TEST_P(OpParity, OddWidthsTakeTheSingleColumnPath) {
+  dispatch([&]<class A>() {
+    const int c = 33, oc = 35;
+    auto x = in(size_t(N) * c, 60, 2.0);
+    auto w = random_vec(c, 61, 0.1);
+    for (auto& v : w) v += 1.0f;
+    vector<double> w_out(x.size()), w_mean(N), w_rstd(N);
+    const auto b = random_vec(c, 62, 0.1);
+    trainer::ref::layernorm_forward<double>(w_out.data(), w_mean.data(), w_rstd.data(), dv(x).data(), dv(w).data(),
+                                            dv(b).data(), N, c);
+    const auto dout = in(x.size(), 63), dx0 = in(x.size(), 64, 0.1);
+    const auto dw0 = random_vec(c, 65, 0.1), db0 = random_vec(c, 66, 0.1);
+    auto d_x = to_device<A>(x), d_dout = to_device<A>(dout), d_dx = to_device<A>(dx0);
+    auto d_w = to_device<float>(w), d_dw = to_device<float>(dw0), d_db = to_device<float>(db0);
+    auto d_mean = to_device<float>(fv(w_mean)), d_rstd = to_device<float>(fv(w_rstd));
+    layernorm_backward<A>(ctx_, d_dx.data(), d_dw.data(), d_db.data(), d_dout.data(), d_x.data(), d_w.data(),
+                          d_mean.data(), d_rstd.data(), N, c);
+    auto w_dx = dv(dx0), w_dw = dv(dw0), w_db = dv(db0);
+    trainer::ref::layernorm_backward<double>(w_dx.data(), w_dw.data(), w_db.data(), dv(dout).data(), dv(x).data(),
+                                             dv(w).data(), dv(fv(w_mean)).data(), dv(fv(w_rstd)).data(), N, c);
+    EXPECT_PARITY("layernorm_backward", p(), "dinp (odd C)", to_host(d_dx), fv(w_dx));
+    EXPECT_PARITY("layernorm_backward", p(), "dw (odd C)", to_host(d_dw), fv(w_dw));
+
+    const auto mw = in(size_t(c) * oc, 67, 0.1);
+    const auto bias = random_vec(oc, 68, 0.1);
+    auto d_mw = to_device<A>(mw);
+    auto d_bias = to_device<float>(bias);
+    DeviceBuffer<A> out(size_t(N) * oc);
+    matmul_forward<A>(ctx_, out.data(), d_x.data(), d_mw.data(), d_bias.data(), N, c, oc);
+    vector<double> want(out.size());
+    trainer::ref::matmul_forward<double>(want.data(), dv(x).data(), dv(mw).data(), dv(bias).data(), N, c, oc);
+    EXPECT_PARITY("matmul_forward", p(), "out (odd OC)", to_host(out), fv(want));
+  });
+}
+
 TEST_P(OpParity, Matmul) {
   dispatch([&]<class A>() {
     const int IC = C, OC = 3 * C;

@@ -143,7 +143,8 @@ void matmul_forward(const OpContext& ctx, A* out, const A* inp, const A* w, cons
   constexpr DType t = dtype_of<A>();
   gemm(ctx, false, false, N, OC, IC, 1.0f, inp, IC, 0, w, OC, 0, t, 0.0f, out, OC, 0, t, 1, "matmul_forward");
   if (bias) {
-    kern::add_bias<A>(grid_cols_rows(OC, N), kThreads, ctx.stream, out, bias, OC, N);
+    const int threads_per_row = OC % 2 == 0 ? OC / 2 : OC;  // add_bias_k: column pairs when OC is even
+    kern::add_bias<A>(grid_cols_rows(threads_per_row, N), kThreads, ctx.stream, out, bias, OC, N);
     check_launch("matmul_forward (bias)");
   }
 }

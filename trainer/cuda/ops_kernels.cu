@@ -26,6 +26,31 @@ __device__ __forceinline__ bf16 st<bf16>(float x) {
   return __float2bfloat16(x);  // round to nearest even, as the host helper in bf16.hpp
 }
 
+// Elements c and c + 1 of an array (c even, the array 4-byte aligned): one 4-byte access for
+// bf16, so a warp's 32 lanes read or write whole 128-byte lines. Kernels that read back
+// activations they write (an accumulating backward) use these: writing bf16 2 bytes a lane (a
+// warp covers half a line) and reading the neighbouring half made LayerNorm's backward 15x
+// slower than its forward on an H200 (docs/gpu.md).
+__device__ __forceinline__ void ld2(const float* p, float& a, float& b) {
+  a = p[0];
+  b = p[1];
+}
+__device__ __forceinline__ void ld2(const bf16* p, float& a, float& b) {
+  const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(p);
+  a = __low2float(v);
+  b = __high2float(v);
+}
+__device__ __forceinline__ void st2(float* p, float a, float b) {
+  p[0] = a;
+  p[1] = b;
+}
+__device__ __forceinline__ void st2(bf16* p, float a, float b) {
+  __nv_bfloat162 v;
+  v.x = __float2bfloat16(a);  // each rounded to nearest even, as st<bf16>
+  v.y = __float2bfloat16(b);
+  *reinterpret_cast<__nv_bfloat162*>(p) = v;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -133,6 +158,8 @@ __global__ void layernorm_forward_k(A* out, float* mean, float* rstd, const A* i
   }
 }
 
+// One warp per row. With C even (and the rows 4-byte aligned, which C even gives) each lane
+// takes pairs of columns (ld2/st2); otherwise single columns.
 template <class A>
 __global__ void layernorm_backward_dx_k(A* dinp, const A* dout, const A* inp, const float* w, const float* mean,
                                         const float* rstd, int N, int C) {
@@ -140,19 +167,42 @@ __global__ void layernorm_backward_dx_k(A* dinp, const A* dout, const A* inp, co
   if (row >= N) return;
   const A* x = inp + int64_t(row) * C;
   const A* dy = dout + int64_t(row) * C;
+  A* dx = dinp + int64_t(row) * C;
   const float m = mean[row], r = rstd[row];
+  const bool pairs = (C & 1) == 0;
   float gs = 0, gxs = 0;
-  for (int c = lane; c < C; c += 32) {
-    const float g = ld(dy[c]) * w[c];
-    gs += g;
-    gxs += g * (ld(x[c]) - m) * r;
+  if (pairs) {
+    for (int c = 2 * lane; c < C; c += 64) {
+      float x0, x1, d0, d1;
+      ld2(x + c, x0, x1);
+      ld2(dy + c, d0, d1);
+      const float g0 = d0 * w[c], g1 = d1 * w[c + 1];
+      gs += g0 + g1;
+      gxs += g0 * (x0 - m) * r + g1 * (x1 - m) * r;
+    }
+  } else {
+    for (int c = lane; c < C; c += 32) {
+      const float g = ld(dy[c]) * w[c];
+      gs += g;
+      gxs += g * (ld(x[c]) - m) * r;
+    }
   }
   const float g_mean = warp_sum(gs) / C, gx_mean = warp_sum(gxs) / C;
-  A* dx = dinp + int64_t(row) * C;
-  for (int c = lane; c < C; c += 32) {
-    const float xhat = (ld(x[c]) - m) * r;
-    const float g = ld(dy[c]) * w[c];
-    dx[c] = st<A>(ld(dx[c]) + r * (g - g_mean - xhat * gx_mean));
+  if (pairs) {
+    for (int c = 2 * lane; c < C; c += 64) {
+      float x0, x1, d0, d1, o0, o1;
+      ld2(x + c, x0, x1);
+      ld2(dy + c, d0, d1);
+      ld2(dx + c, o0, o1);
+      const float h0 = (x0 - m) * r, h1 = (x1 - m) * r;
+      st2(dx + c, o0 + r * (d0 * w[c] - g_mean - h0 * gx_mean), o1 + r * (d1 * w[c + 1] - g_mean - h1 * gx_mean));
+    }
+  } else {
+    for (int c = lane; c < C; c += 32) {
+      const float xhat = (ld(x[c]) - m) * r;
+      const float g = ld(dy[c]) * w[c];
+      dx[c] = st<A>(ld(dx[c]) + r * (g - g_mean - xhat * gx_mean));
+    }
   }
 }
 
@@ -205,12 +255,25 @@ __global__ void column_finish_k(float* out_a, float* out_b, const float* partial
   out_b[c] += sb;
 }
 
+// out[n, c] += bias[c]. With OC even a thread owns the column pair (2t, 2t + 1) (ld2/st2: whole
+// lines a warp), else column t; the grid covers OC / 2 or OC threads accordingly.
 template <class A>
 __global__ void add_bias_k(A* out, const float* bias, int OC, int64_t N) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= OC) return;
-  const float b = bias[c];
-  GEOLOCO_FOR_ROWS(n, N) out[n * OC + c] = st<A>(ld(out[n * OC + c]) + b);
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if ((OC & 1) == 0) {
+    const int c = 2 * t;
+    if (c >= OC) return;
+    const float b0 = bias[c], b1 = bias[c + 1];
+    GEOLOCO_FOR_ROWS(n, N) {
+      float o0, o1;
+      ld2(out + n * OC + c, o0, o1);
+      st2(out + n * OC + c, o0 + b0, o1 + b1);
+    }
+    return;
+  }
+  if (t >= OC) return;
+  const float b = bias[t];
+  GEOLOCO_FOR_ROWS(n, N) out[n * OC + t] = st<A>(ld(out[n * OC + t]) + b);
 }
 
 // Head layout changes between [B, T, (.., NH, hs)] rows and [B, NH, T, hs]. Each thread owns
