@@ -300,7 +300,8 @@ template <class A>
 void crossentropy_backward(const OpContext& ctx, A* dlogits, const A* probs, const int32_t* targets, float dloss, int N,
                            int V, int ldv) {
   if (ldv < 0) ldv = V;
-  kern::crossentropy_backward<A>(grid_cols_rows(ldv, N), kThreads, ctx.stream, dlogits, probs, targets, dloss, V, ldv, N);
+  const int threads_per_row = ldv % 2 == 0 ? ldv / 2 : ldv;  // crossentropy_backward_k: pairs when ldv is even
+  kern::crossentropy_backward<A>(grid_cols_rows(threads_per_row, N), kThreads, ctx.stream, dlogits, probs, targets, dloss, V, ldv, N);
   check_launch("crossentropy_backward");
 }
 

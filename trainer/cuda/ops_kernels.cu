@@ -390,35 +390,74 @@ __global__ void residual_backward_k(A* da, A* db, const A* dout, int64_t n) {
   }
 }
 
-// One block per row. Max and sum first, the loss next (before any probability overwrites
-// a logit when probs aliases logits), then the probabilities.
+// One block per row. Each thread keeps an online max and sum of exponentials over its columns
+// (one read of the row), the block combines them (fixed order), then writes the
+// probabilities. With ldv even (rows 4-byte aligned) columns go in pairs (ld2/st2), so the
+// in-place write covers whole lines a warp; an odd last column (odd V) is taken alone.
 template <class A>
 __global__ void crossentropy_forward_k(A* probs, float* losses, const A* logits, const int32_t* targets, int V,
                                        int ldv) {
   __shared__ float sh[33];
   const int64_t row = blockIdx.x;
   const A* z = logits + row * ldv;
-  float mx = -INFINITY;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, ld(z[v]));
-  mx = block_max(mx, sh);
-  float sum = 0;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) sum += expf(ld(z[v]) - mx);
-  sum = block_sum(sum, sh);
+  const int paired = (ldv & 1) == 0 ? (V & ~1) : 0;  // columns [0, paired) in pairs, the rest alone
+  float mx = -INFINITY, sum = 0;
+  auto take = [&](float v) {
+    if (v > mx) {
+      sum = sum * expf(mx - v) + 1.0f;
+      mx = v;
+    } else {
+      sum += expf(v - mx);
+    }
+  };
+  for (int v = 2 * int(threadIdx.x); v < paired; v += 2 * int(blockDim.x)) {
+    float a, b;
+    ld2(z + v, a, b);
+    take(a);
+    take(b);
+  }
+  for (int v = paired + int(threadIdx.x); v < V; v += int(blockDim.x)) take(ld(z[v]));
+  const float row_max = block_max(mx, sh);
+  sum = block_sum(mx == -INFINITY ? 0.0f : sum * expf(mx - row_max), sh);
+  mx = row_max;
   if (threadIdx.x == 0) losses[row] = logf(sum) + mx - ld(z[targets[row]]);
-  __syncthreads();
+  __syncthreads();  // z[target] is read before the row is overwritten in place
   const float inv = 1.0f / sum;
   A* p = probs + row * ldv;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) p[v] = st<A>(expf(ld(z[v]) - mx) * inv);
+  for (int v = 2 * int(threadIdx.x); v < paired; v += 2 * int(blockDim.x)) {
+    float a, b;
+    ld2(z + v, a, b);
+    st2(p + v, expf(a - mx) * inv, expf(b - mx) * inv);
+  }
+  for (int v = paired + int(threadIdx.x); v < V; v += int(blockDim.x)) p[v] = st<A>(expf(ld(z[v]) - mx) * inv);
 }
 
+// dlogits = (probs - onehot(target)) * dloss, 0 in the padding columns. With ldv even a
+// thread owns the column pair (2t, 2t + 1) (the grid covers ldv / 2 columns), else column t.
 template <class A>
 __global__ void crossentropy_backward_k(A* dlogits, const A* probs, const int32_t* targets, float dloss, int V,
                                         int ldv, int64_t N) {
-  const int v = blockIdx.x * blockDim.x + threadIdx.x;
-  if (v >= ldv) return;
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if ((ldv & 1) == 0) {
+    const int v = 2 * t;
+    if (v >= ldv) return;
+    GEOLOCO_FOR_ROWS(n, N) {
+      const int64_t at = n * ldv + v;
+      const int target = targets[n];
+      float p0 = 0, p1 = 0;
+      if (v + 1 < V)
+        ld2(probs + at, p0, p1);
+      else if (v < V)
+        p0 = ld(probs[at]);  // V odd: the padding column beside it is not read
+      st2(dlogits + at, v < V ? (p0 - (v == target ? 1.0f : 0.0f)) * dloss : 0.0f,
+          v + 1 < V ? (p1 - (v + 1 == target ? 1.0f : 0.0f)) * dloss : 0.0f);
+    }
+    return;
+  }
+  if (t >= ldv) return;
   GEOLOCO_FOR_ROWS(n, N) {
-    const int64_t at = n * ldv + v;
-    dlogits[at] = v < V ? st<A>((ld(probs[at]) - (v == targets[n] ? 1.0f : 0.0f)) * dloss) : st<A>(0.0f);
+    const int64_t at = n * ldv + t;
+    dlogits[at] = t < V ? st<A>((ld(probs[at]) - (t == targets[n] ? 1.0f : 0.0f)) * dloss) : st<A>(0.0f);
   }
 }
 
