@@ -179,8 +179,7 @@ int main(int argc, char** argv) {
     model.set_profile(nullptr);
     size_t free_b = 0, total_b = 0;
     cuda::check_cuda(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
-    const double flops_per_token =
-        6.0 * double(layout.total()) + 12.0 * cfg.n_layer * double(cfg.n_embd) * double(T);
+    const double flops_per_token = 6.0 * double(layout.total()) + 12.0 * cfg.n_layer * double(cfg.n_embd) * double(T);
     const double tflops = tokens_per_s * flops_per_token / 1e12;
     // llm.c's GPT-2 124M reproduction (karpathy/llm.c discussion #481) trained 10B FineWeb
     // tokens in about 90 minutes on one 8x A100 80GB SXM node: ~231K tokens/s per A100. The
@@ -196,8 +195,8 @@ int main(int argc, char** argv) {
     j["sm"] = std::to_string(dev.sm_major) + std::to_string(dev.sm_minor);
     j["precision"] = cuda::precision_name(prec);
     j["attention"] = model.fused_attention() ? "fused" : "materialized";
-    j["model"] = {{"n_layer", 12}, {"n_head", 12}, {"n_embd", 768}, {"T", T}, {"vocab", 50257},
-                  {"params", layout.total()}};
+    j["model"] = {{"n_layer", 12}, {"n_head", 12},   {"n_embd", 768},
+                  {"T", T},        {"vocab", 50257}, {"params", layout.total()}};
     j["batch"] = batch;
     j["steps_timed"] = done;
     j["step_ms"] = 1000.0 * elapsed / done;

@@ -168,8 +168,8 @@ TEST_P(ModelParity, SameInputsGiveTheSameBits) {
     CudaGpt& gpu = *gpu_model;
     DeviceBuffer<float> d_grads(params.size());
     check_cuda(cudaMemset(d_grads.data(), 0, d_grads.size() * 4), "zero grads");
-  // Legacy-stream memset: finish it before the model's non-blocking stream reads the buffer.
-  check_cuda(cudaDeviceSynchronize(), "zero grads");
+    // Legacy-stream memset: finish it before the model's non-blocking stream reads the buffer.
+    check_cuda(cudaDeviceSynchronize(), "zero grads");
     losses.push_back(gpu.forward(d_params.span(), x.data(), y.data(), B, T));
     gpu.backward(d_params.span(), d_grads.span());
     runs.push_back(download(d_grads.span()));
@@ -218,14 +218,15 @@ TEST_P(ModelParity, OpProfileCountsEveryOpOfAStep) {
   EXPECT_TRUE(std::memcmp(a.data(), b.data(), a.size() * 4) == 0) << "profiling changed the gradients";
 
   std::map<std::string, int64_t> want = {
-      {"tokens.upload", 1}, {"encoder.fwd", 1}, {"layernorm.fwd", 2 * L + 1}, {"matmul.qkv.fwd", L},
-      {"attention.fwd", L}, {"matmul.attproj.fwd", L}, {"residual.fwd", 2 * L}, {"matmul.fc.fwd", L},
-      {"gelu.fwd", L}, {"matmul.fcproj.fwd", L}, {"lm_head.fwd", 1}, {"crossentropy.fwd", 1},
-      {"loss.to_host", 1}, {"crossentropy.bwd", 1}, {"lm_head.bwd", 1}, {"memset.bwd", 1},
-      {"layernorm.bwd", 2 * L + 1}, {"layernorm.bwd.params", 2 * L + 1}, {"matmul.bias.bwd", 4 * L},
-      {"matmul.fcproj.bwd", L}, {"gelu.bwd", L}, {"matmul.fc.bwd", L},
-      {"matmul.attproj.bwd", L}, {"attention.bwd", L}, {"matmul.qkv.bwd", L}, {"grad_hook", L + 1},
-      {"encoder.bwd", 1}};
+      {"tokens.upload", 1},       {"encoder.fwd", 1},           {"layernorm.fwd", 2 * L + 1},
+      {"matmul.qkv.fwd", L},      {"attention.fwd", L},         {"matmul.attproj.fwd", L},
+      {"residual.fwd", 2 * L},    {"matmul.fc.fwd", L},         {"gelu.fwd", L},
+      {"matmul.fcproj.fwd", L},   {"lm_head.fwd", 1},           {"crossentropy.fwd", 1},
+      {"loss.to_host", 1},        {"crossentropy.bwd", 1},      {"lm_head.bwd", 1},
+      {"memset.bwd", 1},          {"layernorm.bwd", 2 * L + 1}, {"layernorm.bwd.params", 2 * L + 1},
+      {"matmul.bias.bwd", 4 * L}, {"matmul.fcproj.bwd", L},     {"gelu.bwd", L},
+      {"matmul.fc.bwd", L},       {"matmul.attproj.bwd", L},    {"attention.bwd", L},
+      {"matmul.qkv.bwd", L},      {"grad_hook", L + 1},         {"encoder.bwd", 1}};
   if (GetParam().p == Precision::Bf16) want["cast_bf16"] = 1;
   std::map<std::string, int64_t> got;
   double sum = 0;
@@ -259,7 +260,7 @@ TEST(CudaModel, MisuseAndBadInputAreTypedErrors) {
   gpu.forward(d_params.span(), x.data(), y.data(), 1, 32);
   gpu.backward(d_params.span(), d_grads.span());
   EXPECT_THROW(gpu.backward(d_params.span(), d_grads.span()), geoloco::Error);  // one backward per forward
-  EXPECT_THROW(gpu.probs_to_host(), geoloco::Error);  // consumed by backward
+  EXPECT_THROW(gpu.probs_to_host(), geoloco::Error);                            // consumed by backward
 }
 
 TEST(CudaErrorsOnDevice, OutOfMemoryIsTyped) {
@@ -309,7 +310,8 @@ TEST(CudaAdamWParity, MatchesTheCpuOptimizer) {
   }
   const auto got = download(d_params.span());
   size_t differing = 0;
-  for (size_t i = 0; i < got.size(); ++i) differing += std::bit_cast<uint32_t>(got[i]) != std::bit_cast<uint32_t>(params[i]);
+  for (size_t i = 0; i < got.size(); ++i)
+    differing += std::bit_cast<uint32_t>(got[i]) != std::bit_cast<uint32_t>(params[i]);
   EXPECT_TRUE(record_parity("adamw", Precision::Fp32, "params", compare(got, params)));
   // The kernel rounds every operation (__f*_rn, correctly rounded sqrt and division) and the
   // CPU build does not contract (-ffp-contract=off): the same IEEE operations in the same order.
@@ -339,7 +341,8 @@ TEST(Staging, DownloadAndUploadOnTheCopyStream) {
   std::fill(want.begin(), want.begin() + 64, 0.0f);
   EXPECT_TRUE(std::equal(host.begin(), host.end(), want.begin()));
   EXPECT_TRUE(st.ready());
-  EXPECT_TRUE(record_parity("staging", Precision::Fp32, "download", compare(vector<float>(host.begin(), host.end()), want)));
+  EXPECT_TRUE(
+      record_parity("staging", Precision::Fp32, "download", compare(vector<float>(host.begin(), host.end()), want)));
 
   const auto up = random_vec(1000, 91);
   DeviceBuffer<float> dst(1000);

@@ -79,12 +79,12 @@ using std::vector;
 vector<double> dv(const vector<float>& v) { return {v.begin(), v.end()}; }
 vector<float> fv(const vector<double>& v) { return {v.begin(), v.end()}; }
 
-#define EXPECT_PARITY(op, p, tensor, got, want)                                                              \
-  do {                                                                                                       \
-    const ErrorStats s_ = compare(got, want);                                                                \
-    EXPECT_TRUE(record_parity(op, p, tensor, s_))                                                            \
-        << op << " " << precision_name(p) << " " << tensor << ": rel_l2 " << s_.rel_l2 << " max_abs "        \
-        << s_.max_abs << " tolerance " << tolerance(op, p) << (s_.finite ? "" : " (non-finite values)");     \
+#define EXPECT_PARITY(op, p, tensor, got, want)                                                                     \
+  do {                                                                                                              \
+    const ErrorStats s_ = compare(got, want);                                                                       \
+    EXPECT_TRUE(record_parity(op, p, tensor, s_))                                                                   \
+        << op << " " << precision_name(p) << " " << tensor << ": rel_l2 " << s_.rel_l2 << " max_abs " << s_.max_abs \
+        << " tolerance " << tolerance(op, p) << (s_.finite ? "" : " (non-finite values)");                          \
   } while (0)
 
 // Shapes chosen to hit the awkward cases: T > 32 (rows span several warp passes), an odd
@@ -101,7 +101,9 @@ class OpParity : public ::testing::TestWithParam<Precision> {
     ctx_ = {stream_->get(), blas_->get(), work_.data(), work_.size()};
   }
   Precision p() const { return GetParam(); }
-  vector<float> in(size_t n, uint64_t seed, double scale = 1.0) const { return as_precision(random_vec(n, seed, scale), p()); }
+  vector<float> in(size_t n, uint64_t seed, double scale = 1.0) const {
+    return as_precision(random_vec(n, seed, scale), p());
+  }
   // Runs fn.template operator()<A>() for the parameter's activation type.
   template <class Fn>
   void dispatch(Fn&& fn) {
@@ -291,8 +293,8 @@ TEST_P(OpParity, Attention) {
     auto d_dout = to_device<A>(dout), d_att = to_device<A>(att_in), d_dqkv = to_device<A>(dqkv0);
     attention_backward<A>(ctx_, d_dqkv.data(), d_dout.data(), d_qkv.data(), d_att.data(), B, T, C, NH);
     auto w_dqkv = dv(dqkv0);
-    trainer::ref::attention_backward<double>(w_dqkv.data(), dv(dout).data(), dv(qkv).data(), dv(att_in).data(), B, T,
-                                             C, NH);
+    trainer::ref::attention_backward<double>(w_dqkv.data(), dv(dout).data(), dv(qkv).data(), dv(att_in).data(), B, T, C,
+                                             NH);
     EXPECT_PARITY("attention_backward", p(), "dqkv", to_host(d_dqkv), fv(w_dqkv));
   });
 }
@@ -570,7 +572,8 @@ TEST(CastParity, Bf16CastMatchesTheHostHelperBitForBit) {
   vector<float> want(v.size());
   for (size_t i = 0; i < v.size(); ++i) want[i] = round_to_bf16(v[i]);
   size_t mismatches = 0;
-  for (size_t i = 0; i < v.size(); ++i) mismatches += std::bit_cast<uint32_t>(got[i]) != std::bit_cast<uint32_t>(want[i]);
+  for (size_t i = 0; i < v.size(); ++i)
+    mismatches += std::bit_cast<uint32_t>(got[i]) != std::bit_cast<uint32_t>(want[i]);
   EXPECT_EQ(mismatches, 0u);
   // compare() treats the infinity as non-finite: check the finite part through the log.
   vector<float> g(got.begin() + 4, got.end()), w(want.begin() + 4, want.end());

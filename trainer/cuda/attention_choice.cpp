@@ -15,12 +15,9 @@ AttentionKernel parse_attention_kernel(std::string_view s) {
 
 const char* attention_kernel_name(AttentionKernel k) {
   switch (k) {
-    case AttentionKernel::Auto:
-      return "auto";
-    case AttentionKernel::Fused:
-      return "fused";
-    case AttentionKernel::Materialized:
-      return "materialized";
+    case AttentionKernel::Auto: return "auto";
+    case AttentionKernel::Fused: return "fused";
+    case AttentionKernel::Materialized: return "materialized";
   }
   return "?";
 }
@@ -34,9 +31,10 @@ bool fused_attention_fits(int n_embd, int n_head) {
 std::string fused_attention_refusal(Precision p, int n_embd, int n_head) {
   if (p != Precision::Bf16) return "the fused attention runs in bf16 only (train.precision: bf16)";
   if (!fused_attention_fits(n_embd, n_head))
-    return fmt::format("the fused attention needs a head size (n_embd / n_head = {} / {}) that is a multiple of 16 "
-                       "and at most {}",
-                       n_embd, n_head, kFusedMaxHeadSize);
+    return fmt::format(
+        "the fused attention needs a head size (n_embd / n_head = {} / {}) that is a multiple of 16 "
+        "and at most {}",
+        n_embd, n_head, kFusedMaxHeadSize);
   return "";
 }
 

@@ -107,9 +107,7 @@ struct CudaGpt::Impl {
   DeviceBuffer<float> losses;
   OpProfile* profile = nullptr;
 
-  OpContext ctx() const {
-    return {stream.get(), blas.get(), const_cast<char*>(work.data()), work.size(), profile};
-  }
+  OpContext ctx() const { return {stream.get(), blas.get(), const_cast<char*>(work.data()), work.size(), profile}; }
 };
 
 namespace {
@@ -284,15 +282,14 @@ struct ModelT final : CudaGpt::Impl {
       Layer& a = layers[size_t(l)];
       const A* x_in = l > 0 ? layers[size_t(l - 1)].res3 : encoded;
       mark("matmul.fcproj.bwd");
-      matmul_backward<A>(c, dfch_gelu, G + o.fcproj_w, G + o.fcproj_b, dres, a.fch_gelu, W(P, o.fcproj_w), N, 4 * C,
-                         C, kOverwrite);
+      matmul_backward<A>(c, dfch_gelu, G + o.fcproj_w, G + o.fcproj_b, dres, a.fch_gelu, W(P, o.fcproj_w), N, 4 * C, C,
+                         kOverwrite);
       mark("gelu.bwd");
       gelu_backward<A>(c, dfch, a.fch, dfch_gelu, 4 * NC, kOverwrite);
       mark("matmul.fc.bwd");
       matmul_backward<A>(c, dln, G + o.fc_w, G + o.fc_b, dfch, a.ln2, W(P, o.fc_w), N, C, 4 * C, kOverwrite);
       mark("layernorm.bwd");
-      layernorm_backward<A>(c, dres, G + o.ln2_w, G + o.ln2_b, dln, a.res2, P + o.ln2_w, a.ln2_mean, a.ln2_rstd, N,
-                            C);
+      layernorm_backward<A>(c, dres, G + o.ln2_w, G + o.ln2_b, dln, a.res2, P + o.ln2_w, a.ln2_mean, a.ln2_rstd, N, C);
       mark("matmul.attproj.bwd");
       matmul_backward<A>(c, datty, G + o.proj_w, G + o.proj_b, dres, a.atty, W(P, o.proj_w), N, C, C, kOverwrite);
       mark("attention.bwd");
@@ -335,8 +332,7 @@ struct ModelT final : CudaGpt::Impl {
 
   size_t bytes() const override {
     return act.size() * sizeof(A) + stat.size() * sizeof(float) + work.size() + wcopy.size() * sizeof(bf16) +
-           lm_w.size() * sizeof(A) +
-           losses.size() * sizeof(float) + tokens_dev.size() * sizeof(int32_t);
+           lm_w.size() * sizeof(A) + losses.size() * sizeof(float) + tokens_dev.size() * sizeof(int32_t);
   }
 
   std::vector<Layer> layers;
@@ -355,9 +351,10 @@ struct ModelT final : CudaGpt::Impl {
 CudaGpt::CudaGpt(const trainer::ModelConfig& cfg, Precision precision, AttentionKernel attention, int batch) {
   if (cfg.n_layer < 0 || cfg.n_head < 1 || cfg.n_embd < 1 || cfg.n_embd % cfg.n_head != 0 || cfg.block_size < 1 ||
       cfg.vocab_size < 1)
-    throw ConfigError(fmt::format("model config n_layer {} n_head {} n_embd {} block_size {} vocab_size {}: need "
-                                  "n_embd a positive multiple of n_head and positive sizes",
-                                  cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.vocab_size));
+    throw ConfigError(
+        fmt::format("model config n_layer {} n_head {} n_embd {} block_size {} vocab_size {}: need "
+                    "n_embd a positive multiple of n_head and positive sizes",
+                    cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.vocab_size));
   int64_t materialized = 0, free_bytes = 0;
   if (attention == AttentionKernel::Auto && batch > 0) {
     size_t f = 0, total = 0;
@@ -393,8 +390,7 @@ float CudaGpt::evaluate(std::span<const float> params, const int32_t* inputs, co
 void CudaGpt::backward(std::span<const float> params, std::span<float> grads, float loss_scale,
                        const GradReadyHook& on_grads_ready) {
   if (!impl_->backward_ready) throw Error("CudaGpt::backward needs a forward() first (and one backward per forward)");
-  GEOLOCO_CHECK(params.data() == impl_->forward_params &&
-                    static_cast<int64_t>(params.size()) == impl_->layout.total(),
+  GEOLOCO_CHECK(params.data() == impl_->forward_params && static_cast<int64_t>(params.size()) == impl_->layout.total(),
                 "backward must get the params span the forward used");
   GEOLOCO_CHECK(static_cast<int64_t>(grads.size()) == impl_->layout.total(), "grads has {} floats, the model needs {}",
                 grads.size(), impl_->layout.total());
@@ -404,7 +400,8 @@ void CudaGpt::backward(std::span<const float> params, std::span<float> grads, fl
 }
 
 std::vector<float> CudaGpt::probs_to_host() const {
-  if (!impl_->have_probs) throw Error("CudaGpt::probs_to_host: no probabilities (no forward yet, or backward consumed them)");
+  if (!impl_->have_probs)
+    throw Error("CudaGpt::probs_to_host: no probabilities (no forward yet, or backward consumed them)");
   return impl_->probs_host();
 }
 

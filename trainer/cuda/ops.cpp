@@ -46,7 +46,8 @@ class Carver {
     const size_t at = (used_ + 255) & ~size_t(255);
     used_ = at + size_t(n) * sizeof(T);
     if (used_ > ctx_.work_bytes || ctx_.work == nullptr)
-      throw Error(fmt::format(("{}: workspace of {} bytes is too small (needs at least {})"), op_, ctx_.work_bytes, used_));
+      throw Error(
+          fmt::format(("{}: workspace of {} bytes is too small (needs at least {})"), op_, ctx_.work_bytes, used_));
     return reinterpret_cast<T*>(static_cast<char*>(ctx_.work) + at);
   }
 
@@ -117,8 +118,8 @@ void encoder_backward(const OpContext& ctx, float* dwte, float* dwpe, const A* d
   kern::encoder_backward_wpe<A>(grid_rows(TC, kThreads), kThreads, ctx.stream, dwpe, dout, B, T, C);
   check_launch("encoder_backward (wpe)");
   const int32_t* rows = buckets.packed;
-  kern::encoder_backward_wte<A>(static_cast<unsigned>(buckets.groups), kThreads, ctx.stream, dwte, dout, rows,
-                                rows + N, rows + 2 * N + 1, C);
+  kern::encoder_backward_wte<A>(static_cast<unsigned>(buckets.groups), kThreads, ctx.stream, dwte, dout, rows, rows + N,
+                                rows + 2 * N + 1, C);
   check_launch("encoder_backward (wte)");
 }
 
@@ -132,7 +133,8 @@ void layernorm_forward(const OpContext& ctx, A* out, float* mean, float* rstd, c
 template <class A>
 void layernorm_backward(const OpContext& ctx, A* dinp, float* dw, float* db, const A* dout, const A* inp,
                         const float* w, const float* mean, const float* rstd, int N, int C) {
-  kern::layernorm_backward_dx<A>(grid_rows(N, kThreads / 32), kThreads, ctx.stream, dinp, dout, inp, w, mean, rstd, N, C);
+  kern::layernorm_backward_dx<A>(grid_rows(N, kThreads / 32), kThreads, ctx.stream, dinp, dout, inp, w, mean, rstd, N,
+                                 C);
   check_launch("layernorm_backward (dx)");
   sub_mark(ctx, "layernorm.bwd.params");
   column_sums<A>(ctx, dw, db, dout, inp, mean, rstd, N, C, "layernorm_backward (dw, db)");
@@ -158,8 +160,9 @@ void matmul_backward(const OpContext& ctx, A* dinp, float* dw, float* dbias, con
   gemm(ctx, true, false, IC, OC, N, 1.0f, inp, IC, 0, dout, OC, 0, t, 1.0f, dw, OC, 0, DType::F32, 1,
        "matmul_backward (dw)");
   if (dbias) sub_mark(ctx, "matmul.bias.bwd");
-  if (dbias) column_sums<A>(ctx, nullptr, dbias, dout, static_cast<const A*>(nullptr), nullptr, nullptr, N, OC,
-                            "matmul_backward (dbias)");
+  if (dbias)
+    column_sums<A>(ctx, nullptr, dbias, dout, static_cast<const A*>(nullptr), nullptr, nullptr, N, OC,
+                   "matmul_backward (dbias)");
 }
 
 template <class A>
@@ -211,7 +214,8 @@ void attention_backward(const OpContext& ctx, A* dqkv, const A* dout, const A* q
   gemm(ctx, true, false, T, hs, T, 1.0f, att, T, TT, dy, hs, Th, t, 0.0f, dv, hs, Th, t, int(BH),
        "attention_backward (att^T dy)");
   const float scale = 1.0f / sqrtf(float(hs));
-  kern::causal_softmax_backward<A>(grid_rows(BH * T, kThreads / 32), kThreads, ctx.stream, dpre, att, datt, BH * T, T, scale);
+  kern::causal_softmax_backward<A>(grid_rows(BH * T, kThreads / 32), kThreads, ctx.stream, dpre, att, datt, BH * T, T,
+                                   scale);
   check_launch("attention_backward (softmax)");
   gemm(ctx, false, false, T, hs, T, 1.0f, dpre, T, TT, k, hs, Th, t, 0.0f, dq, hs, Th, t, int(BH),
        "attention_backward (dpre k)");
@@ -301,7 +305,8 @@ void crossentropy_backward(const OpContext& ctx, A* dlogits, const A* probs, con
                            int V, int ldv) {
   if (ldv < 0) ldv = V;
   const int threads_per_row = ldv % 2 == 0 ? ldv / 2 : ldv;  // crossentropy_backward_k: pairs when ldv is even
-  kern::crossentropy_backward<A>(grid_cols_rows(threads_per_row, N), kThreads, ctx.stream, dlogits, probs, targets, dloss, V, ldv, N);
+  kern::crossentropy_backward<A>(grid_cols_rows(threads_per_row, N), kThreads, ctx.stream, dlogits, probs, targets,
+                                 dloss, V, ldv, N);
   check_launch("crossentropy_backward");
 }
 
@@ -346,27 +351,27 @@ void cast_to_float(const OpContext& ctx, float* out, const bf16* in, int64_t n) 
   check_launch("cast_to_float");
 }
 
-#define GEOLOCO_CUDA_OPS(A)                                                                                         \
-  template void encoder_forward<A>(const OpContext&, A*, const int32_t*, const float*, const float*, int, int, int); \
-  template void encoder_backward<A>(const OpContext&, float*, float*, const A*, const DeviceTokenBuckets&, int, int, \
-                                     int);                                                                           \
+#define GEOLOCO_CUDA_OPS(A)                                                                                           \
+  template void encoder_forward<A>(const OpContext&, A*, const int32_t*, const float*, const float*, int, int, int);  \
+  template void encoder_backward<A>(const OpContext&, float*, float*, const A*, const DeviceTokenBuckets&, int, int,  \
+                                    int);                                                                             \
   template void layernorm_forward<A>(const OpContext&, A*, float*, float*, const A*, const float*, const float*, int, \
-                                     int);                                                                           \
-  template void layernorm_backward<A>(const OpContext&, A*, float*, float*, const A*, const A*, const float*,        \
-                                      const float*, const float*, int, int);                                         \
-  template void matmul_forward<A>(const OpContext&, A*, const A*, const A*, const float*, int, int, int);            \
-  template void matmul_backward<A>(const OpContext&, A*, float*, float*, const A*, const A*, const A*, int, int, int,  \
-                                   bool);                                                                           \
-  template void attention_forward<A>(const OpContext&, A*, A*, const A*, int, int, int, int);                        \
-  template void attention_backward<A>(const OpContext&, A*, const A*, const A*, const A*, int, int, int, int, bool); \
-  template void gelu_forward<A>(const OpContext&, A*, const A*, int64_t);                                            \
-  template void gelu_backward<A>(const OpContext&, A*, const A*, const A*, int64_t, bool);                           \
-  template void residual_forward<A>(const OpContext&, A*, const A*, const A*, int64_t);                              \
-  template void residual_backward<A>(const OpContext&, A*, A*, const A*, int64_t);                                   \
-  template void lm_head_forward<A>(const OpContext&, A*, const A*, const A*, int, int, int, int, bool);              \
+                                     int);                                                                            \
+  template void layernorm_backward<A>(const OpContext&, A*, float*, float*, const A*, const A*, const float*,         \
+                                      const float*, const float*, int, int);                                          \
+  template void matmul_forward<A>(const OpContext&, A*, const A*, const A*, const float*, int, int, int);             \
+  template void matmul_backward<A>(const OpContext&, A*, float*, float*, const A*, const A*, const A*, int, int, int, \
+                                   bool);                                                                             \
+  template void attention_forward<A>(const OpContext&, A*, A*, const A*, int, int, int, int);                         \
+  template void attention_backward<A>(const OpContext&, A*, const A*, const A*, const A*, int, int, int, int, bool);  \
+  template void gelu_forward<A>(const OpContext&, A*, const A*, int64_t);                                             \
+  template void gelu_backward<A>(const OpContext&, A*, const A*, const A*, int64_t, bool);                            \
+  template void residual_forward<A>(const OpContext&, A*, const A*, const A*, int64_t);                               \
+  template void residual_backward<A>(const OpContext&, A*, A*, const A*, int64_t);                                    \
+  template void lm_head_forward<A>(const OpContext&, A*, const A*, const A*, int, int, int, int, bool);               \
   template void lm_head_backward<A>(const OpContext&, A*, float*, const A*, const A*, const A*, int, int, int, int,   \
-                                    bool, bool);                                                                    \
-  template void crossentropy_forward<A>(const OpContext&, A*, float*, const A*, const int32_t*, int, int, int);      \
+                                    bool, bool);                                                                      \
+  template void crossentropy_forward<A>(const OpContext&, A*, float*, const A*, const int32_t*, int, int, int);       \
   template void crossentropy_backward<A>(const OpContext&, A*, const A*, const int32_t*, float, int, int, int);
 
 GEOLOCO_CUDA_OPS(float)

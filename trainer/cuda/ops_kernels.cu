@@ -93,13 +93,12 @@ __device__ float block_max(float v, float* sh) {
 // life); rows stride over y (and for [B, T] rows, t over y and b over z), so no thread divides
 // an element index (a 64-bit division per element costs more than the element's memory traffic).
 #define GEOLOCO_FOR_ROWS(n, N) for (int64_t n = blockIdx.y; n < (N); n += gridDim.y)
-#define GEOLOCO_FOR_BT(b, t, B, T)                          \
+#define GEOLOCO_FOR_BT(b, t, B, T)                      \
   for (int64_t b = blockIdx.z; b < (B); b += gridDim.z) \
     for (int64_t t = blockIdx.y; t < (T); t += gridDim.y)
 
 template <class A>
-__global__ void encoder_forward_k(A* out, const int32_t* inp, const float* wte, const float* wpe, int B, int T,
-                                  int C) {
+__global__ void encoder_forward_k(A* out, const int32_t* inp, const float* wte, const float* wpe, int B, int T, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   GEOLOCO_FOR_BT(b, t, B, T) {
@@ -435,8 +434,8 @@ __global__ void crossentropy_forward_k(A* probs, float* losses, const A* logits,
 // dlogits = (probs - onehot(target)) * dloss, 0 in the padding columns. With ldv even a
 // thread owns the column pair (2t, 2t + 1) (the grid covers ldv / 2 columns), else column t.
 template <class A>
-__global__ void crossentropy_backward_k(A* dlogits, const A* probs, const int32_t* targets, float dloss, int V,
-                                        int ldv, int64_t N) {
+__global__ void crossentropy_backward_k(A* dlogits, const A* probs, const int32_t* targets, float dloss, int V, int ldv,
+                                        int64_t N) {
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   if ((ldv & 1) == 0) {
     const int v = 2 * t;
@@ -503,11 +502,14 @@ __global__ void cast_float_k(float* out, const bf16* in, int64_t n) {
 namespace kern {
 
 template <class A>
-void encoder_forward(dim3 grid, dim3 block, cudaStream_t stream, A* out, const int32_t* inp, const float* wte, const float* wpe, int B, int T, int C) {
+void encoder_forward(dim3 grid, dim3 block, cudaStream_t stream, A* out, const int32_t* inp, const float* wte,
+                     const float* wpe, int B, int T, int C) {
   GEOLOCO_LAUNCH(encoder_forward_k<A>, grid, block, 0, stream)(out, inp, wte, wpe, B, T, C);
 }
-template void encoder_forward<float>(dim3, dim3, cudaStream_t, float*, const int32_t*, const float*, const float*, int, int, int);
-template void encoder_forward<bf16>(dim3, dim3, cudaStream_t, bf16*, const int32_t*, const float*, const float*, int, int, int);
+template void encoder_forward<float>(dim3, dim3, cudaStream_t, float*, const int32_t*, const float*, const float*, int,
+                                     int, int);
+template void encoder_forward<bf16>(dim3, dim3, cudaStream_t, bf16*, const int32_t*, const float*, const float*, int,
+                                    int, int);
 
 template <class A>
 void encoder_backward_wpe(dim3 grid, dim3 block, cudaStream_t stream, float* dwpe, const A* dout, int B, int T, int C) {
@@ -517,34 +519,47 @@ template void encoder_backward_wpe<float>(dim3, dim3, cudaStream_t, float*, cons
 template void encoder_backward_wpe<bf16>(dim3, dim3, cudaStream_t, float*, const bf16*, int, int, int);
 
 template <class A>
-void encoder_backward_wte(dim3 grid, dim3 block, cudaStream_t stream, float* dwte, const A* dout, const int32_t* rows, const int32_t* starts, const int32_t* tokens, int C) {
+void encoder_backward_wte(dim3 grid, dim3 block, cudaStream_t stream, float* dwte, const A* dout, const int32_t* rows,
+                          const int32_t* starts, const int32_t* tokens, int C) {
   GEOLOCO_LAUNCH(encoder_backward_wte_k<A>, grid, block, 0, stream)(dwte, dout, rows, starts, tokens, C);
 }
-template void encoder_backward_wte<float>(dim3, dim3, cudaStream_t, float*, const float*, const int32_t*, const int32_t*, const int32_t*, int);
-template void encoder_backward_wte<bf16>(dim3, dim3, cudaStream_t, float*, const bf16*, const int32_t*, const int32_t*, const int32_t*, int);
+template void encoder_backward_wte<float>(dim3, dim3, cudaStream_t, float*, const float*, const int32_t*,
+                                          const int32_t*, const int32_t*, int);
+template void encoder_backward_wte<bf16>(dim3, dim3, cudaStream_t, float*, const bf16*, const int32_t*, const int32_t*,
+                                         const int32_t*, int);
 
 template <class A>
-void layernorm_forward(dim3 grid, dim3 block, cudaStream_t stream, A* out, float* mean, float* rstd, const A* inp, const float* w, const float* b, int N, int C) {
+void layernorm_forward(dim3 grid, dim3 block, cudaStream_t stream, A* out, float* mean, float* rstd, const A* inp,
+                       const float* w, const float* b, int N, int C) {
   GEOLOCO_LAUNCH(layernorm_forward_k<A>, grid, block, 0, stream)(out, mean, rstd, inp, w, b, N, C);
 }
-template void layernorm_forward<float>(dim3, dim3, cudaStream_t, float*, float*, float*, const float*, const float*, const float*, int, int);
-template void layernorm_forward<bf16>(dim3, dim3, cudaStream_t, bf16*, float*, float*, const bf16*, const float*, const float*, int, int);
+template void layernorm_forward<float>(dim3, dim3, cudaStream_t, float*, float*, float*, const float*, const float*,
+                                       const float*, int, int);
+template void layernorm_forward<bf16>(dim3, dim3, cudaStream_t, bf16*, float*, float*, const bf16*, const float*,
+                                      const float*, int, int);
 
 template <class A>
-void layernorm_backward_dx(dim3 grid, dim3 block, cudaStream_t stream, A* dinp, const A* dout, const A* inp, const float* w, const float* mean, const float* rstd, int N, int C) {
+void layernorm_backward_dx(dim3 grid, dim3 block, cudaStream_t stream, A* dinp, const A* dout, const A* inp,
+                           const float* w, const float* mean, const float* rstd, int N, int C) {
   GEOLOCO_LAUNCH(layernorm_backward_dx_k<A>, grid, block, 0, stream)(dinp, dout, inp, w, mean, rstd, N, C);
 }
-template void layernorm_backward_dx<float>(dim3, dim3, cudaStream_t, float*, const float*, const float*, const float*, const float*, const float*, int, int);
-template void layernorm_backward_dx<bf16>(dim3, dim3, cudaStream_t, bf16*, const bf16*, const bf16*, const float*, const float*, const float*, int, int);
+template void layernorm_backward_dx<float>(dim3, dim3, cudaStream_t, float*, const float*, const float*, const float*,
+                                           const float*, const float*, int, int);
+template void layernorm_backward_dx<bf16>(dim3, dim3, cudaStream_t, bf16*, const bf16*, const bf16*, const float*,
+                                          const float*, const float*, int, int);
 
 template <class A>
-void column_partials(dim3 grid, dim3 block, cudaStream_t stream, float* partial_a, float* partial_b, const A* dout, const A* inp, const float* mean, const float* rstd, int N, int C) {
+void column_partials(dim3 grid, dim3 block, cudaStream_t stream, float* partial_a, float* partial_b, const A* dout,
+                     const A* inp, const float* mean, const float* rstd, int N, int C) {
   GEOLOCO_LAUNCH(column_partials_k<A>, grid, block, 0, stream)(partial_a, partial_b, dout, inp, mean, rstd, N, C);
 }
-template void column_partials<float>(dim3, dim3, cudaStream_t, float*, float*, const float*, const float*, const float*, const float*, int, int);
-template void column_partials<bf16>(dim3, dim3, cudaStream_t, float*, float*, const bf16*, const bf16*, const float*, const float*, int, int);
+template void column_partials<float>(dim3, dim3, cudaStream_t, float*, float*, const float*, const float*, const float*,
+                                     const float*, int, int);
+template void column_partials<bf16>(dim3, dim3, cudaStream_t, float*, float*, const bf16*, const bf16*, const float*,
+                                    const float*, int, int);
 
-void column_finish(dim3 grid, dim3 block, cudaStream_t stream, float* out_a, float* out_b, const float* partial_a, const float* partial_b, int C) {
+void column_finish(dim3 grid, dim3 block, cudaStream_t stream, float* out_a, float* out_b, const float* partial_a,
+                   const float* partial_b, int C) {
   GEOLOCO_LAUNCH(column_finish_k, grid, block, 0, stream)(out_a, out_b, partial_a, partial_b, C);
 }
 
@@ -556,18 +571,22 @@ template void add_bias<float>(dim3, dim3, cudaStream_t, float*, const float*, in
 template void add_bias<bf16>(dim3, dim3, cudaStream_t, bf16*, const float*, int, int64_t);
 
 template <class A>
-void split_heads(dim3 grid, dim3 block, cudaStream_t stream, A* q, A* k, A* v, const A* qkv, int B, int T, int NH, int hs) {
+void split_heads(dim3 grid, dim3 block, cudaStream_t stream, A* q, A* k, A* v, const A* qkv, int B, int T, int NH,
+                 int hs) {
   GEOLOCO_LAUNCH(split_heads_k<A>, grid, block, 0, stream)(q, k, v, qkv, B, T, NH, hs);
 }
 template void split_heads<float>(dim3, dim3, cudaStream_t, float*, float*, float*, const float*, int, int, int, int);
 template void split_heads<bf16>(dim3, dim3, cudaStream_t, bf16*, bf16*, bf16*, const bf16*, int, int, int, int);
 
 template <class A>
-void merge_heads(dim3 grid, dim3 block, cudaStream_t stream, A* out, const A* y, int B, int T, int NH, int hs, int64_t out_row, int64_t out_off, bool accumulate) {
+void merge_heads(dim3 grid, dim3 block, cudaStream_t stream, A* out, const A* y, int B, int T, int NH, int hs,
+                 int64_t out_row, int64_t out_off, bool accumulate) {
   GEOLOCO_LAUNCH(merge_heads_k<A>, grid, block, 0, stream)(out, y, B, T, NH, hs, out_row, out_off, accumulate);
 }
-template void merge_heads<float>(dim3, dim3, cudaStream_t, float*, const float*, int, int, int, int, int64_t, int64_t, bool);
-template void merge_heads<bf16>(dim3, dim3, cudaStream_t, bf16*, const bf16*, int, int, int, int, int64_t, int64_t, bool);
+template void merge_heads<float>(dim3, dim3, cudaStream_t, float*, const float*, int, int, int, int, int64_t, int64_t,
+                                 bool);
+template void merge_heads<bf16>(dim3, dim3, cudaStream_t, bf16*, const bf16*, int, int, int, int, int64_t, int64_t,
+                                bool);
 
 template <class A>
 void split_one(dim3 grid, dim3 block, cudaStream_t stream, A* y, const A* in, int B, int T, int NH, int hs) {
@@ -584,11 +603,14 @@ template void causal_softmax<float>(dim3, dim3, cudaStream_t, float*, const floa
 template void causal_softmax<bf16>(dim3, dim3, cudaStream_t, bf16*, const float*, int64_t, int);
 
 template <class A>
-void causal_softmax_backward(dim3 grid, dim3 block, cudaStream_t stream, A* dpre, const A* att, const float* datt, int64_t rows, int T, float scale) {
+void causal_softmax_backward(dim3 grid, dim3 block, cudaStream_t stream, A* dpre, const A* att, const float* datt,
+                             int64_t rows, int T, float scale) {
   GEOLOCO_LAUNCH(causal_softmax_backward_k<A>, grid, block, 0, stream)(dpre, att, datt, rows, T, scale);
 }
-template void causal_softmax_backward<float>(dim3, dim3, cudaStream_t, float*, const float*, const float*, int64_t, int, float);
-template void causal_softmax_backward<bf16>(dim3, dim3, cudaStream_t, bf16*, const bf16*, const float*, int64_t, int, float);
+template void causal_softmax_backward<float>(dim3, dim3, cudaStream_t, float*, const float*, const float*, int64_t, int,
+                                             float);
+template void causal_softmax_backward<bf16>(dim3, dim3, cudaStream_t, bf16*, const bf16*, const float*, int64_t, int,
+                                            float);
 
 template <class A>
 void gelu_forward(dim3 grid, dim3 block, cudaStream_t stream, A* out, const A* inp, int64_t n) {
@@ -598,7 +620,8 @@ template void gelu_forward<float>(dim3, dim3, cudaStream_t, float*, const float*
 template void gelu_forward<bf16>(dim3, dim3, cudaStream_t, bf16*, const bf16*, int64_t);
 
 template <class A>
-void gelu_backward(dim3 grid, dim3 block, cudaStream_t stream, A* dinp, const A* inp, const A* dout, int64_t n, bool overwrite) {
+void gelu_backward(dim3 grid, dim3 block, cudaStream_t stream, A* dinp, const A* inp, const A* dout, int64_t n,
+                   bool overwrite) {
   GEOLOCO_LAUNCH(gelu_backward_k<A>, grid, block, 0, stream)(dinp, inp, dout, n, overwrite);
 }
 template void gelu_backward<float>(dim3, dim3, cudaStream_t, float*, const float*, const float*, int64_t, bool);
@@ -619,18 +642,24 @@ template void residual_backward<float>(dim3, dim3, cudaStream_t, float*, float*,
 template void residual_backward<bf16>(dim3, dim3, cudaStream_t, bf16*, bf16*, const bf16*, int64_t);
 
 template <class A>
-void crossentropy_forward(dim3 grid, dim3 block, cudaStream_t stream, A* probs, float* losses, const A* logits, const int32_t* targets, int V, int ldv) {
+void crossentropy_forward(dim3 grid, dim3 block, cudaStream_t stream, A* probs, float* losses, const A* logits,
+                          const int32_t* targets, int V, int ldv) {
   GEOLOCO_LAUNCH(crossentropy_forward_k<A>, grid, block, 0, stream)(probs, losses, logits, targets, V, ldv);
 }
-template void crossentropy_forward<float>(dim3, dim3, cudaStream_t, float*, float*, const float*, const int32_t*, int, int);
-template void crossentropy_forward<bf16>(dim3, dim3, cudaStream_t, bf16*, float*, const bf16*, const int32_t*, int, int);
+template void crossentropy_forward<float>(dim3, dim3, cudaStream_t, float*, float*, const float*, const int32_t*, int,
+                                          int);
+template void crossentropy_forward<bf16>(dim3, dim3, cudaStream_t, bf16*, float*, const bf16*, const int32_t*, int,
+                                         int);
 
 template <class A>
-void crossentropy_backward(dim3 grid, dim3 block, cudaStream_t stream, A* dlogits, const A* probs, const int32_t* targets, float dloss, int V, int ldv, int64_t N) {
+void crossentropy_backward(dim3 grid, dim3 block, cudaStream_t stream, A* dlogits, const A* probs,
+                           const int32_t* targets, float dloss, int V, int ldv, int64_t N) {
   GEOLOCO_LAUNCH(crossentropy_backward_k<A>, grid, block, 0, stream)(dlogits, probs, targets, dloss, V, ldv, N);
 }
-template void crossentropy_backward<float>(dim3, dim3, cudaStream_t, float*, const float*, const int32_t*, float, int, int, int64_t);
-template void crossentropy_backward<bf16>(dim3, dim3, cudaStream_t, bf16*, const bf16*, const int32_t*, float, int, int, int64_t);
+template void crossentropy_backward<float>(dim3, dim3, cudaStream_t, float*, const float*, const int32_t*, float, int,
+                                           int, int64_t);
+template void crossentropy_backward<bf16>(dim3, dim3, cudaStream_t, bf16*, const bf16*, const int32_t*, float, int, int,
+                                          int64_t);
 
 void mean(dim3 grid, dim3 block, cudaStream_t stream, float* out, const float* x, int N) {
   GEOLOCO_LAUNCH(mean_k, grid, block, 0, stream)(out, x, N);

@@ -32,7 +32,8 @@ CudaSiteStrategy::CudaSiteStrategy(const RunConfig& cfg, int site, const ParamLa
     : SiteStrategy(parse_strategy(cfg.sites.at(static_cast<size_t>(site)).strategy), layout, coll, cfg.train.optimizer,
                    NoHostState{keep_one_rank_collective}),
       device_(device),
-      info_((cuda::check_cuda(cudaSetDevice(device), fmt::format("cudaSetDevice({})", device)), cuda::device_info(device))),
+      info_((cuda::check_cuda(cudaSetDevice(device), fmt::format("cudaSetDevice({})", device)),
+             cuda::device_info(device))),
       precision_(cfg.train.precision),
       plan_(plan_device_buffers(kind(), layout.total(), rank(), ranks())),
       model_(cfg.model, cuda::parse_precision(cfg.train.precision), cuda::parse_attention_kernel(cfg.train.attention),
@@ -81,12 +82,13 @@ std::span<float> CudaSiteStrategy::shard_on_device() {
 
 void CudaSiteStrategy::gather_full() {
   const size_t n = static_cast<size_t>(num_params());
-  if (d_gathered_.size() != n) d_gathered_ = cuda::StreamBuffer<float>(n, model_.stream(), "gathered parameters (fsdp)");
+  if (d_gathered_.size() != n)
+    d_gathered_ = cuda::StreamBuffer<float>(n, model_.stream(), "gathered parameters (fsdp)");
   auto mine = d_gathered_.span().subspan(static_cast<size_t>(shard().offset), static_cast<size_t>(shard().count));
   if (!mine.empty())
-    cuda::check_cuda(cudaMemcpyAsync(mine.data(), d_params_.data(), mine.size_bytes(), cudaMemcpyDeviceToDevice,
-                                     model_.stream()),
-                     "fsdp: own shard into the gathered buffer");
+    cuda::check_cuda(
+        cudaMemcpyAsync(mine.data(), d_params_.data(), mine.size_bytes(), cudaMemcpyDeviceToDevice, model_.stream()),
+        "fsdp: own shard into the gathered buffer");
   sync_compute();
   if (collective()) collective()->all_gather(mine, d_gathered_.span());
 }

@@ -46,7 +46,7 @@ class DeviceSite {
 };
 
 struct DeviceSiteOptions {
-  int device = -1;  // CUDA device index, already selected for this thread (select_device)
+  int device = -1;                        // CUDA device index, already selected for this thread (select_device)
   bool keep_one_rank_collective = false;  // TrainerOptions::keep_one_rank_collective
 };
 

@@ -94,7 +94,8 @@ StepResult SiteStrategy::finish_step(double lr, double max_norm) {
       } else {
         adamw_->step(params_, grads_, lr);  // only the shard's range [offset, end)
         if (coll_) {
-          auto mine = std::span<float>(params_).subspan(static_cast<size_t>(shard_.offset), static_cast<size_t>(shard_.count));
+          auto mine =
+              std::span<float>(params_).subspan(static_cast<size_t>(shard_.offset), static_cast<size_t>(shard_.count));
           coll_->all_gather(mine, params_);
         }
       }
@@ -122,7 +123,8 @@ StepResult SiteStrategy::finish_step(double lr, double max_norm) {
       r.grad_norm = std::sqrt(sq);
       r.clip_scale = clip_to_norm(grad_shard_, r.grad_norm, max_norm);
       if (kind_ == StrategyKind::Zero2) {
-        auto mine = std::span<float>(params_).subspan(static_cast<size_t>(shard_.offset), static_cast<size_t>(shard_.count));
+        auto mine =
+            std::span<float>(params_).subspan(static_cast<size_t>(shard_.offset), static_cast<size_t>(shard_.count));
         adamw_->step_shard(mine, grad_shard_, lr);
         if (coll_) coll_->all_gather(mine, params_);
       } else {
@@ -180,8 +182,8 @@ OptimizerHostState SiteStrategy::optimizer_state() {
 
 void SiteStrategy::load_optimizer(std::span<const float> m, std::span<const float> v, int64_t steps) {
   require_host("load_optimizer");
-  GEOLOCO_CHECK(m.size() == adamw_->m().size() && v.size() == adamw_->v().size(), "optimizer state of {} floats, expected {}",
-                m.size(), adamw_->m().size());
+  GEOLOCO_CHECK(m.size() == adamw_->m().size() && v.size() == adamw_->v().size(),
+                "optimizer state of {} floats, expected {}", m.size(), adamw_->m().size());
   std::copy(m.begin(), m.end(), adamw_->m().begin());
   std::copy(v.begin(), v.end(), adamw_->v().begin());
   adamw_->set_steps(steps);

@@ -59,8 +59,8 @@ class SiteStrategy {
  public:
   // `coll` may be null for a one-rank site. Parameters start as `initial` (full buffer, same
   // on every rank).
-  SiteStrategy(StrategyKind kind, const ParamLayout& layout, parallel::Collective* coll,
-               const AdamWConfig& adamw, std::span<const float> initial);
+  SiteStrategy(StrategyKind kind, const ParamLayout& layout, parallel::Collective* coll, const AdamWConfig& adamw,
+               std::span<const float> initial);
   virtual ~SiteStrategy();
   SiteStrategy(const SiteStrategy&) = delete;
   SiteStrategy& operator=(const SiteStrategy&) = delete;
@@ -129,10 +129,10 @@ class SiteStrategy {
   parallel::Collective* coll_;
   parallel::ShardRange shard_;
   int64_t n_;
-  std::vector<float> params_;       // full (ddp/zero) or shard-sized (fsdp: shard at index 0)
-  std::vector<float> gathered_;     // fsdp: full params during a step, released after
-  std::vector<float> grads_;        // full gradient buffer for backward
-  std::vector<float> grad_shard_;   // zero2/fsdp: reduced gradient of my shard
+  std::vector<float> params_;      // full (ddp/zero) or shard-sized (fsdp: shard at index 0)
+  std::vector<float> gathered_;    // fsdp: full params during a step, released after
+  std::vector<float> grads_;       // full gradient buffer for backward
+  std::vector<float> grad_shard_;  // zero2/fsdp: reduced gradient of my shard
   std::unique_ptr<AdamW> adamw_;
   int64_t bucket_elems_ = int64_t{1} << 22;  // 16 MiB of fp32 per all-reduce call
   size_t peak_transient_bytes_ = 0;
