@@ -41,6 +41,7 @@ Diloco::Diloco(const trainer::RunConfig& cfg, int site, int rank, transport::Tra
   const int S = static_cast<int>(cfg.sites.size());
   auto shard = strategy.shard_params();
   join_watch_.resize(static_cast<size_t>(S));
+  committed_tokens_.assign(static_cast<size_t>(S), 0.0);
   // Every site starts from the same initial weights (same seed): check it before training.
   if (transport && !joining) {
     HashCheck c = post_hash_check(peers_, hash64(shard.data(), shard.size() * sizeof(float)), 0);
@@ -170,6 +171,7 @@ uint64_t Diloco::combined_hash() const {
 bool Diloco::after_inner_step(int64_t step, trainer::SiteStrategy& strategy) {
   // Inner step time: from the end of the previous call to the start of this one.
   const auto now = Clock::now();
+  ++trained_steps_;
   if (last_hook_end_ != Clock::time_point{})
     step_times_.push_back(std::chrono::duration<double>(now - last_hook_end_).count());
   else
@@ -225,7 +227,17 @@ bool Diloco::after_inner_step(int64_t step, trainer::SiteStrategy& strategy) {
   return any;
 }
 
-void Diloco::finish(int64_t step, trainer::SiteStrategy& strategy) { final_sync(step, strategy); }
+void Diloco::finish(int64_t step, trainer::SiteStrategy& strategy) {
+  final_sync(step, strategy);
+  if (rank_ != 0) return;
+  const nlohmann::json t = tokens_json();
+  const uint64_t lost = t["not_committed"].get<uint64_t>();
+  spdlog::info("site {}: trained {} tokens{}, {} in committed rounds{}", t["site"].get<std::string>(),
+               t["trained"].get<uint64_t>(),
+               tokens_first_round_ > 0 ? fmt::format(" after outer round {}", tokens_first_round_) : std::string(),
+               t["committed"].get<uint64_t>(),
+               lost ? fmt::format(", {} not committed (rounds it was left out of)", lost) : std::string());
+}
 
 void Diloco::final_sync(int64_t step, trainer::SiteStrategy& strategy) {
   planner_.drain();
@@ -437,6 +449,14 @@ void Diloco::finish_round(Fragment& f, trainer::SiteStrategy& strategy, int64_t 
   boundary_syncs_.push_back(seconds);
   frame_bytes_total_ += r.frame_bytes;
   elements_total_ += r.elements;
+  if (!r.tokens.empty()) {
+    uint64_t all = 0;
+    for (const auto& p : plans_) all += static_cast<uint64_t>(p.elements());
+    const double share =
+        all > 0 ? double(plans_[static_cast<size_t>(f.index)].elements()) / double(all) : 1.0 / double(frags_.size());
+    for (size_t s = 0; s < r.tokens.size() && s < committed_tokens_.size(); ++s)
+      committed_tokens_[s] += share * double(r.tokens[s]);
+  }
   record_round(f, step, round, seconds, r);
   if (rank_ == 0) {
     const std::string frag = frags_.size() > 1 ? fmt::format(" fragment {}/{}", f.index, frags_.size()) : "";
@@ -495,6 +515,7 @@ void Diloco::record_round(const Fragment& f, int64_t step, uint64_t round, doubl
                       {"joiners", member_names(r.joiners)},
                       {"wait_s", r.wait_s},
                       {"membership_s", r.membership_s},
+                      {"tokens", r.tokens},
                       {"global_hash", hex64(site_hash_)}};
   if (plan_.predicted_fragment_sync_s > 0) j["predicted_sync_s"] = plan_.predicted_fragment_sync_s;
   if (auto* t = peers_.transport()) {
@@ -564,9 +585,25 @@ nlohmann::json Diloco::summary() {
   j["membership"] = {{"min_sites", membership_.quorum()},
                      {"members", member_names(membership_.members())},
                      {"evictions", ev},
-                     {"joins", joins_json()}};
+                     {"joins", joins_json()},
+                     {"tokens", tokens_json()}};
   if (!joined_.is_null()) j["membership"]["joined"] = joined_;
   return j;
+}
+
+nlohmann::json Diloco::tokens_json() const {
+  const uint64_t per_step = tokens_since(1, 0);
+  const uint64_t trained = static_cast<uint64_t>(trained_steps_) * per_step;
+  nlohmann::json by_site = nlohmann::json::object();
+  for (size_t s = 0; s < cfg_.sites.size(); ++s)
+    by_site[cfg_.sites[s].name] = static_cast<uint64_t>(std::llround(committed_tokens_[s]));
+  const uint64_t mine = static_cast<uint64_t>(std::llround(committed_tokens_[static_cast<size_t>(site_)]));
+  return {{"site", cfg_.sites[static_cast<size_t>(site_)].name},
+          {"trained", trained},
+          {"committed", mine},
+          {"not_committed", trained > mine ? trained - mine : 0},
+          {"committed_by_site", by_site},
+          {"counted_after_round", tokens_first_round_}};
 }
 
 nlohmann::json Diloco::member_names(SiteMask m) const {

@@ -172,6 +172,16 @@ class Diloco : public trainer::OuterHook {
   std::vector<FragmentPlan> plans_;
   std::vector<std::unique_ptr<Fragment>> frags_;
 
+  // Tokens, for the summary (checkpointed: diloco_state.cpp). committed_tokens_[s]: the tokens
+  // of site s's contributions in the rounds this site applied, each fragment's round weighted
+  // by its share of the parameters (so a token counts once when every fragment committed it).
+  // trained_steps_: the inner steps this site trained (this process and those before it).
+  std::vector<double> committed_tokens_;
+  int64_t trained_steps_ = 0;
+  int64_t tokens_first_round_ = 0;  // the round the counts start after (a joiner's join round)
+  nlohmann::json tokens_json() const;
+  void restore_tokens(const trainer::SafetensorsFile& file);  // diloco_state.cpp
+
   // outer.plan: auto.
   PlanCoordinator planner_;
   PlanDecision plan_;

@@ -145,6 +145,7 @@ int64_t Diloco::join(trainer::SiteStrategy& strategy) {
     throw JoinError(fmt::format("{}: the global weights hash to {}, the committed hash is {}", source,
                                 hex64(combined_hash()), hex64(m.weights_hash)));
   round_ = static_cast<int64_t>(m.round);
+  tokens_first_round_ = round_;  // its counts start at the join (trained_steps_ and committed_tokens_ at 0)
   membership_.set_members(m.members);
   const ShardState st = pack_state();
   auto shard = strategy.shard_params();

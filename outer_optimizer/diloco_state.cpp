@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <limits>
 
 #include "outer_optimizer/diloco.hpp"
@@ -42,6 +44,13 @@ Diloco::State Diloco::save_state() {
     s.bytes["retry.envelope"] = *retry_->mine.envelope;
   }
   s.metadata["fragments"] = std::to_string(frags_.size());
+  // Tokens trained and committed (the summary's membership.tokens), carried across --resume.
+  s.metadata["tokens.trained_steps"] = std::to_string(trained_steps_);
+  s.metadata["tokens.after_round"] = std::to_string(tokens_first_round_);
+  std::string committed;
+  for (size_t i = 0; i < committed_tokens_.size(); ++i)
+    committed += fmt::format("{}{:.17g}", i ? "," : "", committed_tokens_[i]);
+  s.metadata["tokens.committed"] = committed;
   if (ocfg_.auto_plan()) {
     // The plan in effect and where its schedule starts; the protocol restarts after a
     // checkpoint (drained above, in the uninterrupted run as in the resumed one).
@@ -62,6 +71,10 @@ Diloco::State Diloco::save_state() {
       s.metadata[p + "pending_frame_bytes"] = std::to_string(f->result.frame_bytes);
       s.metadata[p + "pending_envelope_bytes"] = std::to_string(f->result.envelope_bytes);
       s.metadata[p + "pending_elements"] = std::to_string(f->result.elements);
+      std::string tokens;  // the round's contributions, counted when it merges
+      for (size_t i = 0; i < f->result.tokens.size(); ++i)
+        tokens += fmt::format("{}{}", i ? "," : "", f->result.tokens[i]);
+      s.metadata[p + "pending_tokens"] = tokens;
     }
   }
   return s;
@@ -69,6 +82,7 @@ Diloco::State Diloco::save_state() {
 
 void Diloco::restore_state(const trainer::SafetensorsFile& file) {
   restore_outer(file, /*joining=*/false);
+  restore_tokens(file);
   resume_retry_.reset();
   if (!file.metadata().count("outer.retry.round")) return;
   // Written when a blocking round lost its quorum: resumed() exchanges that round again.
@@ -98,6 +112,32 @@ void Diloco::restore_state(const trainer::SafetensorsFile& file) {
     throw FileError(file.path(), fmt::format("outer.retry.envelope: {}", e.what()));
   }
   resume_retry_ = std::move(r);
+}
+
+void Diloco::restore_tokens(const trainer::SafetensorsFile& file) {
+  if (!file.metadata().count("outer.tokens.committed")) {
+    tokens_first_round_ = round_;  // a checkpoint from before the counts: they start here
+    return;
+  }
+  trained_steps_ = file.meta_int("outer.tokens.trained_steps", 0, cfg_.train.steps);
+  tokens_first_round_ = file.meta_int("outer.tokens.after_round", 0, round_);
+  const std::string& text = file.meta("outer.tokens.committed");
+  std::vector<double> v;
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t end = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, end - at);
+    char* stop = nullptr;
+    const double x = std::strtod(item.c_str(), &stop);
+    if (item.empty() || stop != item.c_str() + item.size() || !std::isfinite(x) || x < 0)
+      throw FileError(file.path(), fmt::format("outer.tokens.committed: '{}' is not a token count", item));
+    v.push_back(x);
+    at = end + 1;
+  }
+  if (v.size() != committed_tokens_.size())
+    throw FileError(file.path(), fmt::format("outer.tokens.committed holds {} site(s), the config has {}", v.size(),
+                                             committed_tokens_.size()));
+  committed_tokens_ = std::move(v);
 }
 
 void Diloco::resumed(int64_t step, trainer::SiteStrategy& strategy) {
@@ -159,6 +199,19 @@ void Diloco::restore_outer(const trainer::SafetensorsFile& file, bool joining) {
       f->result.frame_bytes = file.meta_uint(p + "pending_frame_bytes", 0);
       f->result.envelope_bytes = file.meta_uint(p + "pending_envelope_bytes", 0);
       f->result.elements = file.meta_uint(p + "pending_elements", 0);
+      if (file.metadata().count(p + "pending_tokens")) {
+        const std::string& text = file.meta(p + "pending_tokens");
+        for (size_t at = 0; at < text.size();) {
+          const size_t end = std::min(text.find(',', at), text.size());
+          const std::string item = text.substr(at, end - at);
+          char* stop = nullptr;
+          const unsigned long long x = std::strtoull(item.c_str(), &stop, 10);
+          if (item.empty() || stop != item.c_str() + item.size())
+            throw FileError(file.path(), fmt::format("{}pending_tokens: '{}' is not a token count", p, item));
+          f->result.tokens.push_back(x);
+          at = end + 1;
+        }
+      }
       if (!overlapped())
         throw FileError(file.path(),
                         "holds an outer sync still in flight, but this run has no overlap "

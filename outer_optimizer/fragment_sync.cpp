@@ -229,6 +229,8 @@ ExchangeResult apply_round(Fragment& f, const ExchangeContext& ctx, SiteMask all
     r.ref2 = ref2;
     r.members = all_members;
     r.joiners = joiners;
+    r.tokens.assign(static_cast<size_t>(S), 0);
+    for (int s : m) r.tokens[static_cast<size_t>(s)] = env[static_cast<size_t>(s)].value;
     r.wait_s = in.wait_s;
     in.bytes.clear();  // the contributions are in f.global now
     return r;

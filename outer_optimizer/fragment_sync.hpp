@@ -38,6 +38,7 @@ struct ExchangeResult {
   SiteMask joiners = 0;     // members taken in by this round (no contribution)
   double wait_s = 0;        // this rank: from posting its receives to the last contribution (or the deadline)
   double membership_s = 0;  // the site's membership decision
+  std::vector<uint64_t> tokens;  // by site: the tokens a contributor's envelope reported (0: not one)
 };
 
 // What one round gathered before its membership is decided (collect_round).

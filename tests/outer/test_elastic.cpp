@@ -91,6 +91,15 @@ Fault kill_before(const std::string& site, int rank, uint64_t nth_pseudograd_fra
 
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
+// membership.tokens of a rank's summary; its site's tokens per inner step (trained / steps
+// trained, those after `counted_after_step`).
+const nlohmann::json& tokens_of(const nlohmann::json& summary) { return summary["membership"]["tokens"]; }
+uint64_t tokens_per_step(const nlohmann::json& summary, int64_t counted_after_step = 0) {
+  const auto& t = tokens_of(summary);
+  const int64_t steps = summary["steps"].get<int64_t>() - counted_after_step;
+  return steps > 0 ? t["trained"].get<uint64_t>() / static_cast<uint64_t>(steps) : 0;
+}
+
 // The survivors' hash of the reference: the same run without faults, the test hook leaving
 // site `lost` out of round 3 and every later one.
 std::string reference_hash(int sites, int ranks, int lost) {
@@ -127,6 +136,15 @@ TEST(Elastic, ASiteKilledBetweenRoundsIsLeftOutAndTheRestAgree) {
     EXPECT_EQ(m["evictions"][0]["site"], "lyon");
     EXPECT_EQ(m["evictions"][0]["round"], 3);
     EXPECT_TRUE(has(m["evictions"][0]["why"].get<std::string>(), "killed")) << m.dump();
+    // Tokens: the survivor's own all committed; lyon's only for rounds 1 and 2 (2 steps each).
+    const auto& t = tokens_of(o.result);
+    const uint64_t per_step = tokens_per_step(o.result);
+    EXPECT_GT(per_step, 0u) << t.dump();
+    EXPECT_EQ(t["trained"], 12 * per_step) << t.dump();
+    EXPECT_EQ(t["committed"], t["trained"]) << t.dump();
+    EXPECT_EQ(t["not_committed"], 0) << t.dump();
+    EXPECT_EQ(t["committed_by_site"]["lyon"], 2 * 2 * per_step) << t.dump();
+    EXPECT_EQ(t["committed_by_site"]["oslo"], 12 * per_step) << t.dump();
   }
   EXPECT_EQ(reference_hash(4, 1, 1), h);
   // The clean run differs: lyon's contributions after round 2 are really out.
@@ -322,6 +340,12 @@ TEST(Elastic, AKilledSiteRestartsRejoinsFromItsPeersAndEndsInAgreement) {
       EXPECT_GT(j["chunks"].get<int>(), 4);
       EXPECT_GE(j["bytes_fetched"].get<uint64_t>(), 4096u * 4);
       EXPECT_EQ(o.result["steps"], 10000);
+      // Its tokens count from the join: every one it trained since is in a committed round.
+      const auto& t = tokens_of(o.result);
+      EXPECT_EQ(t["counted_after_round"], j["round"]) << t.dump();
+      const int64_t from = j["step"].get<int64_t>();
+      EXPECT_EQ(t["trained"], uint64_t(10000 - from) * tokens_per_step(o.result, from)) << t.dump();
+      EXPECT_EQ(t["committed"], t["trained"]) << t.dump();
     } else {
       ASSERT_EQ(m["evictions"].size(), 1u) << m.dump();
       EXPECT_EQ(m["evictions"][0]["site"], "lyon");
@@ -395,7 +419,8 @@ TEST(Elastic, APartitionTwoAgainstTwoCommitsNeitherSideAndAfterTheHealEverySiteR
     c.train.checkpoint_every = 5;
     return c;
   };
-  const std::string clean = all_hash(run(cfg_for(clean_dir), {}));
+  const auto clean_run = run(cfg_for(clean_dir), {});
+  const std::string clean = all_hash(clean_run);
   ASSERT_NE(clean, "");
   std::vector<Fault> cut;
   for (const char* a : {"paris", "lyon"})
@@ -438,6 +463,32 @@ TEST(Elastic, APartitionTwoAgainstTwoCommitsNeitherSideAndAfterTheHealEverySiteR
   const auto resumed = run_with_rejoin(cfg, {}, "", nullptr, {}, {}, /*resume=*/true);
   EXPECT_EQ(all_hash(resumed), clean);
   for (const auto& o : resumed) EXPECT_EQ(o.result["membership"]["evictions"].size(), 0u) << o.site;
+  // The token counts went through the checkpoint: the resumed run reports what the run never
+  // cut does (round 4 counted once, when it was exchanged again).
+  for (size_t i = 0; i < resumed.size(); ++i) {
+    ASSERT_TRUE(tokens_of(resumed[i].result).is_object()) << resumed[i].result.dump();
+    EXPECT_EQ(tokens_of(resumed[i].result), tokens_of(clean_run[i].result)) << resumed[i].site;
+    EXPECT_EQ(tokens_of(resumed[i].result)["not_committed"], 0) << resumed[i].site;
+  }
+  // A checkpoint whose token counts are not numbers is refused, naming the file and the key.
+  const auto state = d.path() / "out" / "checkpoints" / "paris" / "step_00000012" / "state.r0.safetensors";
+  std::string bytes;
+  {
+    std::ifstream in(state, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const std::string key = "\"outer.tokens.committed\":\"";
+  const size_t at = bytes.find(key);
+  ASSERT_NE(at, std::string::npos);
+  bytes[at + key.size()] = 'x';
+  std::ofstream(state, std::ios::binary) << bytes;
+  bool refused = false;
+  for (const auto& o : run_with_rejoin(cfg, {}, "", nullptr, {}, {}, /*resume=*/true))
+    if (o.site == "paris") {
+      refused = has(o.error, "state.r0.safetensors") && has(o.error, "outer.tokens.committed: 'x");
+      EXPECT_TRUE(refused) << o.error;
+    }
+  EXPECT_TRUE(refused);
 }
 
 // A donor dies in the middle of the transfer (milan, after its second chunk to lyon): lyon
