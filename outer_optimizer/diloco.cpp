@@ -362,6 +362,7 @@ void Diloco::vote(Fragment& f, trainer::SiteStrategy& strategy, bool background)
   trainer::TraceSpan sp(ctx_.trace, "membership_vote", trainer::TraceRecorder::kMainThread);
   const auto t0 = Clock::now();
   try {
+    if (split_possible()) check_split(in.round, in.step, strategy);
     f.site_holds = membership_.vote_site(in.round, in.holds, poll_join_requests(in.round), strategy);
   } catch (Error& e) {
     e.add_context(fmt::format("outer step {} (inner step {})", in.round, in.step));

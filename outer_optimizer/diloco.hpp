@@ -57,6 +57,10 @@
 
 namespace geoloco::outer {
 
+// After a partition healed with min_sites below a majority: whether the side `ours` is kept
+// against `theirs` (more sites; on a tie, the lowest site index). diloco_split.cpp.
+bool split_side_kept(SiteMask ours, SiteMask theirs);
+
 class Diloco : public trainer::OuterHook {
  public:
   // `transport` connects this rank to rank r of every other site (null for a one-site run);
@@ -206,6 +210,17 @@ class Diloco : public trainer::OuterHook {
     bool requested = false;
   };
   std::vector<JoinWatch> join_watch_;
+  // After a partition with min_sites below a majority (diloco_split.cpp).
+  struct SplitWatch {
+    bool told = false;
+    std::optional<transport::SendHandle> send;
+    std::optional<transport::RecvHandle> recv;
+    SiteMask theirs = 0;  // the members a site committed with, without this one
+  };
+  std::vector<SplitWatch> split_watch_;
+  SiteMask split_reported_ = 0;
+  bool split_possible() const;
+  void check_split(uint64_t round, int64_t step, trainer::SiteStrategy& strategy);
   std::vector<std::unique_ptr<JoinDonor>> donors_;
   struct Served {
     uint64_t round = 0;

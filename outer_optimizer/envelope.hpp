@@ -38,7 +38,8 @@ enum class EnvelopeKind : uint16_t {
   kJoinRequest = 7,
   kJoinManifest = 8,
   kJoinFetch = 9,
-  kJoinChunk = 10
+  kJoinChunk = 10,
+  kSplitStatus = 11
 };
 
 struct Envelope {

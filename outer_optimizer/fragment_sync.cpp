@@ -215,7 +215,7 @@ ExchangeResult apply_round(Fragment& f, const ExchangeContext& ctx, SiteMask all
     }
     if (const auto& p = ctx.hooks.perturb_global; p && p->site == self && p->round == round && f.n > 0)
       f.global[0] = std::nextafter(f.global[0], INFINITY);
-    if (const auto& p = ctx.hooks.pace; p && p->site == self)
+    if (const auto& p = ctx.hooks.pace; p && (p->site == self || p->site < 0))
       std::this_thread::sleep_for(std::chrono::duration<double>(p->seconds));
     ExchangeResult r;
     r.hash = hash64(f.global.data(), f.global.size() * sizeof(float));

@@ -34,10 +34,10 @@ struct ExchangeResult {
   // This rank's own contribution as every site decoded it against the pseudo-gradient it
   // encoded: sum of squared errors and of squared values (relative error = sqrt(err2/ref2)).
   double err2 = 0, ref2 = 0;
-  SiteMask members = 0;     // the round's members: contributors and joiners
-  SiteMask joiners = 0;     // members taken in by this round (no contribution)
-  double wait_s = 0;        // this rank: from posting its receives to the last contribution (or the deadline)
-  double membership_s = 0;  // the site's membership decision
+  SiteMask members = 0;          // the round's members: contributors and joiners
+  SiteMask joiners = 0;          // members taken in by this round (no contribution)
+  double wait_s = 0;             // this rank: from posting its receives to the last contribution (or the deadline)
+  double membership_s = 0;       // the site's membership decision
   std::vector<uint64_t> tokens;  // by site: the tokens a contributor's envelope reported (0: not one)
 };
 

@@ -41,8 +41,8 @@ struct OuterHooks {
     int times = 1;
   };
   std::optional<CorruptJoinChunk> corrupt_join_chunk;
-  // Test: site index `site` sleeps `seconds` after each of its outer steps (a slow site; a
-  // lone survivor slow enough that a restarted site still finds it training).
+  // Test: site index `site` (every site: -1) sleeps `seconds` after each of its outer steps
+  // (a slow site; a lone survivor slow enough that a restarted site still finds it training).
   struct Pace {
     int site = 0;
     double seconds = 0;

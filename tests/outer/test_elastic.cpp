@@ -6,9 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "outer_optimizer/diloco.hpp"
 #include "tests/loop/test_util.hpp"
 #include "tests/outer/memory_sites.hpp"
 #include "tests/support/threads.hpp"
@@ -287,7 +289,8 @@ std::vector<Outcome> run_with_rejoin(const trainer::RunConfig& cfg, const std::v
       return o;
     };
     Outcome o = once(false);
-    if (o.site != restart) return o;
+    // `restart`: a site name, or several separated by commas.
+    if (("," + restart + ",").find("," + o.site + ",") == std::string::npos) return o;
     first[static_cast<size_t>(g)] = o;
     return once(true);
   });
@@ -489,6 +492,69 @@ TEST(Elastic, APartitionTwoAgainstTwoCommitsNeitherSideAndAfterTheHealEverySiteR
       EXPECT_TRUE(refused) << o.error;
     }
   EXPECT_TRUE(refused);
+}
+
+// The heal rule with min_sites 1: four sites split 2|2 for 4 s at round 4. Each side settles
+// for itself after degrade_s and trains on alone (each evicts the other). After the heal they
+// hear of each other: paris and lyon's side is kept (2 sites each: it holds the lowest index);
+// milan and oslo leave the run naming both sides and the tokens they trained since the split,
+// restart, rejoin from paris and lyon, and all four end on one hash.
+TEST(Elastic, AfterAPartitionWithMinSitesOneTheSideWithTheLowestIndexIsKeptAndTheOtherRejoins) {
+  TempDir d;
+  auto cfg = sites_config(d, 4, 1, ", min_sites: 1, join_chunk_bytes: 4096, join_wait_s: 20");
+  cfg.train.steps = 10000;
+  cfg.outer.interval = 10;
+  outer::OuterHooks hooks;
+  hooks.pace = outer::OuterHooks::Pace{-1, 0.01};  // every site: both sides still train after the heal
+  std::vector<Fault> cut;
+  for (const char* a : {"paris", "lyon"})
+    for (const char* b : {"milan", "oslo"})
+      for (const auto& [from, to] : {std::pair{a, b}, std::pair{b, a}}) {
+        Fault f = kill_before(from, 0, 4);
+        f.action = FaultAction::kCut;
+        f.to_site = to;
+        f.delay_s = 4;
+        cut.push_back(f);
+      }
+  std::vector<Outcome> first;
+  const auto out = run_with_rejoin(cfg, cut, "milan,oslo", &first, hooks);
+  for (const auto& o : first) {
+    if (o.site != "milan" && o.site != "oslo") continue;
+    EXPECT_TRUE(has(o.error,
+                    "the partition healed: sites [\"paris\",\"lyon\"] committed rounds without this "
+                    "site's side ([\"milan\",\"oslo\"]) since round 4"))
+        << o.site << ": " << o.error;
+    EXPECT_TRUE(has(o.error, "their side is kept (2 site(s) each, and it holds the lowest site index)")) << o.error;
+    EXPECT_TRUE(has(o.error, "tokens trained in them, not committed")) << o.error;
+  }
+  const std::string h = all_hash(out);
+  ASSERT_NE(h, "");
+  for (const auto& o : out) {
+    const auto& m = o.result["membership"];
+    ASSERT_TRUE(m.is_object()) << o.result.dump();
+    EXPECT_EQ(m["members"], nlohmann::json({"paris", "lyon", "milan", "oslo"})) << o.site << " " << m.dump();
+    EXPECT_EQ(o.result.value("steps", 0), 10000) << o.site;
+    if (o.site == "milan" || o.site == "oslo") {
+      ASSERT_TRUE(m["joined"].is_object()) << m.dump();
+      EXPECT_GT(m["joined"]["round"].get<int>(), 4);
+    } else {
+      std::set<std::string> evicted, joined;
+      for (const auto& e : m["evictions"]) evicted.insert(e["site"].get<std::string>());
+      for (const auto& j : m["joins"]) joined.insert(j["site"].get<std::string>());
+      EXPECT_EQ(evicted, (std::set<std::string>{"milan", "oslo"})) << m.dump();
+      EXPECT_EQ(joined, (std::set<std::string>{"milan", "oslo"})) << m.dump();
+    }
+  }
+}
+
+TEST(SplitRule, MoreSitesThenTheLowestIndexKeepsASide) {
+  EXPECT_TRUE(outer::split_side_kept(0b0111, 0b1000));  // 3 against 1
+  EXPECT_FALSE(outer::split_side_kept(0b1000, 0b0111));
+  EXPECT_TRUE(outer::split_side_kept(0b0011, 0b1100));  // 2 each: site 0's side
+  EXPECT_FALSE(outer::split_side_kept(0b1100, 0b0011));
+  EXPECT_TRUE(outer::split_side_kept(0b0101, 0b1010));
+  EXPECT_FALSE(outer::split_side_kept(0b1010, 0b0101));
+  EXPECT_FALSE(outer::split_side_kept(0b0010, 0b1101));  // 1 against 3, whatever the index
 }
 
 // A donor dies in the middle of the transfer (milan, after its second chunk to lyon): lyon
