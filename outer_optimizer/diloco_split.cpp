@@ -53,8 +53,17 @@ void Diloco::check_split(uint64_t round, int64_t step, trainer::SiteStrategy& st
   if (split_watch_.empty()) split_watch_.resize(static_cast<size_t>(peers_.sites()));
   SiteMask theirs = 0;
   for (int s = 0; s < peers_.sites(); ++s) {
-    if (s == site_ || ((active >> s) & 1)) continue;
+    if (s == site_) continue;
     SplitWatch& w = split_watch_[static_cast<size_t>(s)];
+    if ((active >> s) & 1) {
+      // A member (again, after a join): a later split with it is told anew.
+      if (w.told) {
+        if (w.recv) w.recv->cancel();
+        w = SplitWatch{};
+        split_reported_ &= ~(SiteMask{1} << s);
+      }
+      continue;
+    }
     if (!w.told) {
       // Once per site: a dead one fails the send (ignored); a restarted one joins, it is no split.
       w.told = true;
