@@ -229,7 +229,8 @@ int main(int argc, char** argv) {
   app.add_option("--reps", o.reps, "repetitions, median reported (default 5)")->check(CLI::Range(5, 100));
   app.add_option("--chunk-bytes", o.chunk_bytes, "outer.join_chunk_bytes (default 4 MiB)");
   app.add_option("--out", o.out, "also write the JSON here");
-  app.add_flag("--allow-load", o.allow_load, "run although the 1-minute load average is above 1 (figures marked loaded)");
+  app.add_flag("--allow-load", o.allow_load,
+               "run although the 1-minute load average is above 1 (figures marked loaded)");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::warn);
   try {
