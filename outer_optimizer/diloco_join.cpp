@@ -167,6 +167,7 @@ int64_t Diloco::join(trainer::SiteStrategy& strategy) {
              {"donors", member_names(res.donors)},
              {"chunks", m.chunks()},
              {"refetched", res.refetched},
+             {"warmup_steps", ocfg_.join_warmup_steps},
              {"notes", res.notes}};
   return m.step;
 }

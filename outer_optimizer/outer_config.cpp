@@ -67,6 +67,8 @@ OuterConfig OuterConfig::from_yaml(const config::Node& n) {
   c.allow_join = n.get<bool>("allow_join", c.allow_join);
   c.join_wait_s = n.get_double("join_wait_s", c.join_wait_s, 0.1, 1e7);
   c.join_chunk_bytes = n.get_int("join_chunk_bytes", c.join_chunk_bytes, 4096, 256 << 20);
+  c.join_warmup_steps = n.get_int("join_warmup_steps", c.join_warmup_steps, -1, int64_t{1} << 40);
+  if (c.join_warmup_steps < 0) c.join_warmup_steps = c.interval;
   if (c.auto_plan() && c.overlap_steps + 1 > c.plan_h_max)
     n.fail("plan_h_max", fmt::format("must exceed overlap_steps ({})", c.overlap_steps));
   if (c.auto_plan() && c.compression.topk)

@@ -27,6 +27,7 @@
 //     allow_join: true              # a restarted or new site may join the running job
 //     join_wait_s: 300              # a joiner waits this long to be taken in and get the state
 //     join_chunk_bytes: 4194304     # the state travels in chunks of this size, each checksummed
+//     join_warmup_steps: -1         # a joiner's inner lr ramps up over this many steps (-1: outer.interval)
 #pragma once
 
 #include <cstdint>
@@ -75,6 +76,10 @@ struct OuterConfig {
   bool allow_join = true;
   double join_wait_s = 300;
   int64_t join_chunk_bytes = 4 << 20;
+  // A joiner's fresh inner optimizer: its lr ramps linearly over these steps from the join
+  // (0 or 1: none). from_yaml resolves the default, -1, to outer.interval (bench/elastic/rewarm.sh:
+  // a ramp over one period brings a joiner's first pseudo-gradient to the size of the others').
+  int64_t join_warmup_steps = -1;
   bool auto_plan() const { return plan == "auto"; }
   int quorum(int sites) const { return min_sites > 0 ? min_sites : sites / 2 + 1; }
   bool overlapped() const { return overlap_steps > 0 || delayed_update; }

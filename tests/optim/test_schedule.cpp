@@ -31,3 +31,14 @@ TEST(Schedule, LinearAndConstant) {
   c.kind = "constant";
   EXPECT_DOUBLE_EQ(scheduled_lr(c, 2.0, 99, 100), 2.0);
 }
+
+// A joiner's re-warmup: a linear ramp from its join step, 1 before it, after it and when off.
+TEST(Schedule, RewarmRampsFromTheJoinStep) {
+  EXPECT_DOUBLE_EQ(rewarm_factor(100, 100, 4), 0.25);
+  EXPECT_DOUBLE_EQ(rewarm_factor(101, 100, 4), 0.5);
+  EXPECT_DOUBLE_EQ(rewarm_factor(103, 100, 4), 1.0);
+  EXPECT_DOUBLE_EQ(rewarm_factor(104, 100, 4), 1.0);
+  EXPECT_DOUBLE_EQ(rewarm_factor(99, 100, 4), 1.0);
+  EXPECT_DOUBLE_EQ(rewarm_factor(100, 100, 0), 1.0);
+  EXPECT_DOUBLE_EQ(rewarm_factor(100, 100, 1), 1.0);
+}

@@ -15,6 +15,9 @@
 #include "tests/outer/memory_sites.hpp"
 #include "tests/support/threads.hpp"
 #include "trainer/loop/run_config.hpp"
+#include "trainer/optim/schedule.hpp"
+#include "trainer/core/config_node.hpp"
+#include "trainer/core/error.hpp"
 
 using namespace geoloco;
 using geoloco::test::TempDir;
@@ -118,6 +121,19 @@ nlohmann::json run_summary(const TempDir& d) {
 }
 
 }  // namespace
+
+// outer.join_warmup_steps: one period (outer.interval) unless given; 0 turns the ramp off.
+TEST(ElasticConfig, JoinWarmupDefaultsToOnePeriod) {
+  auto outer_from = [](const std::string& yaml) {
+    return outer::OuterConfig::from_yaml(config::load_string(yaml, "o.yaml").node().child("outer"));
+  };
+  EXPECT_EQ(outer_from("outer: {interval: 100}\n").join_warmup_steps, 100);
+  EXPECT_EQ(outer_from("outer: {interval: 2}\n").join_warmup_steps, 2);
+  EXPECT_EQ(outer_from("outer: {interval: 100, join_warmup_steps: 0}\n").join_warmup_steps, 0);
+  EXPECT_EQ(outer_from("outer: {interval: 100, join_warmup_steps: 7}\n").join_warmup_steps, 7);
+  EXPECT_THROW(outer_from("outer: {interval: 100, join_warmup_steps: -2}\n"), ConfigError);
+  EXPECT_THROW(outer_from("outer: {interval: 100, join_warmup_steps: 1.5}\n"), ConfigError);
+}
 
 // Four sites; lyon dies after its round-2 contributions, before sending anything of round 3
 // (each round is one frame to each of 3 peers: frame 7 is round 3's first). Round 3 commits
@@ -323,6 +339,7 @@ TEST(Elastic, AKilledSiteRestartsRejoinsFromItsPeersAndEndsInAgreement) {
   // (quorum_wait_s) and its second has connected.
   cfg.train.steps = 10000;
   cfg.outer.interval = 10;
+  cfg.outer.join_warmup_steps = 4;
   std::vector<Outcome> first;
   const auto out = run_with_rejoin(cfg, {kill_before("lyon", 0, 5)}, "lyon", &first);
   for (const auto& o : first)
@@ -349,6 +366,22 @@ TEST(Elastic, AKilledSiteRestartsRejoinsFromItsPeersAndEndsInAgreement) {
       const int64_t from = j["step"].get<int64_t>();
       EXPECT_EQ(t["trained"], uint64_t(10000 - from) * tokens_per_step(o.result, from)) << t.dump();
       EXPECT_EQ(t["committed"], t["trained"]) << t.dump();
+      // Its fresh inner optimizer re-warms: the lr of its first step after the join is a
+      // quarter of the schedule's (a 4-step ramp), the lr at its first outer step the schedule's.
+      EXPECT_EQ(j["warmup_steps"], 4);
+      std::map<int64_t, double> lr;
+      std::ifstream in(d.path() / "out" / "sites" / "lyon" / "metrics.jsonl");
+      for (std::string line; std::getline(in, line);) {
+        const auto m = nlohmann::json::parse(line, nullptr, false);
+        if (m.is_object() && m.contains("lr")) lr[m["step"].get<int64_t>()] = m["lr"].get<double>();
+      }
+      auto sched = [&](int64_t step) {
+        return trainer::scheduled_lr(cfg.train.schedule, cfg.peak_lr(), step, cfg.train.steps);
+      };
+      ASSERT_TRUE(lr.count(from + 1)) << "no metrics line for the joiner's first step";
+      EXPECT_DOUBLE_EQ(lr[from + 1], 0.25 * sched(from));
+      ASSERT_TRUE(lr.count(from + 10));
+      EXPECT_DOUBLE_EQ(lr[from + 10], sched(from + 9));
     } else {
       ASSERT_EQ(m["evictions"].size(), 1u) << m.dump();
       EXPECT_EQ(m["evictions"][0]["site"], "lyon");

@@ -211,6 +211,7 @@ struct Trainer::Impl {
     smeta["wall_s"] = fmt::format("{:.17g}", wall_before + seconds_since(start));
     smeta["compute_s"] = fmt::format("{:.17g}", compute_seconds);
     smeta["outer_wait_s"] = fmt::format("{:.17g}", outer_wait_seconds);
+    if (join_step >= 0) smeta["join_step"] = std::to_string(join_step);  // its re-warmup goes on after --resume
     OuterHook::State outer_state;
     if (opt.outer) {
       outer_state = opt.outer->save_state();
@@ -296,6 +297,7 @@ struct Trainer::Impl {
     compute_seconds = st.meta_double("compute_s", 0, kMaxSeconds);
     // Checkpoints written before the overlap metrics existed lack it: count from zero.
     if (st.metadata().count("outer_wait_s")) outer_wait_seconds = st.meta_double("outer_wait_s", 0, kMaxSeconds);
+    join_step = st.metadata().count("join_step") ? st.meta_int("join_step", 0, step) : -1;
     if (opt.outer) opt.outer->restore_state(st);
     strategy->shard_updated();
     log_info(fmt::format("resumed from {} at step {}", dir.string(), step));
@@ -386,7 +388,9 @@ struct Trainer::Impl {
   // AdamW (an "optimizer" span), and the step's compute time.
   template <class Strategy>
   void finish_inner_step(Strategy& s, Clock::time_point t0) {
-    const double lr = scheduled_lr(cfg.train.schedule, cfg.peak_lr(), step, cfg.train.steps);
+    // A joiner's fresh AdamW ramps up again from its join step (outer.join_warmup_steps).
+    const double rewarm = join_step >= 0 ? rewarm_factor(step, join_step, cfg.outer.join_warmup_steps) : 1.0;
+    const double lr = scheduled_lr(cfg.train.schedule, cfg.peak_lr(), step, cfg.train.steps) * rewarm;
     StepResult r;
     {
       TraceSpan sp(&trace, "optimizer", TraceRecorder::kMainThread);
@@ -401,6 +405,7 @@ struct Trainer::Impl {
   }
 
   double last_lr = 0, last_grad_norm = 0;
+  int64_t join_step = -1;  // the step this site joined the running job at (-1: it started with the run)
 
   // A site joining the running job: the committed state from the other sites, this site's
   // data stream at the step they committed it (the windows of the steps it missed are
@@ -411,7 +416,13 @@ struct Trainer::Impl {
     const int64_t draws = at * cfg.train.grad_accum;
     for (int64_t i = 0; i < draws; ++i) sampler->next_indices(cfg.train.micro_batch);
     step = at;
-    log_info(fmt::format("site {}: joined the running job at step {}", site.name, step));
+    join_step = at;
+    const int64_t w = cfg.outer.join_warmup_steps;
+    log_info(fmt::format("site {}: joined the running job at step {}{}", site.name, step,
+                         w > 1 ? fmt::format("; its fresh inner optimizer's lr ramps up over {} steps "
+                                             "(outer.join_warmup_steps)",
+                                             w)
+                               : std::string()));
   }
 
   nlohmann::json run() {
@@ -457,7 +468,7 @@ struct Trainer::Impl {
         }
         const auto w1 = Clock::now();
         for (auto& r : opt.outer->take_rounds()) {
-          if (!rounds) rounds = std::make_unique<MetricsWriter>(rounds_path().string(), opt.resume);
+          if (!rounds) rounds = std::make_unique<MetricsWriter>(rounds_path().string(), opt.resume || opt.join);
           r["site"] = site.name;
           r["rank"] = opt.rank;
           rounds->write(r);
@@ -471,7 +482,9 @@ struct Trainer::Impl {
         if (outer_step || last || w >= 1e-3) trace.span("wait", TraceRecorder::kMainThread, w0, w1);
       }
       const bool do_eval = last || (cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0);
-      const bool do_log = do_eval || outer_step || step % cfg.train.log_every == 0 || step == end_step;
+      // A joiner also logs its first step: its loss and re-warmed lr, at once.
+      const bool do_log = do_eval || outer_step || step % cfg.train.log_every == 0 || step == end_step ||
+                          (join_step >= 0 && step == join_step + 1);
       nlohmann::json period;
       if (opt.outer && (outer_step || last)) {
         // Per outer period: wall time from the end of the previous period (eval, logging

@@ -24,4 +24,9 @@ double scheduled_lr(const ScheduleConfig& cfg, double peak, int64_t step, int64_
   return cfg.min_lr + (peak - cfg.min_lr) * f;
 }
 
+double rewarm_factor(int64_t step, int64_t from, int64_t steps) {
+  if (steps <= 0 || step < from || step - from >= steps) return 1.0;
+  return static_cast<double>(step - from + 1) / static_cast<double>(steps);
+}
+
 }  // namespace geoloco::trainer

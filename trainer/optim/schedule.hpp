@@ -23,4 +23,9 @@ struct ScheduleConfig {
 //                   f = 1 - progress (linear), 0.5 * (1 + cos(pi * progress)) (cosine)
 double scheduled_lr(const ScheduleConfig& cfg, double peak, int64_t step, int64_t total_steps);
 
+// A site that joined a running job at step `from` starts a fresh inner optimizer: its lr is
+// the schedule's times this factor, a linear ramp over `steps` inner steps (docs/elastic.md,
+// "Re-warmup"): (step - from + 1) / steps for from <= step < from + steps, else 1 (steps 0: 1).
+double rewarm_factor(int64_t step, int64_t from, int64_t steps);
+
 }  // namespace geoloco::trainer
