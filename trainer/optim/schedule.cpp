@@ -19,7 +19,8 @@ double scheduled_lr(const ScheduleConfig& cfg, double peak, int64_t step, int64_
   if (step < cfg.warmup_steps) return peak * static_cast<double>(step + 1) / static_cast<double>(cfg.warmup_steps);
   if (cfg.kind == "constant") return peak;
   const int64_t span = std::max<int64_t>(1, total_steps - cfg.warmup_steps);
-  const double progress = std::clamp(static_cast<double>(step - cfg.warmup_steps) / static_cast<double>(span), 0.0, 1.0);
+  const double progress =
+      std::clamp(static_cast<double>(step - cfg.warmup_steps) / static_cast<double>(span), 0.0, 1.0);
   const double f = cfg.kind == "linear" ? 1.0 - progress : 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
   return cfg.min_lr + (peak - cfg.min_lr) * f;
 }
