@@ -169,6 +169,17 @@ uint64_t Diloco::combined_hash() const {
 }
 
 bool Diloco::after_inner_step(int64_t step, trainer::SiteStrategy& strategy) {
+  step_ = step;
+  const bool synced = schedule_step(step, strategy);
+  // Sites a round of this step took in get the state once everything of the step is done.
+  if (admitted_) {
+    serve_admitted(step, strategy);
+    return true;
+  }
+  return synced;
+}
+
+bool Diloco::schedule_step(int64_t step, trainer::SiteStrategy& strategy) {
   // Inner step time: from the end of the previous call to the start of this one.
   const auto now = Clock::now();
   ++trained_steps_;
@@ -208,7 +219,7 @@ bool Diloco::after_inner_step(int64_t step, trainer::SiteStrategy& strategy) {
   }
   const int64_t rel = step - epoch_start_;
   if (ocfg_.auto_plan() && cfg_.sites.size() > 1 && rel > 0 && rel % interval_ == 0) {
-    auto next = planner_.boundary(step, strategy, plan_, boundary_syncs_, step_times_);
+    auto next = planner_.boundary(step, rel / interval_, strategy, plan_, boundary_syncs_, step_times_);
     boundary_syncs_.clear();
     step_times_.clear();
     if (next) {
@@ -229,6 +240,7 @@ bool Diloco::after_inner_step(int64_t step, trainer::SiteStrategy& strategy) {
 
 void Diloco::finish(int64_t step, trainer::SiteStrategy& strategy) {
   final_sync(step, strategy);
+  serve_admitted(step, strategy);
   if (rank_ != 0) return;
   const nlohmann::json t = tokens_json();
   const uint64_t lost = t["not_committed"].get<uint64_t>();
@@ -240,7 +252,6 @@ void Diloco::finish(int64_t step, trainer::SiteStrategy& strategy) {
 }
 
 void Diloco::final_sync(int64_t step, trainer::SiteStrategy& strategy) {
-  planner_.drain();
   for (auto& f : frags_)
     if (f->pending_merge) complete(*f, strategy);
   for (auto& f : frags_)
@@ -305,6 +316,7 @@ void Diloco::sync(Fragment& f, int64_t step, trainer::SiteStrategy& strategy, co
   auto shard = strategy.shard_params();
   f.snapshot.resize(f.n);
   gather_local(f, shard, f.snapshot);
+  f.attachment = planned_ ? planner_.attachment() : std::vector<uint8_t>{};
   collect_round(f, ctx_, step, round, tokens_since(step, f.last_sync_step), f.snapshot, membership_.active(round),
                 membership_.deadline_s(), trainer::TraceRecorder::kMainThread, again ? &again->mine : nullptr);
   ExchangeResult r;
@@ -333,7 +345,6 @@ void Diloco::sync(Fragment& f, int64_t step, trainer::SiteStrategy& strategy, co
     if (ocfg_.inner_state == "reset") strategy.optimizer().reset();
   }
   finish_round(f, strategy, step, round, std::chrono::duration<double>(Clock::now() - t0).count(), r);
-  if (r.joiners) serve_joiners(r.joiners, round, step);  // after finish_round: the fragment's hash is the new one
 }
 
 void Diloco::launch(Fragment& f, int64_t step, trainer::SiteStrategy& strategy) {
@@ -342,6 +353,7 @@ void Diloco::launch(Fragment& f, int64_t step, trainer::SiteStrategy& strategy) 
   // The worker reads a snapshot: the inner loop keeps training the live shard meanwhile.
   f.snapshot.resize(f.n);
   gather_local(f, strategy.shard_params(), f.snapshot);
+  f.attachment = planned_ ? planner_.attachment() : std::vector<uint8_t>{};
   f.last_sync_step = step;
   f.launch_step = step;
   f.round = round;
@@ -408,8 +420,11 @@ ExchangeResult Diloco::decide_and_apply(Fragment& f, int tid, trainer::SiteStrat
   const SiteMask joiners = members & ~before;
   for (int s = 0; s < static_cast<int>(join_watch_.size()); ++s)
     if ((joiners >> s) & 1) join_watch_[static_cast<size_t>(s)].requested = false;
+  admitted_ |= joiners;  // served the state at the end of the step (serve_admitted)
   ExchangeResult r = apply_round(f, ctx_, members, joiners, tid);
   r.membership_s = exposed;
+  // outer.plan: auto: the members' reports and decisions this round carried (plan_coordinator.hpp).
+  if (ocfg_.auto_plan() && planned_) planner_.committed(in.round, r.attachments, members & ~joiners, plan_);
   f.inbox = RoundInbox{};  // applied: nothing left to decide
   return r;
 }

@@ -118,12 +118,16 @@ class Diloco : public trainer::OuterHook {
   void restore_outer(const trainer::SafetensorsFile& file, bool joining);
 
   // ---- joins (diloco_join.cpp) ----
-  // Whether this schedule can take in (or be) a joiner: blocking syncs, outer.plan: manual.
-  bool joinable() const;
   // The sites out of round `round` whose request to join this rank holds.
   SiteMask poll_join_requests(uint64_t round);
-  // After a round that took `joiners` in: the committed state, served to each of them.
-  void serve_joiners(SiteMask joiners, uint64_t round, int64_t step);
+  // Sites that rounds of this step took in (admitted_): once the step's syncs and merges are
+  // done, and with overlap every round still in flight decided and merged now (as a
+  // checkpoint does), the committed state is served to each of them; they take part in the
+  // rounds launched from then on (RoundMembership::activate).
+  void serve_admitted(int64_t step, trainer::SiteStrategy& strategy);
+  void serve_joiners(SiteMask joiners, int64_t step);
+  // The outer loop's part of an inner step (after_inner_step without the joins' service).
+  bool schedule_step(int64_t step, trainer::SiteStrategy& strategy);
   nlohmann::json joins_json() const;
 
   bool overlapped() const;
@@ -197,6 +201,7 @@ class Diloco : public trainer::OuterHook {
   std::vector<double> boundary_syncs_;         // fragment sync times since the last boundary
   std::vector<nlohmann::json> round_records_;  // finished rounds not yet taken by the trainer
   int64_t round_ = 0;
+  int64_t step_ = 0;  // the inner step this rank is at (the latest after_inner_step, a restore, a join)
   uint64_t site_hash_ = 0;
   // retry_: the round this rank's quorum was lost in (saved by the failure's checkpoint);
   // resume_retry_: one restored from a checkpoint, exchanged again by resumed().
@@ -210,6 +215,7 @@ class Diloco : public trainer::OuterHook {
     bool requested = false;
   };
   std::vector<JoinWatch> join_watch_;
+  SiteMask admitted_ = 0;  // taken in by a round of this step, not served yet
   // After a partition with min_sites below a majority (diloco_split.cpp).
   struct SplitWatch {
     bool told = false;

@@ -19,15 +19,26 @@ namespace {
 constexpr double kDonorIdleS = 120;
 }  // namespace
 
-bool Diloco::joinable() const { return ocfg_.joinable(); }
+void Diloco::serve_admitted(int64_t step, trainer::SiteStrategy& strategy) {
+  if (!admitted_) return;
+  // Rounds still in flight were launched before the joiners had any state: they are decided
+  // and merged now, on every member at this same step, so the state served holds every round
+  // launched so far and the joiners contribute from the next one. (complete() may admit more.)
+  for (auto& f : frags_)
+    if (f->pending_merge) complete(*f, strategy);
+  const SiteMask joiners = std::exchange(admitted_, 0);
+  serve_joiners(joiners, step);
+  membership_.activate(joiners, static_cast<uint64_t>(round_) + 1);
+}
 
 SiteMask Diloco::poll_join_requests(uint64_t round) {
   auto* t = peers_.transport();
-  if (!t || !ocfg_.allow_join || !joinable()) return 0;
+  if (!t || !ocfg_.allow_join) return 0;
   const SiteMask active = membership_.active(round);
   SiteMask requested = 0;
+  const SiteMask in_run = active | membership_.members();  // a site admitted already is not asking
   for (int s = 0; s < peers_.sites(); ++s) {
-    if (s == site_ || ((active >> s) & 1)) continue;
+    if (s == site_ || ((in_run >> s) & 1)) continue;
     JoinWatch& w = join_watch_[static_cast<size_t>(s)];
     // A new connection of that site (it was restarted): watch for its request.
     if (const uint64_t gen = t->generation(peers_.peer(s)); gen != w.gen) {
@@ -54,7 +65,8 @@ SiteMask Diloco::poll_join_requests(uint64_t round) {
   return requested;
 }
 
-void Diloco::serve_joiners(SiteMask joiners, uint64_t round, int64_t step) {
+void Diloco::serve_joiners(SiteMask joiners, int64_t step) {
+  const uint64_t round = static_cast<uint64_t>(round_);  // every round launched so far is in the state
   // The state this round committed, as a joiner restores it (restore_outer): global weights,
   // outer-optimizer state, counters; no error-feedback residual (the joiner's starts at zero).
   const ShardState st = pack_state();
@@ -66,6 +78,14 @@ void Diloco::serve_joiners(SiteMask joiners, uint64_t round, int64_t step) {
                                              {"geoloco_config_hash", hex64(cfg_.hash)},
                                              {"outer.round", std::to_string(round)},
                                              {"outer.fragments", std::to_string(frags_.size())}};
+  if (ocfg_.auto_plan()) {
+    // The plan in force, where its schedule starts, and the decision due (diloco_state.cpp).
+    meta["outer.planned"] = planned_ ? "1" : "0";
+    meta["outer.plan"] = plan_.to_json().dump();
+    meta["outer.epoch_start"] = std::to_string(epoch_start_);
+    meta["outer.replans"] = std::to_string(planner_.replans());
+    meta["outer.plan_protocol"] = planner_.save();
+  }
   for (const auto& f : frags_) {
     const std::string p = fmt::format("outer.f{}.", f->index);
     meta[p + "last_sync_step"] = std::to_string(f->last_sync_step);
@@ -88,7 +108,10 @@ void Diloco::serve_joiners(SiteMask joiners, uint64_t round, int64_t step) {
   for (int s = 0; s < peers_.sites(); ++s) {
     if (!((joiners >> s) & 1)) continue;
     donors_.push_back(std::make_unique<JoinDonor>(peers_, s, snap, kDonorIdleS, hooks_));
-    served_.push_back({round, step, s, donors_.back().get(), 0});
+    uint64_t admitted_in = round;  // the round that took it in (the books key its service by it)
+    for (const auto& a : membership_.admissions())
+      if (a.site == s) admitted_in = a.round;
+    served_.push_back({admitted_in, step, s, donors_.back().get(), 0});
   }
 }
 
@@ -106,11 +129,6 @@ nlohmann::json Diloco::joins_json() const {
 int64_t Diloco::join(trainer::SiteStrategy& strategy) {
   const std::string& here = cfg_.sites[static_cast<size_t>(site_)].name;
   if (peers_.sites() < 2 || !peers_.transport()) throw ConfigError("--join needs a multi-site run");
-  if (!joinable())
-    throw ConfigError(fmt::format(
-        "site {} cannot join a running job with this schedule: joins need blocking syncs (outer.overlap_steps 0, "
-        "outer.delayed_update false) and outer.plan: manual; with overlap or outer.plan: auto, use --resume",
-        here));
   if (rank_ == 0) spdlog::info("site {}: joining the running job: asking the other sites to take it in", here);
   JoinResult res = fetch_join_state(peers_, ocfg_.join_wait_s);
   const JoinManifest& m = res.manifest;

@@ -49,7 +49,8 @@ bool split_side_kept(SiteMask ours, SiteMask theirs) {
 }
 
 void Diloco::check_split(uint64_t round, int64_t step, trainer::SiteStrategy& strategy) {
-  const SiteMask active = membership_.active(round);
+  // Sites admitted by a round of this step and not served yet count as in the run.
+  const SiteMask active = membership_.active(round) | membership_.pending();
   if (split_watch_.empty()) split_watch_.resize(static_cast<size_t>(peers_.sites()));
   SiteMask theirs = 0;
   for (int s = 0; s < peers_.sites(); ++s) {

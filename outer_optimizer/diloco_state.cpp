@@ -26,13 +26,14 @@ Diloco::State Diloco::save_state() {
   // A checkpoint holds weights every site agreed on. (After a lost quorum the other sites
   // may be out of reach: the round exchanged again on resume posts a check that covers them.)
   if (!retry_) verify_pending_checks();
+  // Sites the rounds decided here took in are served what this checkpoint holds.
+  if (!retry_) serve_admitted(step_, *strategy_);
   ShardState st = pack_state();
   State s;
   s.tensors["global"] = std::move(st.global);
   if (!st.opt_a.empty()) s.tensors["opt_a"] = std::move(st.opt_a);
   if (!st.opt_b.empty()) s.tensors["opt_b"] = std::move(st.opt_b);
   if (!st.ef.empty()) s.tensors["ef_residual"] = std::move(st.ef);
-  planner_.drain();
   s.metadata["round"] = std::to_string(round_);
   if (retry_) {
     // The round the quorum was lost in, to exchange again: counters as before it, this
@@ -58,6 +59,7 @@ Diloco::State Diloco::save_state() {
     s.metadata["plan"] = plan_.to_json().dump();
     s.metadata["epoch_start"] = std::to_string(epoch_start_);
     s.metadata["replans"] = std::to_string(planner_.replans());
+    s.metadata["plan_protocol"] = planner_.save();
   }
   for (auto& f : frags_) {
     const std::string p = fmt::format("f{}.", f->index);
@@ -151,6 +153,7 @@ void Diloco::resumed(int64_t step, trainer::SiteStrategy& strategy) {
   sync(*frags_[static_cast<size_t>(r.fragment)], step, strategy, &r);
   // The last step's blocking syncs of the fragments after it, as the uninterrupted run does.
   if (step == cfg_.train.steps) final_sync(step, strategy);
+  serve_admitted(step, strategy);
 }
 
 void Diloco::restore_outer(const trainer::SafetensorsFile& file, bool joining) {
@@ -165,6 +168,8 @@ void Diloco::restore_outer(const trainer::SafetensorsFile& file, bool joining) {
     plan_ = d;
     plan_history_ = {d};
     planned_ = true;
+    if (file.metadata().count("outer.plan_protocol"))
+      planner_.restore(file.meta("outer.plan_protocol"), file.path(), joining);
   }
   const std::string saved_f = file.meta("outer.fragments");
   if (saved_f != std::to_string(frags_.size()))
@@ -184,6 +189,7 @@ void Diloco::restore_outer(const trainer::SafetensorsFile& file, bool joining) {
   if (frags_[0]->ef && !joining) st.ef = read("outer.ef_residual");  // a joiner's residual starts at zero
   unpack_state(st);
   round_ = file.meta_int("outer.round", 0);
+  step_ = file.meta_int("geoloco_step", 0);
   for (auto& f : frags_) {
     const std::string p = fmt::format("outer.f{}.", f->index);
     f->last_sync_step = file.meta_int(p + "last_sync_step", 0);

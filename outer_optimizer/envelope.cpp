@@ -5,6 +5,8 @@
 
 #include <cstring>
 
+#include "trainer/core/error.hpp"
+
 namespace geoloco::outer {
 
 namespace {
@@ -21,7 +23,9 @@ T get(std::span<const uint8_t> in, size_t off) {
 }  // namespace
 
 void write_envelope(const Envelope& e, std::vector<uint8_t>& out) {
-  out.resize(kEnvelopeBytes + e.body.size());
+  GEOLOCO_CHECK(e.attachment.size() <= kMaxAttachment, "an envelope attachment of {} bytes (at most {})",
+                e.attachment.size(), kMaxAttachment);
+  out.resize(kEnvelopeBytes + e.body.size() + e.attachment.size());
   std::memcpy(out.data(), kEnvelopeMagic, 4);
   put<uint16_t>(out, 4, kEnvelopeVersion);
   put<uint16_t>(out, 6, static_cast<uint16_t>(e.kind));
@@ -30,7 +34,11 @@ void write_envelope(const Envelope& e, std::vector<uint8_t>& out) {
   put<uint32_t>(out, 20, e.rank);
   put<uint64_t>(out, 24, e.value);
   put<uint64_t>(out, 32, e.body.size());
+  put<uint32_t>(out, 40, static_cast<uint32_t>(e.attachment.size()));
+  put<uint32_t>(out, 44, 0);
   if (!e.body.empty()) std::memcpy(out.data() + kEnvelopeBytes, e.body.data(), e.body.size());
+  if (!e.attachment.empty())
+    std::memcpy(out.data() + kEnvelopeBytes + e.body.size(), e.attachment.data(), e.attachment.size());
 }
 
 Envelope read_envelope(std::span<const uint8_t> in, EnvelopeKind kind, uint64_t round, uint32_t site, uint32_t rank,
@@ -38,11 +46,12 @@ Envelope read_envelope(std::span<const uint8_t> in, EnvelopeKind kind, uint64_t 
   auto fail = [&](const std::string& what) -> Envelope {
     throw EnvelopeError(fmt::format("outer round {}: message from {} rejected: {}", round, who, what));
   };
+  if (in.size() >= 6 && std::memcmp(in.data(), kEnvelopeMagic, 4) == 0 && get<uint16_t>(in, 4) != kEnvelopeVersion)
+    return fail(fmt::format("version {} (expected {}: every site must run the same geoloco)", get<uint16_t>(in, 4),
+                            kEnvelopeVersion));
   if (in.size() < kEnvelopeBytes)
     return fail(fmt::format("{} bytes, shorter than the {}-byte envelope", in.size(), kEnvelopeBytes));
   if (std::memcmp(in.data(), kEnvelopeMagic, 4) != 0) return fail("bad magic");
-  if (auto v = get<uint16_t>(in, 4); v != kEnvelopeVersion)
-    return fail(fmt::format("version {} (expected {})", v, kEnvelopeVersion));
   if (auto k = get<uint16_t>(in, 6); k != static_cast<uint16_t>(kind))
     return fail(fmt::format("kind {} (expected {})", k, static_cast<uint16_t>(kind)));
   Envelope e;
@@ -52,13 +61,19 @@ Envelope read_envelope(std::span<const uint8_t> in, EnvelopeKind kind, uint64_t 
   e.rank = get<uint32_t>(in, 20);
   e.value = get<uint64_t>(in, 24);
   const uint64_t body = get<uint64_t>(in, 32);
+  const uint64_t attachment = get<uint32_t>(in, 40);
   if (e.round != round) return fail(fmt::format("round {} (expected {}: replayed or out of order)", e.round, round));
   if (e.site != site || e.rank != rank)
     return fail(fmt::format("claims site {} rank {} (expected site {} rank {})", e.site, e.rank, site, rank));
+  if (get<uint32_t>(in, 44) != 0) return fail("reserved field not zero");
   if (body > max_body) return fail(fmt::format("body of {} bytes exceeds the {} this round allows", body, max_body));
-  if (body != in.size() - kEnvelopeBytes)
-    return fail(fmt::format("body length {} but {} bytes arrived", body, in.size() - kEnvelopeBytes));
-  e.body = in.subspan(kEnvelopeBytes);
+  if (attachment > kMaxAttachment)
+    return fail(fmt::format("attachment of {} bytes exceeds the {} allowed", attachment, kMaxAttachment));
+  if (body + attachment != in.size() - kEnvelopeBytes)
+    return fail(fmt::format("body length {} and attachment {} but {} bytes arrived", body, attachment,
+                            in.size() - kEnvelopeBytes));
+  e.body = in.subspan(kEnvelopeBytes, body);
+  e.attachment = in.subspan(kEnvelopeBytes + body);
   return e;
 }
 

@@ -4,15 +4,21 @@
 //
 //   off size field
 //     0    4 magic "GLOS"
-//     4    2 version (1)
+//     4    2 version (2)
 //     6    2 kind: 1 pseudo-gradient, 2 weights hash, 3 rank summary, 4 plan report, 5 plan decision,
-//              6 membership, 7-10 join (request, manifest, fetch, chunk: join_wire.hpp)
+//              6 membership, 7-10 join (request, manifest, fetch, chunk: join_wire.hpp), 11 split status
 //     8    8 round (outer step)
 //    16    4 site index (config order)
 //    20    4 rank
 //    24    8 tokens the site processed in this round (pseudo-gradient), or the hash
 //    32    8 body bytes that follow
-//    40    . body
+//    40    4 attachment bytes that follow the body (at most kMaxAttachment)
+//    44    4 reserved, zero
+//    48    . body, then the attachment
+// The attachment rides with a pseudo-gradient: what must reach exactly the sites that hold the
+// contribution (outer.plan: auto's reports and decisions, plan_coordinator.hpp). A contribution
+// is wholly in a round or wholly out, and so is its attachment. Version 1 (no attachment
+// field, 40 bytes) is refused by name.
 #pragma once
 
 #include <cstdint>
@@ -25,8 +31,9 @@
 namespace geoloco::outer {
 
 inline constexpr uint8_t kEnvelopeMagic[4] = {'G', 'L', 'O', 'S'};
-inline constexpr uint16_t kEnvelopeVersion = 1;
-inline constexpr size_t kEnvelopeBytes = 40;
+inline constexpr uint16_t kEnvelopeVersion = 2;
+inline constexpr size_t kEnvelopeBytes = 48;
+inline constexpr size_t kMaxAttachment = 64 << 10;
 
 enum class EnvelopeKind : uint16_t {
   kPseudoGradient = 1,
@@ -49,6 +56,7 @@ struct Envelope {
   uint32_t rank = 0;
   uint64_t value = 0;  // tokens or hash
   std::span<const uint8_t> body;
+  std::span<const uint8_t> attachment;  // empty but for some pseudo-gradients
 };
 
 // A peer sent something that is not what this round expects.
@@ -57,9 +65,10 @@ class EnvelopeError : public Error {
   using Error::Error;
 };
 
-void write_envelope(const Envelope& e, std::vector<uint8_t>& out);  // header + body
-// Parses and checks magic, version, kind, round, site, rank and the body length against
-// the bytes received and `max_body`. `who` names the peer in errors.
+void write_envelope(const Envelope& e, std::vector<uint8_t>& out);  // header + body + attachment
+// Parses and checks magic, version, kind, round, site, rank, the reserved field, and the body
+// and attachment lengths against the bytes received, `max_body` and kMaxAttachment. `who`
+// names the peer in errors.
 Envelope read_envelope(std::span<const uint8_t> bytes, EnvelopeKind kind, uint64_t round, uint32_t site, uint32_t rank,
                        uint64_t max_body, const std::string& who);
 

@@ -78,7 +78,7 @@ void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64
       in.info = f.pipeline->encode(f.delta, f.ef.get(), frame);
       std::vector<uint8_t> mine_bytes;
       write_envelope({EnvelopeKind::kPseudoGradient, round, static_cast<uint32_t>(self), static_cast<uint32_t>(rank),
-                      tokens, frame},
+                      tokens, frame, f.attachment},
                      mine_bytes);
       in.mine = transport::make_payload(std::move(mine_bytes));
     }
@@ -98,7 +98,8 @@ void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64
     CancelOnExit cancel_recvs{recvs}, cancel_sends{sends};
     for (int s : others)
       recvs.push_back(peers.transport()->recv(peers.peer(s), transport::FrameKind::kPseudoGradient, round,
-                                              static_cast<uint32_t>(rank), kEnvelopeBytes + in.max_frame));
+                                              static_cast<uint32_t>(rank),
+                                              kEnvelopeBytes + in.max_frame + kMaxAttachment));
     for (int s : others)
       sends.push_back(peers.transport()->send(peers.peer(s), transport::FrameKind::kPseudoGradient, round,
                                               static_cast<uint32_t>(rank), in.mine));
@@ -231,6 +232,11 @@ ExchangeResult apply_round(Fragment& f, const ExchangeContext& ctx, SiteMask all
     r.joiners = joiners;
     r.tokens.assign(static_cast<size_t>(S), 0);
     for (int s : m) r.tokens[static_cast<size_t>(s)] = env[static_cast<size_t>(s)].value;
+    r.attachments.assign(static_cast<size_t>(S), {});
+    for (int s : m) {
+      const auto a = env[static_cast<size_t>(s)].attachment;
+      r.attachments[static_cast<size_t>(s)].assign(a.begin(), a.end());
+    }
     r.wait_s = in.wait_s;
     in.bytes.clear();  // the contributions are in f.global now
     return r;

@@ -39,6 +39,8 @@ struct ExchangeResult {
   double wait_s = 0;             // this rank: from posting its receives to the last contribution (or the deadline)
   double membership_s = 0;       // the site's membership decision
   std::vector<uint64_t> tokens;  // by site: the tokens a contributor's envelope reported (0: not one)
+  // By site: the attachment of a contributor's envelope (empty: none, or not a contributor).
+  std::vector<std::vector<uint8_t>> attachments;
 };
 
 // What one round gathered before its membership is decided (collect_round).
@@ -64,6 +66,9 @@ struct Fragment {
   std::unique_ptr<compression::Pipeline> pipeline;
   std::unique_ptr<compression::ErrorFeedback> ef;
   std::unique_ptr<OuterOptimizer> opt;
+  // This rank's attachment to its next round's envelope (envelope.hpp; outer.plan: auto's
+  // reports and decisions), set before collect_round.
+  std::vector<uint8_t> attachment;
   int64_t last_sync_step = 0;  // launch step of its latest round
   int64_t blocking_step = -1;  // step of its latest blocking sync
   uint64_t hash = 0;           // hash of `global`

@@ -83,8 +83,6 @@ struct OuterConfig {
   bool auto_plan() const { return plan == "auto"; }
   int quorum(int sites) const { return min_sites > 0 ? min_sites : sites / 2 + 1; }
   bool overlapped() const { return overlap_steps > 0 || delayed_update; }
-  // Whether a site can join this schedule while it runs: joins need blocking syncs and a manual plan.
-  bool joinable() const { return !overlapped() && !auto_plan(); }
 
   static OuterConfig from_yaml(const config::Node& node);
 };

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 #include "transport/probe/probe.hpp"
@@ -15,7 +16,6 @@ namespace {
 
 // Keys of the plan protocol's control messages (FrameKind::kControl; the hash check uses
 // shard = rank, far below these).
-constexpr uint32_t kPlanReportShard = 0xFFFF0001u, kPlanDecisionShard = 0xFFFF0002u;
 constexpr uint32_t kStartReportShard = 0xFFFF0003u, kStartPlanShard = 0xFFFF0004u;
 
 double median(std::vector<double> v) {
@@ -185,41 +185,23 @@ PlanDecision PlanCoordinator::initial(trainer::SiteStrategy& strategy, const std
   return parse_plan(plan_bytes, peers_.site() == 0 ? "this site" : peers_.name(0));
 }
 
-std::optional<PlanDecision> PlanCoordinator::boundary(int64_t step, trainer::SiteStrategy& strategy, PlanDecision& plan,
-                                                      const std::vector<double>& sync_times,
+std::optional<PlanDecision> PlanCoordinator::boundary(int64_t step, int64_t index, trainer::SiteStrategy& strategy,
+                                                      PlanDecision& plan, const std::vector<double>& sync_times,
                                                       const std::vector<double>& step_times) {
-  const int S = peers_.sites();
-  const bool site0 = peers_.site() == 0, rank0 = peers_.rank() == 0;
-  const uint64_t key = (static_cast<uint64_t>(plan.epoch) << 32) | static_cast<uint64_t>(++boundary_);
-  // A. The decision due at this boundary: site 0 made it one boundary ago, the others
-  //    received it since.
+  const bool rank0 = peers_.rank() == 0;
+  // A. The decision due at this boundary (a committed round carried it: every member has it).
   std::vector<uint8_t> due;
-  if (rank0) {
-    if (site0) {
-      if (next_due_) {
-        const std::string b = next_due_->to_json().dump();
-        due.assign(b.begin(), b.end());
-      }
-      next_due_.reset();
-      for (auto& op : decision_sends_) op.wait();
-      decision_sends_.clear();
-    } else {
-      for (auto& [s, op] : decision_recvs_) {
-        std::vector<uint8_t> bytes;
-        auto j = body_json(peers_.read(op, s, EnvelopeKind::kPlanDecision, key - 1, bytes), peers_.name(0));
-        if (j.value("change", false)) {
-          const std::string b = j.at("plan").dump();
-          due.assign(b.begin(), b.end());
-        }
-      }
-      decision_recvs_.clear();
+  if (rank0 && due_) {
+    if (due_->epoch == plan.epoch) {
+      const std::string b = due_->plan.to_json().dump();
+      due.assign(b.begin(), b.end());
     }
+    due_.reset();
   }
   due = site_broadcast(strategy, peers_.rank(), std::move(due));
   if (!due.empty()) {
-    PlanDecision d = parse_plan(due, site0 ? "this site" : peers_.name(0));
+    PlanDecision d = parse_plan(due, "the decision a committed round carried");
     if (!d.same_schedule(plan)) {
-      drain();
       ++replans_;
       return d;
     }
@@ -233,88 +215,180 @@ std::optional<PlanDecision> PlanCoordinator::boundary(int64_t step, trainer::Sit
     plan = d;
     ++recalibrations_;
   }
-  // B. This boundary's measurements (rank 0's stand for its site).
-  double sync_s = median(sync_times);
-  const double step_s = median(step_times);
-  if (hooks_.drift && step > hooks_.drift->after_step) sync_s *= hooks_.drift->factor;
-  const bool drift = drifted(plan.predicted_fragment_sync_s, sync_s, ocfg_.replan_threshold) ||
-                     drifted(plan.step_time_s, step_s, ocfg_.replan_threshold);
+  // B. This boundary's measurements (rank 0's stand for its site), attached from now on.
   if (!rank0) return std::nullopt;
-  const nlohmann::json report = {{"sync_s", sync_s}, {"step_s", step_s}, {"drift", drift}};
-  if (site0) {
-    // C. Decide from every site's report of the previous boundary.
-    std::optional<PlanDecision> d;
-    if (!own_report_.is_null()) {
-      std::vector<nlohmann::json> reports = {own_report_};
-      for (auto& [s, op] : report_recvs_) {
-        std::vector<uint8_t> bytes;
-        reports.push_back(body_json(peers_.read(op, s, EnvelopeKind::kPlanReport, key - 1, bytes), peers_.name(s)));
-      }
-      // Sync time: the smallest site's (a site that reached the sync first also waited for
-      // the others; the last one to arrive measures the transfer). Step time: the slowest.
-      bool any_drift = false;
-      double min_sync = 0, max_step = 0;
-      try {
-        for (auto& r : reports) {
-          any_drift = any_drift || r.at("drift").get<bool>();
-          const double v = r.at("sync_s").get<double>();
-          if (v > 0) min_sync = min_sync > 0 ? std::min(min_sync, v) : v;
-          max_step = std::max(max_step, r.at("step_s").get<double>());
-        }
-      } catch (const nlohmann::json::exception& x) {
-        throw Error(fmt::format("outer plan: malformed report at boundary {}: {}", boundary_, x.what()));
-      }
-      if (any_drift && max_step > 0) {
-        PlanRequest req = request(plan.path, max_step, plan.capacity_scale);
-        const double scale = min_sync > 0 ? calibrated_capacity_scale(req, plan, min_sync) : plan.capacity_scale;
-        PlanDecision n = choose_plan(request(plan.path, max_step, scale));
-        n.epoch = n.same_schedule(plan) ? plan.epoch : plan.epoch + 1;
-        // A recalibration that moves the prediction by less than half the threshold is noise.
-        const bool minor =
-            n.same_schedule(plan) &&
-            !drifted(plan.predicted_fragment_sync_s, n.predicted_fragment_sync_s, ocfg_.replan_threshold / 2) &&
-            !drifted(plan.step_time_s, n.step_time_s, ocfg_.replan_threshold / 2);
-        n.reason = fmt::format(
-            "Re-planned at step {}: measured fragment sync {:.1f} ms (plan {:.1f} ms), step {:.1f} ms "
-            "(plan {:.1f} ms), threshold {:.0f}%. {}",
-            step, min_sync * 1e3, plan.predicted_fragment_sync_s * 1e3, max_step * 1e3, plan.step_time_s * 1e3,
-            ocfg_.replan_threshold * 100, n.reason);
-        if (!minor) d = n;
-      }
-    }
-    report_recvs_.clear();
-    const nlohmann::json msg = {{"change", d.has_value()}, {"plan", d ? d->to_json() : nlohmann::json()}};
-    const std::string body = msg.dump();
-    for (int s = 1; s < S; ++s)
-      decision_sends_.push_back(
-          peers_.send(s, EnvelopeKind::kPlanDecision, key, kPlanDecisionShard, 0, text_bytes(body)));
-    next_due_ = d;
-    own_report_ = report;
-    for (int s = 1; s < S; ++s) report_recvs_.emplace_back(s, peers_.post_recv(s, key, kPlanReportShard));
-  } else {
-    for (auto& op : report_sends_) op.wait();
-    report_sends_.clear();
-    report_sends_.push_back(
-        peers_.send(0, EnvelopeKind::kPlanReport, key, kPlanReportShard, 0, text_bytes(report.dump())));
-    decision_recvs_.emplace_back(0, peers_.post_recv(0, key, kPlanDecisionShard));
-  }
+  Report r;
+  r.epoch = plan.epoch;
+  r.boundary = index;
+  r.sync_s = median(sync_times);
+  r.step_s = median(step_times);
+  if (hooks_.drift && step > hooks_.drift->after_step) r.sync_s *= hooks_.drift->factor;
+  r.drift = drifted(plan.predicted_fragment_sync_s, r.sync_s, ocfg_.replan_threshold) ||
+            drifted(plan.step_time_s, r.step_s, ocfg_.replan_threshold);
+  report_ = r;
   return std::nullopt;
 }
 
-void PlanCoordinator::drain() {
-  // Every message posted has its counterpart posted at the same boundary on the other side,
-  // so these waits end (bounded by the transport's timeouts if a peer died).
-  for (auto& [s, op] : report_recvs_) op.wait();
-  for (auto& [s, op] : decision_recvs_) op.wait();
-  for (auto& op : report_sends_) op.wait();
-  for (auto& op : decision_sends_) op.wait();
-  report_recvs_.clear();
-  decision_recvs_.clear();
-  report_sends_.clear();
-  decision_sends_.clear();
-  next_due_.reset();
-  own_report_ = nullptr;
-  boundary_ = 0;
+namespace {
+
+nlohmann::json report_json(int64_t epoch, int64_t boundary, double sync_s, double step_s, bool drift) {
+  return {{"epoch", epoch}, {"boundary", boundary}, {"sync_s", sync_s}, {"step_s", step_s}, {"drift", drift}};
+}
+
+}  // namespace
+
+std::vector<uint8_t> PlanCoordinator::attachment() const {
+  if (peers_.rank() != 0 || (!report_ && !decision_)) return {};
+  nlohmann::json j = {{"format", "geoloco-plan-attachment"}, {"version", 1}};
+  if (report_)
+    j["report"] = report_json(report_->epoch, report_->boundary, report_->sync_s, report_->step_s, report_->drift);
+  if (decision_)
+    j["decision"] = {
+        {"epoch", decision_->epoch}, {"boundary", decision_->boundary}, {"plan", decision_->plan.to_json()}};
+  const std::string text = j.dump();
+  return std::vector<uint8_t>(text.begin(), text.end());
+}
+
+void PlanCoordinator::committed(uint64_t round, const std::vector<std::vector<uint8_t>>& attachments,
+                                SiteMask contributors, const PlanDecision& plan) {
+  if (peers_.rank() != 0) return;
+  const int S = peers_.sites(), self = peers_.site();
+  // Every member reads the same attachments: a malformed one is left out by all of them alike.
+  std::vector<nlohmann::json> att(static_cast<size_t>(S));
+  for (int s = 0; s < S; ++s) {
+    if (!((contributors >> s) & 1) || static_cast<size_t>(s) >= attachments.size()) continue;
+    const auto& b = attachments[static_cast<size_t>(s)];
+    if (b.empty()) continue;
+    auto j = nlohmann::json::parse(b.begin(), b.end(), nullptr, false);
+    if (!j.is_object() || j.value("format", "") != "geoloco-plan-attachment" || j.value("version", 0) != 1) {
+      spdlog::warn("outer round {}: the plan attachment of {} is not one this site reads; left out", round,
+                   peers_.name(s));
+      continue;
+    }
+    att[static_cast<size_t>(s)] = std::move(j);
+  }
+  try {
+    // 1. A decision, in site order: the first for a boundary after the last one decided is due.
+    for (int s = 0; s < S; ++s) {
+      const auto& j = att[static_cast<size_t>(s)];
+      if (j.is_null() || !j.contains("decision")) continue;
+      const auto& d = j.at("decision");
+      const int64_t epoch = d.at("epoch").get<int64_t>(), b = d.at("boundary").get<int64_t>();
+      if (epoch != plan.epoch || b <= committed_boundary_) continue;
+      due_ = Decided{epoch, b, PlanDecision::from_json(d.at("plan"), peers_.name(s) + "'s plan decision")};
+      committed_boundary_ = b;
+      break;
+    }
+  } catch (const std::exception& e) {
+    // Deterministic as well: every member reads the same bytes and skips the same decision.
+    spdlog::warn("outer round {}: a plan decision it carried is malformed ({}); left out", round, e.what());
+  }
+  if (decision_ && decision_->boundary <= committed_boundary_) decision_.reset();  // in, or overtaken
+  // 2. The decider: the lowest-index contributor, in the first round carrying its own report
+  //    of the current boundary, decides from every report of that boundary in the round.
+  if (!report_ || report_->epoch != plan.epoch || report_->boundary <= decided_boundary_ ||
+      report_->boundary <= committed_boundary_)
+    return;
+  const int lowest = contributors ? std::countr_zero(contributors) : -1;
+  if (lowest != self) return;
+  const auto& mine = att[static_cast<size_t>(self)];
+  if (mine.is_null() || !mine.contains("report") ||
+      mine["report"].value("boundary", int64_t{-1}) != report_->boundary ||
+      mine["report"].value("epoch", int64_t{-1}) != report_->epoch)
+    return;  // a round launched before this boundary
+  std::vector<nlohmann::json> reports;
+  for (int s = 0; s < S; ++s) {
+    const auto& j = att[static_cast<size_t>(s)];
+    if (j.is_null() || !j.contains("report")) continue;
+    const auto& r = j["report"];
+    if (r.value("epoch", int64_t{-1}) == report_->epoch && r.value("boundary", int64_t{-1}) == report_->boundary)
+      reports.push_back(r);
+  }
+  decided_boundary_ = report_->boundary;
+  if (auto d = decide(reports, report_->boundary, plan)) decision_ = Decided{plan.epoch, report_->boundary, *d};
+}
+
+std::optional<PlanDecision> PlanCoordinator::decide(const std::vector<nlohmann::json>& reports, int64_t index,
+                                                    const PlanDecision& plan) const {
+  // Sync time: the smallest site's (a site that reached the sync first also waited for the
+  // others; the last one to arrive measures the transfer). Step time: the slowest.
+  bool any_drift = false;
+  double min_sync = 0, max_step = 0;
+  try {
+    for (const auto& r : reports) {
+      any_drift = any_drift || r.at("drift").get<bool>();
+      const double v = r.at("sync_s").get<double>();
+      if (v > 0) min_sync = min_sync > 0 ? std::min(min_sync, v) : v;
+      max_step = std::max(max_step, r.at("step_s").get<double>());
+    }
+  } catch (const nlohmann::json::exception& x) {
+    spdlog::warn("outer plan: a malformed report at boundary {} ({}); no decision", index, x.what());
+    return std::nullopt;
+  }
+  if (!any_drift || max_step <= 0) return std::nullopt;
+  PlanRequest req = request(plan.path, max_step, plan.capacity_scale);
+  const double scale = min_sync > 0 ? calibrated_capacity_scale(req, plan, min_sync) : plan.capacity_scale;
+  PlanDecision n = choose_plan(request(plan.path, max_step, scale));
+  n.epoch = n.same_schedule(plan) ? plan.epoch : plan.epoch + 1;
+  // A recalibration that moves the prediction by less than half the threshold is noise.
+  const bool minor =
+      n.same_schedule(plan) &&
+      !drifted(plan.predicted_fragment_sync_s, n.predicted_fragment_sync_s, ocfg_.replan_threshold / 2) &&
+      !drifted(plan.step_time_s, n.step_time_s, ocfg_.replan_threshold / 2);
+  if (minor) return std::nullopt;
+  n.reason = fmt::format(
+      "Re-planned by {} at boundary {} from {} site report(s): measured fragment sync {:.1f} ms (plan {:.1f} ms), "
+      "step {:.1f} ms (plan {:.1f} ms), threshold {:.0f}%. {}",
+      peers_.name(peers_.site()), index, reports.size(), min_sync * 1e3, plan.predicted_fragment_sync_s * 1e3,
+      max_step * 1e3, plan.step_time_s * 1e3, ocfg_.replan_threshold * 100, n.reason);
+  return n;
+}
+
+void PlanCoordinator::restart() {
+  report_.reset();
+  decision_.reset();
+  due_.reset();
+  committed_boundary_ = 0;
+  decided_boundary_ = 0;
+}
+
+std::string PlanCoordinator::save() const {
+  if (peers_.rank() != 0) return "";
+  nlohmann::json j = {{"committed_boundary", committed_boundary_}, {"decided_boundary", decided_boundary_}};
+  if (report_)
+    j["report"] = report_json(report_->epoch, report_->boundary, report_->sync_s, report_->step_s, report_->drift);
+  auto decided = [](const Decided& d) {
+    return nlohmann::json{{"epoch", d.epoch}, {"boundary", d.boundary}, {"plan", d.plan.to_json()}};
+  };
+  if (decision_) j["decision"] = decided(*decision_);
+  if (due_) j["due"] = decided(*due_);
+  return j.dump();
+}
+
+void PlanCoordinator::restore(const std::string& text, const std::string& source, bool joining) {
+  restart();
+  if (text.empty()) return;
+  const auto j = nlohmann::json::parse(text, nullptr, false);
+  auto fail = [&](const std::string& why) { throw FileError(source, "outer.plan_protocol: " + why); };
+  if (!j.is_object()) fail("not a JSON object");
+  try {
+    auto decided = [&](const nlohmann::json& d) {
+      return Decided{d.at("epoch").get<int64_t>(), d.at("boundary").get<int64_t>(),
+                     PlanDecision::from_json(d.at("plan"), source)};
+    };
+    committed_boundary_ = j.at("committed_boundary").get<int64_t>();
+    if (j.contains("due")) due_ = decided(j["due"]);
+    if (joining) return;  // what every member knows; the donor's own report and decision stay its own
+    decided_boundary_ = j.at("decided_boundary").get<int64_t>();
+    if (j.contains("decision")) decision_ = decided(j["decision"]);
+    if (j.contains("report")) {
+      const auto& r = j["report"];
+      report_ = Report{r.at("epoch").get<int64_t>(), r.at("boundary").get<int64_t>(), r.at("sync_s").get<double>(),
+                       r.at("step_s").get<double>(), r.at("drift").get<bool>()};
+    }
+  } catch (const nlohmann::json::exception& e) {
+    fail(e.what());
+  }
 }
 
 }  // namespace geoloco::outer

@@ -39,12 +39,37 @@ RoundMembership::RoundMembership(const trainer::RunConfig& cfg, const SitePeers&
   cc_.retry_s = cfg.outer.consensus_retry_s;
   cc_.degrade_s = cfg.outer.consensus_retry_s / 2;
   members_ = all_sites(S);
+  first_round_.assign(static_cast<size_t>(S), 0);
+}
+
+SiteMask RoundMembership::in_round(uint64_t round) const {
+  SiteMask a = members_;
+  for (size_t s = 0; s < first_round_.size(); ++s)
+    if (first_round_[s] > round) a &= ~(SiteMask{1} << s);
+  return a;
 }
 
 SiteMask RoundMembership::active(uint64_t round) const {
-  SiteMask a = members_;
+  SiteMask a = in_round(round);
   if (const auto& lo = hooks_.leave_out; lo && round >= lo->from_round) a &= ~(SiteMask{1} << lo->site);
   return a;
+}
+
+SiteMask RoundMembership::pending() const {
+  SiteMask p = 0;
+  for (size_t s = 0; s < first_round_.size(); ++s)
+    if (((members_ >> s) & 1) && first_round_[s] == kNotYet) p |= SiteMask{1} << s;
+  return p;
+}
+
+void RoundMembership::activate(SiteMask joiners, uint64_t first_round) {
+  for (size_t s = 0; s < first_round_.size(); ++s)
+    if (((joiners >> s) & 1) && first_round_[s] == kNotYet) first_round_[s] = first_round;
+}
+
+void RoundMembership::set_members(SiteMask m) {
+  members_ = m;
+  std::fill(first_round_.begin(), first_round_.end(), uint64_t{0});
 }
 
 double RoundMembership::deadline_s() const {
@@ -142,8 +167,13 @@ SiteMask RoundMembership::share(uint64_t round, int64_t step, SiteMask holds, st
         "stops rather than train on weights it did not receive",
         round, step, here, mask_string(members), reasons(members & ~holds)));
 
+  // Evicted: sites this round expected that are not members. A site admitted by an earlier
+  // round and not yet active is neither expected nor evicted here.
+  const SiteMask expected = in_round(round);
+  SiteMask evicted = 0;
   for (int s = 0; s < S; ++s) {
-    if (!((members_ >> s) & 1) || ((members >> s) & 1)) continue;
+    if (!((expected >> s) & 1) || ((members >> s) & 1)) continue;
+    evicted |= SiteMask{1} << s;
     Eviction e{round, step, s,
                missing[static_cast<size_t>(s)].empty() ? std::string("not held by every member site")
                                                        : missing[static_cast<size_t>(s)]};
@@ -153,8 +183,11 @@ SiteMask RoundMembership::share(uint64_t round, int64_t step, SiteMask holds, st
                    mask_string(members));
     evictions_.push_back(std::move(e));
   }
+  // Admitted: members of this round that were not in the run; active once activate() says from
+  // which round (the outer loop, once it served them the state).
   for (int s = 0; s < S; ++s) {
     if (((members_ >> s) & 1) || !((members >> s) & 1)) continue;
+    first_round_[static_cast<size_t>(s)] = kNotYet;
     if (peers_.rank() == 0)
       spdlog::info(
           "outer round {} (inner step {}): site {} joins the run: a member of this round, it fetches the "
@@ -162,7 +195,7 @@ SiteMask RoundMembership::share(uint64_t round, int64_t step, SiteMask holds, st
           round, step, cfg_.sites[static_cast<size_t>(s)].name);
     admissions_.push_back({round, step, s});
   }
-  members_ = members;
+  members_ = (members_ & ~evicted) | members;
   return members;
 }
 

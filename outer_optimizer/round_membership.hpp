@@ -52,7 +52,9 @@ class RoundMembership {
   RoundMembership(const trainer::RunConfig& cfg, const SitePeers& peers, const OuterHooks& hooks);
 
   // Sites this round exchanges with (every site at the start; members of the last round
-  // after; a test's leave_out hook takes its site out from its round on).
+  // after; a test's leave_out hook takes its site out from its round on). A site taken in
+  // is active from the round activate() names: rounds launched before it got the state
+  // (still in flight when it was admitted, with overlap) neither wait for it nor evict it.
   SiteMask active(uint64_t round) const;
   // How long this round waits for a site's contribution (outer.deadline_s, or auto: at
   // least deadline_floor_s and 4x the 90th percentile of the last 16 rounds' waits).
@@ -78,20 +80,31 @@ class RoundMembership {
                  const std::vector<std::string>& missing, trainer::SiteStrategy& strategy);
 
   int quorum() const { return cc_.quorum; }
-  SiteMask members() const { return members_; }  // of the latest round
-  // A joiner: the members of the round whose state it fetched.
-  void set_members(SiteMask m) { members_ = m; }
+  // The sites in the run: the latest round's members and the sites admitted since, active or not.
+  SiteMask members() const { return members_; }
+  // Sites admitted (share() took them in) not yet active: they are being served the state.
+  SiteMask pending() const;
+  // The sites admitted and not yet active take part in the rounds numbered `first_round` on.
+  void activate(SiteMask joiners, uint64_t first_round);
+  // A joiner: the members of the run whose state it fetched, every one active from now on.
+  void set_members(SiteMask m);
   const std::vector<Eviction>& evictions() const { return evictions_; }
   const std::vector<Admission>& admissions() const { return admissions_; }
   // Ends any agree() still waiting (the outer loop is going away).
   void stop() { stopping_.store(true); }
 
  private:
+  SiteMask in_round(uint64_t round) const;  // active() without the test hook
+
   const trainer::RunConfig& cfg_;
   const SitePeers& peers_;
   const OuterHooks& hooks_;
   ConsensusConfig cc_;
   SiteMask members_;
+  // By site: the first round it takes part in (0 for the sites that started the run;
+  // kNotYet for a site admitted and not yet activated).
+  static constexpr uint64_t kNotYet = ~uint64_t{0};
+  std::vector<uint64_t> first_round_;
   std::deque<double> waits_;
   std::vector<Eviction> evictions_;
   std::vector<Admission> admissions_;

@@ -27,7 +27,7 @@ std::string SitePeers::name(int s) const {
 transport::SendHandle SitePeers::send(int s, EnvelopeKind kind, uint64_t round, uint32_t shard, uint64_t value,
                                       std::span<const uint8_t> body) const {
   std::vector<uint8_t> buf;
-  write_envelope({kind, round, static_cast<uint32_t>(site_), static_cast<uint32_t>(rank_), value, body}, buf);
+  write_envelope({kind, round, static_cast<uint32_t>(site_), static_cast<uint32_t>(rank_), value, body, {}}, buf);
   return t_->send(peer(s), transport::FrameKind::kControl, round, shard, transport::make_payload(std::move(buf)));
 }
 

@@ -72,8 +72,13 @@ void JoinDonor::run() {
           --corrupt_left;
         }
         std::vector<uint8_t> msg;
-        write_envelope({EnvelopeKind::kJoinChunk, q, static_cast<uint32_t>(peers_.site()),
-                        static_cast<uint32_t>(peers_.rank()), i, chunk},
+        write_envelope({EnvelopeKind::kJoinChunk,
+                        q,
+                        static_cast<uint32_t>(peers_.site()),
+                        static_cast<uint32_t>(peers_.rank()),
+                        i,
+                        chunk,
+                        {}},
                        msg);
         sends.push_back(peers_.transport()->send(peers_.peer(joiner_), transport::FrameKind::kGlobalState, q, i,
                                                  transport::make_payload(std::move(msg))));

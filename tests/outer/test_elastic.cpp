@@ -5,7 +5,10 @@
 // leaves the lost site out of that round and every later one.
 #include <gtest/gtest.h>
 
+#include <condition_variable>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -28,15 +31,19 @@ namespace {
 
 const char* kNames[] = {"paris", "lyon", "milan", "oslo"};
 
-// `sites` sites of `ranks` ranks, a sync every 2 steps over 12 steps (rounds at steps 2, 4, ...).
-trainer::RunConfig sites_config(const TempDir& d, int sites, int ranks, const std::string& extra_outer = "") {
+// `sites` sites of `ranks` ranks, a sync every `interval` (2) steps over 12 steps (rounds at
+// steps 2, 4, ...).
+trainer::RunConfig sites_config(const TempDir& d, int sites, int ranks, const std::string& extra_outer = "",
+                                int interval = 2) {
   d.file("k.psk", "0123456789abcdef-test-key");
   std::string yaml = "run: {name: e, seed: 3, output_dir: " + (d.path() / "out").string() +
                      "}\n"
                      "model: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 16, vocab_size: 32}\n"
                      "data:\n  train: {kind: synthetic, vocab: 32, branching: 3, seed: 5, tokens: 100000}\n"
                      "train: {steps: 12, micro_batch: 2, log_every: 100, eval_every: 0, checkpoint_every: 0}\n"
-                     "outer: {interval: 2, compression: {codec: int8}, deadline_s: 3, quorum_wait_s: 3, "
+                     "outer: {interval: " +
+                     std::to_string(interval) +
+                     ", compression: {codec: int8}, deadline_s: 3, quorum_wait_s: 3, "
                      "consensus_retry_s: 0.05" +
                      extra_outer +
                      "}\n"
@@ -280,6 +287,11 @@ std::vector<Outcome> run_with_rejoin(const trainer::RunConfig& cfg, const std::v
   for (size_t s = 0; s < cfg.sites.size(); ++s)
     for (int r = 0; r < cfg.sites[s].ranks; ++r) site_rank.emplace_back(static_cast<int>(s), r);
   std::vector<Outcome> first(site_rank.size());
+  // A restarted site starts again once every rank of its first life has ended (as the
+  // launcher restarts a site), so its ranks meet at the site's rendezvous anew.
+  std::mutex mu;
+  std::condition_variable ended_cv;
+  std::map<int, int> ended;  // by site: ranks whose first life is over
   auto out = geoloco::test::run_ranks(static_cast<int>(site_rank.size()), [&](int g) {
     const auto [s, r] = site_rank[static_cast<size_t>(g)];
     auto once = [&, s = s, r = r](bool join) {
@@ -308,6 +320,12 @@ std::vector<Outcome> run_with_rejoin(const trainer::RunConfig& cfg, const std::v
     // `restart`: a site name, or several separated by commas.
     if (("," + restart + ",").find("," + o.site + ",") == std::string::npos) return o;
     first[static_cast<size_t>(g)] = o;
+    {
+      std::unique_lock lock(mu);
+      ++ended[s];
+      ended_cv.notify_all();
+      ended_cv.wait(lock, [&, s = s] { return ended[s] == cfg.sites[static_cast<size_t>(s)].ranks; });
+    }
     return once(true);
   });
   if (first_lives) *first_lives = first;
@@ -390,6 +408,83 @@ TEST(Elastic, AKilledSiteRestartsRejoinsFromItsPeersAndEndsInAgreement) {
       EXPECT_GT(m["joins"][0]["bytes_served"].get<uint64_t>(), 0u);
     }
   }
+}
+
+// Each round's line of a rank's rounds.r<rank>.jsonl, by round number.
+std::map<uint64_t, nlohmann::json> rounds_of(const TempDir& d, const std::string& site, int rank = 0) {
+  std::map<uint64_t, nlohmann::json> out;
+  std::ifstream in(d.path() / "out" / "sites" / site / ("rounds.r" + std::to_string(rank) + ".jsonl"));
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object()) out[j["round"].get<uint64_t>()] = j;
+  }
+  return out;
+}
+
+// Issue test 11, fragments in flight: two fragments overlapped over 7 steps of a 10-step period
+// (fragment 0 launched at steps 5, 15, ..., fragment 1 at 10, 20, ..., each merged 7 steps
+// later), so when a round takes lyon in, the other fragment's round is in flight. The members
+// decide and merge it at that step, serve the state holding every round launched so far, and
+// lyon takes part from the next round on: it launches every later round at the same step and
+// fragment as the others, and the run ends with every site (two ranks each, shard-parallel
+// transfers) holding the same global weights.
+TEST(Elastic, WithFragmentsInFlightARestartedSiteJoinsAndFollowsTheFragmentSchedule) {
+  TempDir d;
+  auto cfg = sites_config(d, 3, 2, ", fragments: 2, overlap_steps: 7, join_chunk_bytes: 4096, join_wait_s: 20", 10);
+  cfg.train.steps = 800;
+  std::vector<Outcome> first;
+  const auto out = run_with_rejoin(cfg, {kill_before("lyon", 1, 5)}, "lyon", &first);
+  for (const auto& o : first) {
+    if (o.site == "lyon") {
+      EXPECT_NE(o.error, "") << "lyon's first life finished although it was killed";
+    }
+  }
+  const std::string h = all_hash(out);
+  ASSERT_NE(h, "");
+  uint64_t joined_round = 0;
+  for (const auto& o : out) {
+    const auto& m = o.result["membership"];
+    ASSERT_TRUE(m.is_object()) << o.result.dump();
+    EXPECT_EQ(m["members"], nlohmann::json({"paris", "lyon", "milan"})) << o.site;
+    if (o.site == "lyon") {
+      ASSERT_TRUE(m["joined"].is_object()) << m.dump();
+      joined_round = m["joined"]["round"].get<uint64_t>();
+      EXPECT_EQ(m["joined"]["donors"], nlohmann::json({"paris", "milan"}));
+      const auto& t = tokens_of(o.result);
+      EXPECT_EQ(t["committed"], t["trained"]) << t.dump();
+    } else {
+      ASSERT_EQ(m["joins"].size(), 1u) << m.dump();
+      EXPECT_EQ(m["joins"][0]["site"], "lyon");
+    }
+  }
+  ASSERT_GT(joined_round, 3u);
+  // Every round after the join: lyon launched it at paris's step and fragment, and both
+  // committed it with the three sites.
+  for (int rank = 0; rank < 2; ++rank) {
+    const auto paris = rounds_of(d, "paris", rank), lyon = rounds_of(d, "lyon", rank);
+    size_t after = 0;
+    for (const auto& [round, j] : lyon) {
+      if (round <= joined_round) continue;
+      ++after;
+      ASSERT_TRUE(paris.count(round)) << "round " << round;
+      EXPECT_EQ(j["step"], paris.at(round)["step"]) << "round " << round;
+      EXPECT_EQ(j["fragment"], paris.at(round)["fragment"]) << "round " << round;
+      EXPECT_EQ(j["members"], nlohmann::json({"paris", "lyon", "milan"})) << "round " << round;
+      EXPECT_EQ(j["global_hash"], paris.at(round)["global_hash"]) << "round " << round;
+    }
+    EXPECT_GT(after, 100u) << "rank " << rank;
+  }
+  // A round was in flight when lyon was taken in: the state it fetched holds a round launched
+  // after the one that admitted it.
+  for (const auto& o : out)
+    if (o.site == "paris" && o.rank == 0) {
+      const uint64_t admitted = o.result["membership"]["joins"][0]["round"].get<uint64_t>();
+      EXPECT_GT(joined_round, admitted);
+      const auto paris = rounds_of(d, "paris");
+      ASSERT_TRUE(paris.count(admitted) && paris.count(joined_round));
+      EXPECT_EQ(paris.at(admitted)["joiners"], nlohmann::json({"lyon"}));
+      EXPECT_NE(paris.at(admitted)["fragment"], paris.at(joined_round)["fragment"]);
+    }
 }
 
 // Issue test 9: with min_sites 1 every site but paris goes (lyon and milan stop after step

@@ -7,7 +7,7 @@ using namespace geoloco::outer;
 namespace {
 std::vector<uint8_t> make(uint64_t round, uint32_t site, uint32_t rank, std::vector<uint8_t> body) {
   std::vector<uint8_t> out;
-  write_envelope({EnvelopeKind::kPseudoGradient, round, site, rank, 42, body}, out);
+  write_envelope({EnvelopeKind::kPseudoGradient, round, site, rank, 42, body, {}}, out);
   return out;
 }
 std::string reject(std::span<const uint8_t> b, uint64_t round = 5, uint64_t max_body = 16) {
@@ -29,13 +29,17 @@ TEST(Envelope, RoundTrip) {
 
 TEST(Envelope, RejectsEveryMismatch) {
   auto good = make(5, 1, 0, {1, 2, 3});
-  EXPECT_NE(reject(std::span(good).first(10)).find("shorter than the 40-byte envelope"), std::string::npos);
+  EXPECT_NE(reject(std::span(good).first(10)).find("shorter than the 48-byte envelope"), std::string::npos);
   auto bad = good;
   bad[0] = 'X';
   EXPECT_NE(reject(bad).find("bad magic"), std::string::npos);
   bad = good;
   bad[4] = 9;
-  EXPECT_NE(reject(bad).find("version 9"), std::string::npos);
+  EXPECT_NE(reject(bad).find("version 9 (expected 2: every site must run the same geoloco)"), std::string::npos);
+  bad = good;
+  bad[4] = 1;  // a version-1 envelope (40 bytes, no attachment) from an older geoloco
+  bad.resize(40);
+  EXPECT_NE(reject(bad).find("version 1 (expected 2"), std::string::npos);
   bad = good;
   bad[6] = 2;
   EXPECT_NE(reject(bad).find("kind 2"), std::string::npos);
@@ -44,7 +48,34 @@ TEST(Envelope, RejectsEveryMismatch) {
   EXPECT_NE(reject(make(5, 1, 0, std::vector<uint8_t>(17))).find("exceeds the 16"), std::string::npos);
   bad = good;
   bad.pop_back();  // truncated body
-  EXPECT_NE(reject(bad).find("body length 3 but 2 bytes arrived"), std::string::npos);
+  EXPECT_NE(reject(bad).find("body length 3 and attachment 0 but 2 bytes arrived"), std::string::npos);
   EXPECT_NE(reject(good).find("<accepted>"), std::string::npos);
   EXPECT_NE(reject(make(4, 1, 0, {1})).find("outer round 5: message from lyon/0 rejected"), std::string::npos);
+}
+
+// A pseudo-gradient's attachment travels after the body and comes back apart from it.
+TEST(Envelope, AnAttachmentRoundTripsAndIsBoundsChecked) {
+  const std::vector<uint8_t> body = {1, 2, 3}, att = {'{', '}'};
+  std::vector<uint8_t> b;
+  write_envelope({EnvelopeKind::kPseudoGradient, 5, 1, 0, 42, body, att}, b);
+  EXPECT_EQ(b.size(), kEnvelopeBytes + 5);
+  auto e = read_envelope(b, EnvelopeKind::kPseudoGradient, 5, 1, 0, 16, "lyon/0");
+  EXPECT_EQ(std::vector<uint8_t>(e.body.begin(), e.body.end()), body);
+  EXPECT_EQ(std::vector<uint8_t>(e.attachment.begin(), e.attachment.end()), att);
+  // No attachment: empty.
+  auto plain = make(5, 1, 0, {1, 2, 3});
+  EXPECT_TRUE(read_envelope(plain, EnvelopeKind::kPseudoGradient, 5, 1, 0, 16, "lyon/0").attachment.empty());
+  // An attachment length past the bytes that arrived, past the cap, a reserved field set.
+  auto bad = b;
+  bad[40] = 9;
+  EXPECT_NE(reject(bad).find("body length 3 and attachment 9 but 5 bytes arrived"), std::string::npos);
+  bad = b;
+  bad[42] = 0x10;  // 1 MiB
+  EXPECT_NE(reject(bad).find("attachment of 1048578 bytes exceeds the 65536 allowed"), std::string::npos);
+  bad = b;
+  bad[44] = 1;
+  EXPECT_NE(reject(bad).find("reserved field not zero"), std::string::npos);
+  // The writer refuses an attachment over the cap.
+  std::vector<uint8_t> big(kMaxAttachment + 1);
+  EXPECT_THROW(write_envelope({EnvelopeKind::kPseudoGradient, 5, 1, 0, 42, body, big}, b), geoloco::Error);
 }

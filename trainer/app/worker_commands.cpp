@@ -138,10 +138,7 @@ void run_launch(const LaunchArgs& a) {
   // A failed site comes back with --join when the schedule lets a site join (docs/elastic.md).
   if (lo.isolate_groups && a.max_restarts > 0) {
     std::string off;
-    if (!cfg.outer.allow_join)
-      off = "outer.allow_join is false";
-    else if (!cfg.outer.joinable())
-      off = "joins need blocking syncs (outer.overlap_steps 0, outer.delayed_update false) and outer.plan: manual";
+    if (!cfg.outer.allow_join) off = "outer.allow_join is false";
     if (off.empty()) {
       lo.max_restarts = a.max_restarts;
       lo.restart_backoff = std::chrono::milliseconds(static_cast<int64_t>(a.restart_backoff_s * 1000));
