@@ -84,7 +84,7 @@ void Diloco::serve_joiners(SiteMask joiners, int64_t step) {
     meta["outer.plan"] = plan_.to_json().dump();
     meta["outer.epoch_start"] = std::to_string(epoch_start_);
     meta["outer.replans"] = std::to_string(planner_.replans());
-    meta["outer.plan_protocol"] = planner_.save();
+    meta["outer.plan_protocol"] = planner_.save(/*shared=*/true);
   }
   for (const auto& f : frags_) {
     const std::string p = fmt::format("outer.f{}.", f->index);

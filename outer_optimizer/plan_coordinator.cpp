@@ -339,8 +339,9 @@ std::optional<PlanDecision> PlanCoordinator::decide(const std::vector<nlohmann::
   n.reason = fmt::format(
       "Re-planned by {} at boundary {} from {} site report(s): measured fragment sync {:.1f} ms (plan {:.1f} ms), "
       "step {:.1f} ms (plan {:.1f} ms), threshold {:.0f}%. {}",
-      peers_.name(peers_.site()), index, reports.size(), min_sync * 1e3, plan.predicted_fragment_sync_s * 1e3,
-      max_step * 1e3, plan.step_time_s * 1e3, ocfg_.replan_threshold * 100, n.reason);
+      cfg_.sites[static_cast<size_t>(peers_.site())].name, index, reports.size(), min_sync * 1e3,
+      plan.predicted_fragment_sync_s * 1e3, max_step * 1e3, plan.step_time_s * 1e3, ocfg_.replan_threshold * 100,
+      n.reason);
   return n;
 }
 
@@ -352,16 +353,18 @@ void PlanCoordinator::restart() {
   decided_boundary_ = 0;
 }
 
-std::string PlanCoordinator::save() const {
+std::string PlanCoordinator::save(bool shared) const {
   if (peers_.rank() != 0) return "";
-  nlohmann::json j = {{"committed_boundary", committed_boundary_}, {"decided_boundary", decided_boundary_}};
-  if (report_)
-    j["report"] = report_json(report_->epoch, report_->boundary, report_->sync_s, report_->step_s, report_->drift);
   auto decided = [](const Decided& d) {
     return nlohmann::json{{"epoch", d.epoch}, {"boundary", d.boundary}, {"plan", d.plan.to_json()}};
   };
-  if (decision_) j["decision"] = decided(*decision_);
+  nlohmann::json j = {{"committed_boundary", committed_boundary_}};
   if (due_) j["due"] = decided(*due_);
+  if (shared) return j.dump();
+  j["decided_boundary"] = decided_boundary_;
+  if (report_)
+    j["report"] = report_json(report_->epoch, report_->boundary, report_->sync_s, report_->step_s, report_->drift);
+  if (decision_) j["decision"] = decided(*decision_);
   return j.dump();
 }
 

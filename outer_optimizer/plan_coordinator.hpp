@@ -69,9 +69,10 @@ class PlanCoordinator {
   // The plan epoch starts over (a new schedule was applied): its reports and decisions go.
   void restart();
   // The protocol's state, for a checkpoint (JSON text; rank 0's, "" elsewhere) and its restore.
-  // `joining`: a joiner takes only what every member knows (the decision due), not the
+  // `shared`: only what every member knows (the decision due), the same bytes on every donor
+  // of a join (their manifests must agree); a joiner restores that (`joining`), never a
   // donor's own report or decision.
-  std::string save() const;
+  std::string save(bool shared = false) const;
   void restore(const std::string& text, const std::string& source, bool joining);
 
   int replans() const { return replans_; }

@@ -162,6 +162,17 @@ JoinResult fetch_join_state(const SitePeers& peers, double wait_s, const std::at
                       "state {}): not used",
                       peers.name(s), n.round, hex64(n.state_hash), m.round, hex64(m.state_hash)));
   for (int s : donors) res.donors |= SiteMask{1} << s;
+  // Every other site asked is told now that it serves nothing: a donor not used (its manifest
+  // disagreed, or came late) would otherwise wait for a request until its connection's
+  // transfer timeout failed it, and the next round would leave this site out.
+  for (int s = 0; s < S; ++s)
+    if (s != self && !((res.donors >> s) & 1)) {
+      try {
+        peers.send(s, EnvelopeKind::kJoinFetch, 1, kJoinFetchShard, 0, encode_fetch({}));
+      } catch (const transport::TransportError&) {
+        // Gone already: nothing to tell.
+      }
+    }
   res.manifest = m;
   res.state.assign(m.state_bytes, 0);
 

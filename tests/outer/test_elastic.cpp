@@ -487,6 +487,100 @@ TEST(Elastic, WithFragmentsInFlightARestartedSiteJoinsAndFollowsTheFragmentSched
     }
 }
 
+// outer.plan: auto on three sites, the measured sync times made 200x slower after step 20 (the
+// drift hook) so that the sites re-plan; "plan_bits: [16]" keeps one codec.
+const char* kAutoPlan =
+    ", plan: auto, plan_measure_steps: 4, plan_probe_seconds: 0.1, plan_h_min: 4, plan_h_max: 40, "
+    "target_utilization: 0.9, replan_threshold: 0.5, plan_bits: [16], join_chunk_bytes: 4096, join_wait_s: 20";
+
+// The plans a rank's summary lists, and the step each took effect at (from plan.json's
+// reasons is not needed: the summary has them in order).
+std::vector<nlohmann::json> plans_of(const nlohmann::json& summary) {
+  std::vector<nlohmann::json> out;
+  for (const auto& p : summary["plans"]) out.push_back(p);
+  return out;
+}
+
+// Issue test 11, re-plan half: the sites re-plan (a longer H for a link that looks 200x
+// slower), then lyon dies at its 15th round (after the re-plan: the test checks it) and restarts
+// with --join; it adopts the plan in force (the re-planned epoch, its interval and fragments,
+// its schedule's start), launches every later round at the others' step, and all three end
+// with the same global weights. (200 ms after every outer step keeps the others training
+// until lyon is back: its first life waits quorum_wait_s before it gives up.)
+TEST(Elastic, AfterAReplanARestartedSiteAdoptsThePlanInForce) {
+  TempDir d;
+  auto cfg = sites_config(d, 3, 1, kAutoPlan);
+  cfg.train.steps = 2400;
+  outer::OuterHooks hooks;
+  hooks.drift = outer::OuterHooks::Drift{20, 200};
+  hooks.pace = outer::OuterHooks::Pace{-1, 0.2};
+  const auto out = run_with_rejoin(cfg, {kill_before("lyon", 0, 29)}, "lyon", nullptr, hooks);
+  const std::string h = all_hash(out);
+  ASSERT_NE(h, "");
+  nlohmann::json paris, lyon;
+  for (const auto& o : out) {
+    if (o.site == "paris") paris = o.result;
+    if (o.site == "lyon") lyon = o.result;
+  }
+  ASSERT_TRUE(paris.contains("plans") && lyon.contains("plans")) << paris.dump().substr(0, 300);
+  const auto& joined = lyon["membership"]["joined"];
+  ASSERT_TRUE(joined.is_object()) << lyon["membership"].dump();
+  // paris re-planned before lyon left; lyon's first plan is the one in force when it joined.
+  const auto pp = plans_of(paris), lp = plans_of(lyon);
+  ASSERT_GE(pp.size(), 2u) << paris["plans"].dump();
+  ASSERT_GE(lp.size(), 1u);
+  EXPECT_GE(lp[0]["epoch"].get<int>(), 2) << lyon["plans"].dump();
+  bool found = false;
+  for (const auto& p : pp)
+    if (p["epoch"] == lp[0]["epoch"]) {
+      found = true;
+      EXPECT_EQ(p, lp[0]);
+    }
+  EXPECT_TRUE(found) << "lyon's plan " << lp[0].dump() << " is none of paris's";
+  EXPECT_EQ(lyon["outer_interval"], paris["outer_interval"]);
+  EXPECT_EQ(lyon["plans"].back(), paris["plans"].back());
+  // Every round after the join: launched at paris's step, committed with all three.
+  const auto pr = rounds_of(d, "paris"), lr = rounds_of(d, "lyon");
+  size_t after = 0;
+  for (const auto& [round, j] : lr) {
+    ++after;
+    ASSERT_TRUE(pr.count(round)) << "round " << round;
+    EXPECT_EQ(j["step"], pr.at(round)["step"]) << "round " << round;
+    EXPECT_EQ(j["plan_epoch"], pr.at(round)["plan_epoch"]) << "round " << round;
+    EXPECT_EQ(j["members"], nlohmann::json({"paris", "lyon", "milan"})) << "round " << round;
+  }
+  EXPECT_GT(after, 5u);
+}
+
+// No coordinator for re-plans either: paris, the first site (which also made the start-up
+// plan), dies at its second round; lyon and milan go on, and when their measured sync times
+// drift (after step 40) they re-plan without it -- lyon, now the lowest-index member,
+// decides -- and both apply the same plans at the same steps and end on one hash.
+TEST(Elastic, UnderPlanAutoTheFirstSiteDiesAndTheOthersStillReplan) {
+  TempDir d;
+  auto cfg = sites_config(d, 3, 1, kAutoPlan);
+  cfg.train.steps = 500;
+  outer::OuterHooks hooks;
+  hooks.drift = outer::OuterHooks::Drift{40, 200};
+  const auto out = run(cfg, {kill_before("paris", 0, 3)}, hooks);
+  std::string h, plans;
+  for (const auto& o : out) {
+    if (o.site == "paris") continue;
+    EXPECT_EQ(o.error, "") << o.site;
+    ASSERT_TRUE(o.result.contains("plans")) << o.site;
+    if (h.empty()) {
+      h = o.result["global_weights_hash"];
+      plans = o.result["plans"].dump();
+    }
+    EXPECT_EQ(o.result["global_weights_hash"], h) << o.site;
+    EXPECT_EQ(o.result["plans"].dump(), plans) << o.site;
+    EXPECT_GE(o.result["replans"].get<int>(), 1) << o.result["plans"].dump();
+    EXPECT_EQ(o.result["membership"]["members"], nlohmann::json({"lyon", "milan"}));
+    const auto& last = o.result["plans"].back();
+    EXPECT_NE(last["reason"].get<std::string>().find("Re-planned by lyon"), std::string::npos) << last.dump();
+  }
+}
+
 // Issue test 9: with min_sites 1 every site but paris goes (lyon and milan stop after step
 // 25: with min_sites 1 a thread whose transport the fabric killed would train on alone, as a
 // partitioned site does); paris trains on alone; lyon, restarted, joins from paris, the only
