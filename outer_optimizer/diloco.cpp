@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <bit>
 #include <numeric>
 #include <utility>
 
@@ -295,7 +296,8 @@ void Diloco::log_plan(const PlanDecision& d, int64_t step) const {
   spdlog::info(
       "outer plan (epoch {}, from step {}): H {}, {} fragment(s), {}, {} lane(s); predicted utilization {:.4f}. {}",
       d.epoch, step, d.interval, d.fragments, d.codec, d.lanes, d.predicted_utilization, d.reason);
-  if (site_ != 0) return;
+  // plan.json: written by the lowest-index site still in the run (site 0 unless it was lost).
+  if (const SiteMask m = membership_.members(); m ? std::countr_zero(m) != site_ : site_ != 0) return;
   nlohmann::json all = nlohmann::json::array();
   for (const auto& p : plan_history_) all.push_back(p.to_json());
   std::error_code ec;
