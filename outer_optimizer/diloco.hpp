@@ -87,6 +87,8 @@ class Diloco : public trainer::OuterHook {
   // that round again (resumed) with the contribution this rank made to it.
   bool checkpoint_after_failure() const override { return retry_.has_value(); }
   void resumed(int64_t step, trainer::SiteStrategy& strategy) override;  // diloco_state.cpp
+  // --resume: the newest checkpoint step every site holds (site leaders exchange their lists).
+  int64_t agree_resume_step(const std::vector<int64_t>& steps, trainer::SiteStrategy& strategy) override;
   void set_trace(trainer::TraceRecorder* trace) override { ctx_.trace = trace; }
   uint64_t member_sites() const override { return membership_.members(); }
 

@@ -7,9 +7,13 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <algorithm>
+#include <cstring>
+#include <iterator>
 #include <limits>
 
 #include "outer_optimizer/diloco.hpp"
+#include "outer_optimizer/join_wire.hpp"
 #include "trainer/core/error.hpp"
 
 namespace geoloco::outer {
@@ -114,6 +118,104 @@ void Diloco::restore_state(const trainer::SafetensorsFile& file) {
     throw FileError(file.path(), fmt::format("outer.retry.envelope: {}", e.what()));
   }
   resume_retry_ = std::move(r);
+}
+
+namespace {
+
+// A site's checkpoint steps on the wire (kResumeSteps, kControl (0, kResumeShard)): u32 count,
+// then the steps as u64 little-endian, ascending; at most kMaxResumeSteps.
+constexpr size_t kMaxResumeSteps = 4096;
+
+std::vector<uint8_t> encode_steps(const std::vector<int64_t>& steps) {
+  std::vector<uint8_t> b(4 + 8 * steps.size());
+  const uint32_t n = static_cast<uint32_t>(steps.size());
+  std::memcpy(b.data(), &n, 4);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const uint64_t v = static_cast<uint64_t>(steps[i]);
+    std::memcpy(b.data() + 4 + 8 * i, &v, 8);
+  }
+  return b;
+}
+
+std::vector<int64_t> decode_steps(std::span<const uint8_t> b, const std::string& who) {
+  auto fail = [&](const std::string& why) -> std::vector<int64_t> {
+    throw EnvelopeError(fmt::format("--resume: the checkpoint steps from {} rejected: {}", who, why));
+  };
+  if (b.size() < 4) return fail(fmt::format("{} bytes, fewer than the 4-byte count", b.size()));
+  uint32_t n = 0;
+  std::memcpy(&n, b.data(), 4);
+  if (n > kMaxResumeSteps) return fail(fmt::format("{} steps (at most {})", n, kMaxResumeSteps));
+  if (b.size() != 4 + 8 * size_t{n}) return fail(fmt::format("{} steps in {} bytes", n, b.size()));
+  std::vector<int64_t> steps(n);
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t v = 0;
+    std::memcpy(&v, b.data() + 4 + 8 * i, 8);
+    if (v > uint64_t(std::numeric_limits<int64_t>::max()) || (i > 0 && int64_t(v) <= steps[i - 1]))
+      return fail("steps not ascending");
+    steps[i] = static_cast<int64_t>(v);
+  }
+  return steps;
+}
+
+std::string steps_text(const std::vector<int64_t>& steps) {
+  if (steps.empty()) return "none";
+  std::string t;
+  const size_t from = steps.size() > 4 ? steps.size() - 4 : 0;  // the newest few
+  if (from) t = "..., ";
+  for (size_t i = from; i < steps.size(); ++i) t += fmt::format("{}{}", i > from ? ", " : "", steps[i]);
+  return t;
+}
+
+}  // namespace
+
+int64_t Diloco::agree_resume_step(const std::vector<int64_t>& steps, trainer::SiteStrategy& strategy) {
+  if (!peers_.transport() || peers_.sites() < 2) return trainer::OuterHook::agree_resume_step(steps, strategy);
+  GEOLOCO_CHECK(steps.size() <= kMaxResumeSteps, "{} checkpoints to offer", steps.size());
+  constexpr int64_t kNoCommonStep = -2;
+  int64_t chosen = -1;
+  std::string why;
+  if (rank_ == 0) {
+    const int S = peers_.sites();
+    std::vector<transport::SendHandle> sends;
+    std::vector<std::pair<int, transport::RecvHandle>> recvs;
+    const auto mine = encode_steps(steps);
+    for (int s = 0; s < S; ++s) {
+      if (s == site_) continue;
+      recvs.emplace_back(s, peers_.post_recv(s, 0, kResumeShard, 4 + 8 * kMaxResumeSteps));
+      sends.push_back(peers_.send(s, EnvelopeKind::kResumeSteps, 0, kResumeShard, 0, mine));
+    }
+    std::vector<int64_t> common = steps;
+    std::string listing = fmt::format("{}: {}", cfg_.sites[static_cast<size_t>(site_)].name, steps_text(steps));
+    bool any = !steps.empty();
+    for (auto& [s, h] : recvs) {
+      std::vector<uint8_t> bytes;
+      const Envelope e = peers_.read(h, s, EnvelopeKind::kResumeSteps, 0, bytes, 4 + 8 * kMaxResumeSteps);
+      const auto theirs = decode_steps(e.body, peers_.name(s));
+      any = any || !theirs.empty();
+      listing += fmt::format("; {}: {}", cfg_.sites[static_cast<size_t>(s)].name, steps_text(theirs));
+      std::vector<int64_t> both;
+      std::set_intersection(common.begin(), common.end(), theirs.begin(), theirs.end(), std::back_inserter(both));
+      common = std::move(both);
+    }
+    for (auto& op : sends) op.wait();
+    chosen = common.empty() ? (any ? kNoCommonStep : -1) : common.back();
+    if (chosen == kNoCommonStep)
+      why = fmt::format(
+          "--resume: no checkpoint step is held by every site ({}); resume needs one every site holds "
+          "(train.keep_checkpoints keeps more)",
+          listing);
+    else if (chosen >= 0 && (steps.empty() || chosen != steps.back()))
+      spdlog::info("--resume: the sites hold {}; every site resumes from step {}", listing, chosen);
+  }
+  // Every rank of the site restores the step its leader agreed on (or stops as it does).
+  if (auto* coll = strategy.collective(); coll && strategy.ranks() > 1) {
+    const auto all = coll->all_gather_bytes(std::as_bytes(std::span<const int64_t>(&chosen, 1)));
+    GEOLOCO_CHECK(all.at(0).size() == sizeof chosen, "resume step of {} bytes", all.at(0).size());
+    std::memcpy(&chosen, all.at(0).data(), sizeof chosen);
+  }
+  if (chosen == kNoCommonStep)
+    throw InputError(rank_ == 0 ? why : "--resume: no checkpoint step is held by every site (rank 0 names them)");
+  return chosen;
 }
 
 void Diloco::restore_tokens(const trainer::SafetensorsFile& file) {

@@ -6,7 +6,8 @@
 //     0    4 magic "GLOS"
 //     4    2 version (2)
 //     6    2 kind: 1 pseudo-gradient, 2 weights hash, 3 rank summary, 4 plan report, 5 plan decision,
-//              6 membership, 7-10 join (request, manifest, fetch, chunk: join_wire.hpp), 11 split status
+//              6 membership, 7-10 join (request, manifest, fetch, chunk: join_wire.hpp), 11 split status,
+//              12 resume steps
 //     8    8 round (outer step)
 //    16    4 site index (config order)
 //    20    4 rank
@@ -46,7 +47,8 @@ enum class EnvelopeKind : uint16_t {
   kJoinManifest = 8,
   kJoinFetch = 9,
   kJoinChunk = 10,
-  kSplitStatus = 11
+  kSplitStatus = 11,
+  kResumeSteps = 12
 };
 
 struct Envelope {

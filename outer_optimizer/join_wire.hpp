@@ -39,6 +39,8 @@ inline constexpr uint32_t kJoinShard = 0x30000000u;
 inline constexpr uint32_t kJoinManifestShard = kJoinShard + 1;
 inline constexpr uint32_t kJoinFetchShard = kJoinShard + 2;
 inline constexpr uint32_t kSplitShard = kJoinShard + 3;  // diloco_split.cpp
+inline constexpr uint32_t kResumeShard =
+    kJoinShard + 4;  // --resume: the checkpoint steps a site holds (diloco_state.cpp)
 inline constexpr uint8_t kJoinManifestMagic[4] = {'G', 'L', 'J', 'M'};
 inline constexpr uint16_t kJoinManifestVersion = 1;
 inline constexpr size_t kJoinManifestHeader = 64;

@@ -487,6 +487,59 @@ TEST(Elastic, WithFragmentsInFlightARestartedSiteJoinsAndFollowsTheFragmentSched
     }
 }
 
+// A resume after a site died: every site is needed (min_sites 3), checkpoints every 4 steps.
+// lyon stops after step 9 (its newest checkpoint: 9, not a step the others checkpoint); paris
+// and milan cannot commit the round of step 10 without it and stop below quorum, each leaving
+// a checkpoint at step 10. On --resume the site leaders agree on the newest step every site
+// holds (8), every site restores it (the newer checkpoints are moved to discarded/), and the
+// run ends bit-identical to one that never stopped. A resume with no common step stops
+// naming what each site holds.
+TEST(Elastic, AResumeAfterASiteDiedStartsFromTheNewestStepEverySiteHolds) {
+  TempDir d;
+  auto cfg = sites_config(d, 3, 1, ", min_sites: 3");
+  cfg.train.steps = 16;
+  cfg.train.checkpoint_every = 4;
+  std::string clean;
+  {
+    TempDir r;
+    auto ref = sites_config(r, 3, 1, ", min_sites: 3");
+    ref.train.steps = 16;
+    ref.train.checkpoint_every = 4;
+    clean = all_hash(run(ref, {}));
+  }
+  ASSERT_NE(clean, "");
+  const auto first = run_with_rejoin(cfg, {}, "", nullptr, {}, {{"lyon", 9}});
+  const auto ckpt = d.path() / "out" / "checkpoints";
+  auto latest = [&](const std::string& site) {
+    std::ifstream in(ckpt / site / "latest");
+    std::string n;
+    std::getline(in, n);
+    return n;
+  };
+  ASSERT_EQ(latest("lyon"), "step_00000009");
+  ASSERT_EQ(latest("paris"), "step_00000010") << "paris did not stop below quorum at step 10";
+  const auto resumed = run_with_rejoin(cfg, {}, "", nullptr, {}, {}, /*resume=*/true);
+  EXPECT_EQ(all_hash(resumed), clean);
+  for (const char* site : {"paris", "milan"}) {
+    EXPECT_TRUE(std::filesystem::is_directory(ckpt / site / "discarded" / "step_00000010")) << site;
+    EXPECT_FALSE(std::filesystem::exists(ckpt / site / "step_00000010")) << site;
+  }
+  EXPECT_TRUE(std::filesystem::is_directory(ckpt / "lyon" / "discarded" / "step_00000009"));
+
+  // No step in common: lyon keeps only its step 9 (the others, 16 and 12 by now, plus 8 and 4).
+  for (const char* n : {"step_00000004", "step_00000008", "step_00000012", "step_00000016"})
+    std::filesystem::remove_all(ckpt / "lyon" / n);
+  std::filesystem::rename(ckpt / "lyon" / "discarded" / "step_00000009", ckpt / "lyon" / "step_00000009");
+  { std::ofstream(ckpt / "lyon" / "latest") << "step_00000009\n"; }
+  const auto refused = run_with_rejoin(cfg, {}, "", nullptr, {}, {}, /*resume=*/true);
+  bool named = false;
+  for (const auto& o : refused) {
+    EXPECT_NE(o.error, "") << o.site << " resumed although no step is common";
+    if (has(o.error, "no checkpoint step is held by every site") && has(o.error, "lyon: 9")) named = true;
+  }
+  EXPECT_TRUE(named) << refused[0].error;
+}
+
 // outer.plan: auto on three sites, the measured sync times made 200x slower after step 20 (the
 // drift hook) so that the sites re-plan; "plan_bits: [16]" keeps one codec.
 const char* kAutoPlan =

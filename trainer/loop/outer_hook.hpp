@@ -118,6 +118,13 @@ class OuterHook {
   // at this step before the error ends the rank (the hook's save_state then holds what
   // `resumed` needs to carry on, e.g. an outer round to exchange again). Default: no.
   virtual bool checkpoint_after_failure() const { return false; }
+  // --resume, before anything is restored, on every rank: `steps` are the checkpoint steps
+  // this rank's site holds on every rank (ascending, up to its `latest`); returns the step every
+  // rank of every site restores (-1: none, start fresh), the same everywhere. Default: the
+  // newest of `steps`.
+  virtual int64_t agree_resume_step(const std::vector<int64_t>& steps, SiteStrategy& /*strategy*/) {
+    return steps.empty() ? -1 : steps.back();
+  }
   // Called on every rank right after a checkpoint was restored (--resume), before the next
   // inner step; `step` is the checkpoint's. Default: nothing to do.
   virtual void resumed(int64_t /*step*/, SiteStrategy& /*strategy*/) {}

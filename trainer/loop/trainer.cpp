@@ -4,11 +4,14 @@
 #include <fmt/ranges.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <set>
 #include <thread>
@@ -260,18 +263,82 @@ struct Trainer::Impl {
     }
   }
 
-  void restore_latest() {
+  // The steps of this site's checkpoints that every rank of the site holds its state of
+  // (a checkpoint cut short by a crash is complete on some ranks only), ascending.
+  std::vector<int64_t> site_checkpoint_steps() {
+    std::vector<int64_t> mine;
+    for (const auto& e : fs::directory_iterator(ckpt_dir)) {
+      const std::string n = e.path().filename().string();
+      if (!e.is_directory() || n.size() != 13 || n.rfind("step_", 0) != 0) continue;
+      if (n.find_first_not_of("0123456789", 5) != std::string::npos) continue;
+      if (fs::exists(state_file(e.path()))) mine.push_back(std::stoll(n.substr(5)));
+    }
+    std::sort(mine.begin(), mine.end());
+    auto* coll = strategy->collective();
+    if (!coll || strategy->ranks() == 1) return mine;
+    std::vector<int64_t> common = mine;
+    for (const auto& b : coll->all_gather_bytes(std::as_bytes(std::span<const int64_t>(mine)))) {
+      std::vector<int64_t> theirs(b.size() / sizeof(int64_t));
+      std::memcpy(theirs.data(), b.data(), theirs.size() * sizeof(int64_t));
+      std::vector<int64_t> both;
+      std::set_intersection(common.begin(), common.end(), theirs.begin(), theirs.end(), std::back_inserter(both));
+      common = std::move(both);
+    }
+    return common;
+  }
+
+  // The checkpoint --resume restores: this site's `latest`, or with other sites the newest step
+  // every site holds (OuterHook::agree_resume_step): after a site died, the others may hold
+  // later checkpoints (written at a lost quorum) than it. Newer checkpoints of this site are
+  // moved aside into checkpoints/<site>/discarded/ (their rounds were never committed by
+  // every site), and `latest` names the one restored. Empty: nothing to restore.
+  fs::path resume_directory() {
     const fs::path latest = ckpt_dir / "latest";
-    if (!fs::exists(latest)) {
+    std::string name;
+    if (fs::exists(latest)) {
+      std::ifstream in(latest);
+      std::getline(in, name);
+      if (name.rfind("step_", 0) != 0 || !fs::is_directory(ckpt_dir / name))
+        throw FileError(latest.string(), fmt::format("names '{}', which is not a checkpoint directory", name));
+    }
+    if (!opt.outer || cfg.sites.size() < 2) return name.empty() ? fs::path() : ckpt_dir / name;
+    std::vector<int64_t> steps = site_checkpoint_steps();
+    // Nothing past `latest` counts: a directory written after it is a checkpoint cut short.
+    if (!name.empty()) {
+      const int64_t at = std::stoll(name.substr(5));
+      std::erase_if(steps, [&](int64_t s) { return s > at; });
+    } else {
+      steps.clear();
+    }
+    const int64_t chosen = opt.outer->agree_resume_step(steps, *strategy);
+    if (chosen < 0) return {};
+    const std::string chosen_name = step_dir_name(chosen);
+    if (chosen_name != name) {
+      log_info(fmt::format(
+          "--resume: step {} is the newest checkpoint every site holds; this site's newer ones ({}) are moved "
+          "to {}",
+          chosen, name, (ckpt_dir / "discarded").string()));
+      barrier();
+      if (opt.rank == 0) {
+        fs::create_directories(ckpt_dir / "discarded");
+        for (const auto& e : fs::directory_iterator(ckpt_dir)) {
+          const std::string n = e.path().filename().string();
+          if (e.is_directory() && n.rfind("step_", 0) == 0 && n > chosen_name)
+            fs::rename(e.path(), ckpt_dir / "discarded" / n);
+        }
+        write_text_atomically(latest.string(), chosen_name + "\n");
+      }
+      barrier();
+    }
+    return ckpt_dir / chosen_name;
+  }
+
+  void restore_latest() {
+    const fs::path dir = resume_directory();
+    if (dir.empty()) {
       log_info(fmt::format("--resume: no checkpoint under {}, starting fresh", ckpt_dir.string()));
       return;
     }
-    std::ifstream in(latest);
-    std::string name;
-    std::getline(in, name);
-    const fs::path dir = ckpt_dir / name;
-    if (name.rfind("step_", 0) != 0 || !fs::is_directory(dir))
-      throw FileError(latest.string(), fmt::format("names '{}', which is not a checkpoint directory", name));
     auto st = SafetensorsFile::read(state_file(dir));
     auto need = [&](const std::string& key) -> const std::string& { return st.meta(key); };
     if (need("strategy") != site.strategy || need("ranks") != std::to_string(site.ranks))
