@@ -7,6 +7,7 @@
 // manifests or hashes). Every site is its own process (fork), as in a run. Prints one JSON
 // document: per (P, D) the median of the reps for both and their ratio.
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 #include <sys/wait.h>
@@ -39,12 +40,17 @@ struct Options {
   int64_t chunk_bytes = 4 << 20;  // outer.join_chunk_bytes' default
   std::string out;
   bool allow_load = false;
+  // An emulated WAN link (transport.emulate: the sender-side delay line, every site pair):
+  // one-way delay and per pair rate cap; 0, 0: plain loopback.
+  double delay_ms = 0, rate_mbit = 0;
 };
 
 const char* kNames[] = {"joiner", "d1", "d2", "d3"};
 
-transport::TransportConfig transport_config() {
+transport::TransportConfig transport_config(const Options& o) {
   transport::TransportConfig c;
+  c.emulate.delay_ms = o.delay_ms;
+  c.emulate.rate_mbit = o.rate_mbit;
   c.psk = std::vector<uint8_t>(32, 0x42);  // benchmark-only key
   c.connect_timeout_s = 30;
   c.transfer_timeout_s = 60;
@@ -77,7 +83,7 @@ struct RepResult {
 
 RepResult run_site(int site, int sites, const Options& o, int64_t params, bool raw_first, const std::vector<int>& wfd,
                    const std::vector<int>& rfd) {
-  transport::ucx::UcxTransport t(transport_config(), transport::Identity{kNames[site], 0, "bench", 1});
+  transport::ucx::UcxTransport t(transport_config(o), transport::Identity{kNames[site], 0, "bench", 1});
   const int port = t.listen("127.0.0.1", 0);
   std::vector<int> ports(static_cast<size_t>(sites));
   if (site == 0) {
@@ -158,11 +164,14 @@ RepResult run_site(int site, int sites, const Options& o, int64_t params, bool r
     join();
     raw();
   }
-  // Everyone done before the transports close.
+  // Everyone done before the transports close (the sends waited for too: through the
+  // emulated link they leave the delay line after the others' have arrived here).
+  std::vector<transport::SendHandle> done;
   for (int s = 0; s < sites; ++s)
-    if (s != site) t.send(sp.peer(s), transport::FrameKind::kControl, 100, 0, transport::make_payload({1}));
+    if (s != site) done.push_back(t.send(sp.peer(s), transport::FrameKind::kControl, 100, 0, transport::make_payload({1})));
   for (int s = 0; s < sites; ++s)
     if (s != site) t.recv(sp.peer(s), transport::FrameKind::kControl, 100, 0, size_t{1}).wait();
+  for (auto& h : done) h.wait();
   return res;
 }
 
@@ -229,6 +238,10 @@ int main(int argc, char** argv) {
   app.add_option("--reps", o.reps, "repetitions, median reported (default 5)")->check(CLI::Range(5, 100));
   app.add_option("--chunk-bytes", o.chunk_bytes, "outer.join_chunk_bytes (default 4 MiB)");
   app.add_option("--out", o.out, "also write the JSON here");
+  app.add_option("--delay-ms", o.delay_ms, "emulated one-way delay between sites (transport.emulate), ms")
+      ->check(CLI::Range(0.0, 10000.0));
+  app.add_option("--rate-mbit", o.rate_mbit, "emulated rate cap per site pair (transport.emulate), Mbit/s")
+      ->check(CLI::Range(0.0, 1e6));
   app.add_flag("--allow-load", o.allow_load,
                "run although the 1-minute load average is above 1 (figures marked loaded)");
   CLI11_PARSE(app, argc, argv);
@@ -236,7 +249,12 @@ int main(int argc, char** argv) {
   try {
     nlohmann::json j;
     j["bench"] = "elastic_join_recovery";
-    j["path"] = "UCX over TCP loopback, one process per site";
+    j["path"] = o.delay_ms > 0 || o.rate_mbit > 0
+                    ? fmt::format("UCX over TCP loopback through transport.emulate ({} ms one way, {} Mbit/s per "
+                                  "site pair), one process per site",
+                                  o.delay_ms, o.rate_mbit)
+                    : std::string("UCX over TCP loopback, one process per site");
+    j["emulate"] = {{"delay_ms", o.delay_ms}, {"rate_mbit", o.rate_mbit}};
     j["peer"] = "the same bytes as one transport message from one donor (raw copy)";
     j["load_before"] = load1();
     j["loaded"] = j["load_before"].get<double>() > 1.0;
