@@ -409,7 +409,15 @@ ExchangeResult Diloco::decide_and_apply(Fragment& f, int tid, trainer::SiteStrat
     const auto t0 = Clock::now();
     if (f.agreer.joinable()) f.agreer.join();
     try {
-      members = membership_.share(in.round, in.step, f.site_holds, std::move(f.verdict), in.missing, strategy);
+      try {
+        members = membership_.share(in.round, in.step, f.site_holds, std::move(f.verdict), in.missing, strategy);
+      } catch (const SiteLeftOut&) {
+        // Left out after a partition healed: the other side's split status arrived before the
+        // decision that left this site out; its heal rule (which side is kept, the tokens
+        // discarded) says more than "left out", so it speaks if it applies (every rank here).
+        if (split_possible()) check_split(in.round, in.step, strategy);
+        throw;
+      }
     } catch (Error& e) {
       e.add_context(fmt::format("outer step {} (inner step {})", in.round, in.step));
       f.voted = false;

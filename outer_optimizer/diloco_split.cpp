@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 
@@ -82,8 +83,21 @@ void Diloco::check_split(uint64_t round, int64_t step, trainer::SiteStrategy& st
         if (e.body.size() != 16)
           throw EnvelopeError(fmt::format("split status of {} bytes, expected 16", e.body.size()));
         const SiteMask m = le64(e.body, 0);
+        const uint64_t sent_in = le64(e.body, 8);
+        // Only a status sent since this site's side left that site out speaks of a split: an
+        // older one was meant for an earlier life of this site (sent when that site evicted
+        // it, held by the transport until this process, rejoined since, read it) and is stale.
+        uint64_t since = static_cast<uint64_t>(tokens_first_round_);  // this process's join round (0: from the start)
+        for (const auto& ev : membership_.evictions())
+          if (ev.site == s) since = std::max(since, ev.round);
+        if (sent_in < since)
+          spdlog::info(
+              "outer round {}: a split status {} sent in round {} (before this site left it out in round "
+              "{}) is stale; ignored",
+              round, peers_.name(s), sent_in, since);
         // Its side committed without this site, as this site's did without it: a split.
-        if (m != 0 && !((m >> site_) & 1) && ((m >> s) & 1)) w.theirs = m;
+        else if (m != 0 && !((m >> site_) & 1) && ((m >> s) & 1))
+          w.theirs = m;
       } catch (const transport::TransportError&) {
         // The site is gone: nothing to reconcile.
       } catch (const EnvelopeError& e) {

@@ -583,15 +583,17 @@ TEST(Elastic, AfterAReplanARestartedSiteAdoptsThePlanInForce) {
   ASSERT_GE(pp.size(), 2u) << paris["plans"].dump();
   ASSERT_GE(lp.size(), 1u);
   EXPECT_GE(lp[0]["epoch"].get<int>(), 2) << lyon["plans"].dump();
+  // (A recalibration updates the plan in force in place, its predictions only: compare schedules.)
   bool found = false;
   for (const auto& p : pp)
     if (p["epoch"] == lp[0]["epoch"]) {
       found = true;
-      EXPECT_EQ(p, lp[0]);
+      for (const char* k : {"interval", "fragments", "codec", "lanes"}) EXPECT_EQ(p[k], lp[0][k]) << k;
     }
   EXPECT_TRUE(found) << "lyon's plan " << lp[0].dump() << " is none of paris's";
   EXPECT_EQ(lyon["outer_interval"], paris["outer_interval"]);
-  EXPECT_EQ(lyon["plans"].back(), paris["plans"].back());
+  EXPECT_EQ(lyon["outer_fragments"], paris["outer_fragments"]);
+  EXPECT_EQ(lyon["plans"].back()["epoch"], paris["plans"].back()["epoch"]);
   // Every round after the join: launched at paris's step, committed with all three.
   const auto pr = rounds_of(d, "paris"), lr = rounds_of(d, "lyon");
   size_t after = 0;
