@@ -220,6 +220,8 @@ class Diloco : public trainer::OuterHook {
   SiteMask admitted_ = 0;  // taken in by a round of this step, not served yet
   // After a partition with min_sites below a majority (diloco_split.cpp).
   struct SplitWatch {
+    uint64_t gen = 0;                                   // the connection told (Transport::generation)
+    std::chrono::steady_clock::time_point redial_at{};  // next Transport::redial of a lost connection
     bool told = false;
     std::optional<transport::SendHandle> send;
     std::optional<transport::RecvHandle> recv;

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cstring>
 
 #include "outer_optimizer/diloco.hpp"
@@ -66,8 +67,26 @@ void Diloco::check_split(uint64_t round, int64_t step, trainer::SiteStrategy& st
       }
       continue;
     }
+    if (auto* t = peers_.transport()) {
+      // A connection a cut longer than the transfer timeout broke while both sides live on:
+      // dial it again now and then (only the side that dials it acts; Transport::redial), so
+      // the sides hear of each other once the link is back.
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= w.redial_at) {
+        t->redial(peers_.peer(s));
+        w.redial_at = now + std::chrono::seconds(2);
+      }
+      // A new connection (redialed, or a new process of that site): told anew.
+      if (const uint64_t gen = t->generation(peers_.peer(s)); gen != w.gen) {
+        if (w.recv) w.recv->cancel();
+        w.recv.reset();
+        w.send.reset();
+        w.told = false;
+        w.gen = gen;
+      }
+    }
     if (!w.told) {
-      // Once per site: a dead one fails the send (ignored); a restarted one joins, it is no split.
+      // Once per connection: a dead one fails the send (ignored); a restarted one joins, it is no split.
       w.told = true;
       try {
         w.send = peers_.send(s, EnvelopeKind::kSplitStatus, 0, kSplitShard, 0, split_body(active, round));

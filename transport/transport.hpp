@@ -81,6 +81,12 @@ class Transport {
   // that sees it grow knows its earlier operations with the peer went to a process that is
   // gone. 0 for a peer never connected (or an index out of range).
   virtual uint64_t generation(int peer) const = 0;
+  // A peer whose connection failed while both processes live on (a cut long enough that its
+  // transfers timed out): connect to it again, as at connect() -- only the side that dials
+  // the peer there does (the other takes the connection in, as it takes a rejoining peer).
+  // Returns at once; generation(peer) goes up once the new connection is in place. Does
+  // nothing while the connection is up or the peer's side has not failed it yet (try again).
+  virtual void redial(int /*peer*/) {}
   // Backend notes for logs and summaries (UCX: the settings applied at startup, "NAME=value").
   virtual std::vector<std::string> settings() const { return {}; }
 };

@@ -776,7 +776,12 @@ TEST(Elastic, APartitionTwoAgainstTwoCommitsNeitherSideAndAfterTheHealEverySiteR
 // hear of each other: paris and lyon's side is kept (2 sites each: it holds the lowest index);
 // milan and oslo leave the run naming both sides and the tokens they trained since the split,
 // restart, rejoin from paris and lyon, and all four end on one hash.
-TEST(Elastic, AfterAPartitionWithMinSitesOneTheSideWithTheLowestIndexIsKeptAndTheOtherRejoins) {
+// Four sites with min_sites 1, split 2|2 by a link cut of `cut_s` seconds at round 4: both
+// sides go on alone; when the cut heals, the side with the lowest site index (paris, lyon) is
+// kept, milan and oslo leave naming both sides and the tokens they discard, restart and
+// rejoin, and all four end on one hash.
+namespace {
+void partition_heals_and_the_lowest_index_is_kept(double cut_s) {
   TempDir d;
   auto cfg = sites_config(d, 4, 1, ", min_sites: 1, join_chunk_bytes: 4096, join_wait_s: 20");
   cfg.train.steps = 10000;
@@ -790,7 +795,7 @@ TEST(Elastic, AfterAPartitionWithMinSitesOneTheSideWithTheLowestIndexIsKeptAndTh
         Fault f = kill_before(from, 0, 4);
         f.action = FaultAction::kCut;
         f.to_site = to;
-        f.delay_s = 4;
+        f.delay_s = cut_s;
         cut.push_back(f);
       }
   std::vector<Outcome> first;
@@ -822,6 +827,18 @@ TEST(Elastic, AfterAPartitionWithMinSitesOneTheSideWithTheLowestIndexIsKeptAndTh
       EXPECT_EQ(joined, (std::set<std::string>{"milan", "oslo"})) << m.dump();
     }
   }
+}
+}  // namespace
+
+// A 4 s cut: the connections outlive it (shorter than transport.transfer_timeout_s, 5 s).
+TEST(Elastic, AfterAPartitionWithMinSitesOneTheSideWithTheLowestIndexIsKeptAndTheOtherRejoins) {
+  partition_heals_and_the_lowest_index_is_kept(4);
+}
+
+// A 12 s cut: every connection across it times out and fails; the sides dial each other
+// again (Transport::redial) once the link is back, hear of the split and heal as above.
+TEST(Elastic, AfterACutThatBrokeTheConnectionsTheSidesRedialAndHeal) {
+  partition_heals_and_the_lowest_index_is_kept(12);
 }
 
 TEST(SplitRule, MoreSitesThenTheLowestIndexKeepsASide) {

@@ -430,12 +430,65 @@ TYPED_TEST_P(BackendTest, AJoinerGoesOnWithThePeersItReaches) {
   }
 }
 
+TYPED_TEST_P(BackendTest, ALinkThatTimedOutBetweenLiveProcessesIsRedialed) {
+  // alpha and beta, both alive, lose every frame between them for a while (a cut longer than
+  // the transfer timeout): their receives time out and both fail the connection. Once the
+  // link is back, redial() (on both; only the side that dials does anything) connects them
+  // again: generation 2 on both sides, messages flow both ways, and gamma was never touched.
+  auto cut = std::make_shared<std::atomic<bool>>(false);
+  TestHooks h;
+  h.tamper = [cut](const FrameHeader& hd, std::span<const uint8_t> p) -> std::vector<TamperedFrame> {
+    if (cut->load()) return {};
+    return {{encoded(hd), {p.begin(), p.end()}}};
+  };
+  auto cfg = small_config(2);
+  cfg.transfer_timeout_s = 1;
+  TypeParam c({cfg, cfg, cfg}, {ident("alpha"), ident("beta"), ident("gamma")}, {h, h, {}});
+  for (auto& e : c.connect_all()) ASSERT_EQ(e, "");
+  ASSERT_EQ(ping(c, 0, 1, 1), "");
+  const int b_at_a = c.t[0]->peer_index("beta", 0), a_at_b = c.t[1]->peer_index("alpha", 0);
+  // A redial of a connection that is up does nothing.
+  c.t[0]->redial(b_at_a);
+  c.t[1]->redial(a_at_b);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(c.t[0]->generation(b_at_a), 1u);
+  cut->store(true);
+  auto ra = c.t[0]->recv(b_at_a, FrameKind::kControl, 2, 1, 16);
+  auto rb = c.t[1]->recv(a_at_b, FrameKind::kControl, 2, 1, 16);
+  auto sa = c.t[0]->send(b_at_a, FrameKind::kControl, 2, 1, P(pattern(8, 1)));
+  auto sb = c.t[1]->send(a_at_b, FrameKind::kControl, 2, 1, P(pattern(8, 2)));
+  EXPECT_THROW(ra.wait(), TransportError);
+  EXPECT_THROW(rb.wait(), TransportError);
+  cut->store(false);
+  const auto t0 = std::chrono::steady_clock::now();
+  while ((c.t[0]->generation(b_at_a) < 2 || c.t[1]->generation(a_at_b) < 2) &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20)) {
+    c.t[0]->redial(b_at_a);
+    c.t[1]->redial(a_at_b);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(c.t[0]->generation(b_at_a), 2u);
+  ASSERT_EQ(c.t[1]->generation(a_at_b), 2u);
+  EXPECT_EQ(ping(c, 0, 1, 3), "");
+  EXPECT_EQ(ping(c, 1, 0, 4), "");
+  EXPECT_EQ(ping(c, 0, 1, 2), "");  // a key used on the old connection
+  EXPECT_EQ(ping(c, 2, 0, 5), "");
+  EXPECT_EQ(c.t[2]->generation(c.t[2]->peer_index("alpha", 0)), 1u);
+  // Once up, the next redial does nothing again.
+  c.t[0]->redial(b_at_a);
+  c.t[1]->redial(a_at_b);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(c.t[0]->generation(b_at_a), 2u);
+  EXPECT_EQ(ping(c, 1, 0, 6), "");
+}
+
 REGISTER_TYPED_TEST_SUITE_P(BackendTest, ARestartedPeerRejoinsARunningJob, AJoinerGoesOnWithThePeersItReaches,
-                            ThreeSitesExchangeOddSizesOneLane, ThreeSitesExchangeOddSizesThreeLanes,
-                            SendBeforeRecvIsHeldAndDelivered, EagerWindowBoundsWhatARunawaySenderParks,
-                            ApiThreadSafetyManyThreadsManyRounds, DuplicateRecvAndApiMisuseFailCleanly,
-                            EmulatedRateAndDelayPaceTransfers, EmulatedDelayIsNotRoundedUpToThePollInterval,
-                            StatsJsonHasPerPeerCounters, SendOnLaneUsesOnlyThatLane, WrongKeyIsRefusedOnBothSides,
+                            ALinkThatTimedOutBetweenLiveProcessesIsRedialed, ThreeSitesExchangeOddSizesOneLane,
+                            ThreeSitesExchangeOddSizesThreeLanes, SendBeforeRecvIsHeldAndDelivered,
+                            EagerWindowBoundsWhatARunawaySenderParks, ApiThreadSafetyManyThreadsManyRounds,
+                            DuplicateRecvAndApiMisuseFailCleanly, EmulatedRateAndDelayPaceTransfers,
+                            EmulatedDelayIsNotRoundedUpToThePollInterval, StatsJsonHasPerPeerCounters,
+                            SendOnLaneUsesOnlyThatLane, WrongKeyIsRefusedOnBothSides,
                             WrongKeyOnTheDialerIsRefusedByTheListener, WrongProtocolVersionIsRefused,
                             WrongConfigHashIsRefused, WrongRunIdIsRefused, ErrorTypesAreHandshakeAndTimeout);
 

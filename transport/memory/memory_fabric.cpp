@@ -280,12 +280,14 @@ std::optional<Fault> MemoryFabric::match_fault(int from, int to, const FrameHead
 }
 
 std::optional<std::string> MemoryFabric::transmit(int from, int to, int lane, std::span<const uint8_t> header,
-                                                  std::span<const uint8_t> payload, bool eager, Link::SendDone done) {
+                                                  std::span<const uint8_t> payload, bool eager, Link::SendDone done,
+                                                  uint64_t conn) {
   if (endpoints_[static_cast<size_t>(from)].dead || endpoints_[static_cast<size_t>(to)].t == nullptr)
     return std::string("connection lost");
   auto m = std::make_shared<Message>();
   m->id = next_msg_++;
   m->from = from, m->to = to, m->lane = lane;
+  m->conn = conn;
   m->header.assign(header.begin(), header.end());
   m->payload.assign(payload.begin(), payload.end());
   m->rndv = !eager && opt_.rendezvous_bytes > 0 && payload.size() > opt_.rendezvous_bytes;
@@ -375,6 +377,9 @@ void MemoryFabric::deliver(std::shared_ptr<Message> m) {
   for (size_t i = 0; i < to.t->peer_ids_.size(); ++i)
     if (to.t->peer_ids_[i] == m->from) idx = static_cast<int>(i);
   if (idx < 0) return complete_sender("");  // not connected to the sender: dropped
+  // Sent on an earlier connection of this pair (before a redial): that connection is gone.
+  if (static_cast<MemoryLink&>(*to.t->links_[static_cast<size_t>(idx)]).conn() != m->conn)
+    return complete_sender("connection lost");
   HeldData d;
   d.token = reinterpret_cast<void*>(static_cast<uintptr_t>(m->id));
   d.bytes = m->rndv ? nullptr : m->payload.data();

@@ -97,6 +97,7 @@ class MemoryFabric {
   struct Message {
     uint64_t id = 0;
     int from = -1, to = -1, lane = 0;
+    uint64_t conn = 0;  // the connection (MemoryLink::conn) it was sent on
     std::vector<uint8_t> header, payload;
     bool rndv = false;
     Link::SendDone sender_done;  // rendezvous: the send completes when the data is fetched
@@ -123,7 +124,7 @@ class MemoryFabric {
   int find(const std::string& site, int rank) const;  // fabric thread
   // Fabric thread: a frame leaves `from` (its channel to `to`) on `lane`.
   std::optional<std::string> transmit(int from, int to, int lane, std::span<const uint8_t> header,
-                                      std::span<const uint8_t> payload, bool eager, Link::SendDone done);
+                                      std::span<const uint8_t> payload, bool eager, Link::SendDone done, uint64_t conn);
   void deliver(std::shared_ptr<Message> m);
   void do_kill(int id, const std::string& why);
   void announce_death(int id, const std::string& why);
@@ -153,6 +154,7 @@ class MemoryFabric {
   std::map<uint64_t, std::shared_ptr<Message>> held_;           // frames a channel kept
   std::vector<std::pair<Fault, Clock::time_point>> cuts_;       // kCut faults fired: (links, healed at)
   uint64_t next_msg_ = 1;
+  uint64_t next_conn_ = 0;  // connections paired so far (MemoryLink::conn)
   std::thread thread_;
 };
 
@@ -166,6 +168,7 @@ class MemoryTransport : public EngineTransport {
   // ConnectMode::kJoin: as over UCX (peer.hpp), a process that joins a running job.
   void connect(std::vector<PeerInfo> peers, ConnectMode mode = ConnectMode::kAll);
   void post(std::function<void()> fn) override;
+  void redial(int peer) override;
 
  private:
   friend class MemoryFabric;
@@ -173,6 +176,7 @@ class MemoryTransport : public EngineTransport {
   MemoryTransport(MemoryFabric& fabric, TransportConfig cfg, Identity self, TestHooks hooks);
   // Fabric thread.
   void try_connect();
+  bool pair(MemoryTransport* d, size_t di, MemoryTransport* l, size_t li);
   void check_connect_deadline(Clock::time_point now, Clock::time_point& next);
   void finish_connect(FailKind kind, const std::string& msg);
   bool pass(Clock::time_point now, Clock::time_point& next);

@@ -15,7 +15,7 @@ namespace geoloco::transport::memory {
 std::optional<std::string> MemoryLink::send_frame(int lane, std::span<const uint8_t> header,
                                                   std::span<const uint8_t> payload, bool eager, SendDone done) {
   if (!lane_up(lane)) return std::string("connection closed");
-  return fabric_.transmit(self_, peer_, lane, header, payload, eager, std::move(done));
+  return fabric_.transmit(self_, peer_, lane, header, payload, eager, std::move(done), conn_);
 }
 
 std::optional<Link::Fetched> MemoryLink::fetch(const HeldData& data, std::span<uint8_t> dst, FetchDone) {
@@ -149,74 +149,101 @@ void MemoryTransport::try_connect() {
     }
     // A joiner dials (the running peer does not know it is back); else the smaller dials.
     const bool we_dial = joining_ != peer->joining_ ? joining_ : dials(self_, want_[i]);
-    MemoryTransport* d = we_dial ? this : peer;
-    MemoryTransport* l = we_dial ? peer : this;
-    const size_t di = we_dial ? i : static_cast<size_t>(back), li = we_dial ? static_cast<size_t>(back) : i;
-    auto local = [](const MemoryTransport* t) {
-      return HsLocal{t->self_, t->cfg_.chunk_bytes, static_cast<uint16_t>(t->cfg_.lanes), t->version_, t->cfg_.psk};
-    };
-    auto ds = HandshakeSession::dialer(local(d), l->self_.site, l->self_.rank, 0, false);
-    auto admit = [l, d](const HsMessage& h) -> std::string {
-      for (const auto& p : l->want_)
-        if (p.site == h.site && p.rank == h.rank)
-          return dials(l->self_, p) && !d->joining_ ? "we dial this peer, it must not dial us" : "";
-      return fmt::format("{}/{} is not one of our peers", h.site, h.rank);
-    };
-    auto ls = HandshakeSession::listener(local(l), admit, 0);
-    std::vector<uint8_t> msg = ds.hello();
-    bool to_listener = true;
-    std::string refused;  // why, if a side refused
-    bool dialer_refused = false;
-    while (!(ls.done() && ds.done())) {
-      auto& who = to_listener ? ls : ds;
-      auto step = who.on_message(msg);
-      if (step.outcome == HandshakeSession::Outcome::kRefused || !step.reply) {
-        if (step.outcome == HandshakeSession::Outcome::kRefused) refused = step.error;
-        dialer_refused = !to_listener;
-        break;
-      }
-      msg = std::move(*step.reply);
-      to_listener = !to_listener;
+    if (we_dial)
+      pair(this, i, peer, static_cast<size_t>(back));
+    else
+      pair(peer, static_cast<size_t>(back), this, i);
+  }
+}
+
+// The real handshake between dialer d (its peer di) and listener l (its peer li), then the
+// pairing; a side already running takes a fresh channel over a fresh link (the old ones drain).
+bool MemoryTransport::pair(MemoryTransport* d, size_t di, MemoryTransport* l, size_t li) {
+  auto local = [](const MemoryTransport* t) {
+    return HsLocal{t->self_, t->cfg_.chunk_bytes, static_cast<uint16_t>(t->cfg_.lanes), t->version_, t->cfg_.psk};
+  };
+  auto ds = HandshakeSession::dialer(local(d), l->self_.site, l->self_.rank, 0, false);
+  auto admit = [l, d](const HsMessage& h) -> std::string {
+    for (const auto& p : l->want_)
+      if (p.site == h.site && p.rank == h.rank)
+        return dials(l->self_, p) && !d->joining_ ? "we dial this peer, it must not dial us" : "";
+    return fmt::format("{}/{} is not one of our peers", h.site, h.rank);
+  };
+  auto ls = HandshakeSession::listener(local(l), admit, 0);
+  std::vector<uint8_t> msg = ds.hello();
+  bool to_listener = true;
+  std::string refused;  // why, if a side refused
+  bool dialer_refused = false;
+  while (!(ls.done() && ds.done())) {
+    auto& who = to_listener ? ls : ds;
+    auto step = who.on_message(msg);
+    if (step.outcome == HandshakeSession::Outcome::kRefused || !step.reply) {
+      if (step.outcome == HandshakeSession::Outcome::kRefused) refused = step.error;
+      dialer_refused = !to_listener;
+      break;
     }
-    if (!(ls.done() && ds.done())) {
-      if (refused.empty()) refused = "the handshake did not complete";
-      const std::string dname = d->want_[di].name(), lname = l->want_[li].name();
-      count_refused_handshake();
-      if (dialer_refused) {
-        spdlog::warn("transport: refusing {}: {}", dname, refused);
-        d->fatal_ = fmt::format("handshake with {} failed: {}", dname, refused);
-        l->last_error_[li] = fmt::format("{} refused us: {}", lname, refused);
-      } else {
-        spdlog::warn("transport: refused connection with {}: {}", lname, refused);
-        d->fatal_ = fmt::format("refused by {}: {}", dname, refused);
-        l->last_error_[li] = fmt::format("refused {}: {}", lname, refused);
-      }
-      d->finish_connect(FailKind::kHandshake, d->fatal_);
-      continue;
+    msg = std::move(*step.reply);
+    to_listener = !to_listener;
+  }
+  if (!(ls.done() && ds.done())) {
+    if (refused.empty()) refused = "the handshake did not complete";
+    const std::string dname = d->want_[di].name(), lname = l->want_[li].name();
+    count_refused_handshake();
+    if (dialer_refused) {
+      spdlog::warn("transport: refusing {}: {}", dname, refused);
+      d->fatal_ = fmt::format("handshake with {} failed: {}", dname, refused);
+      l->last_error_[li] = fmt::format("{} refused us: {}", lname, refused);
+    } else {
+      spdlog::warn("transport: refused connection with {}: {}", lname, refused);
+      d->fatal_ = fmt::format("refused by {}: {}", dname, refused);
+      l->last_error_[li] = fmt::format("refused {}: {}", lname, refused);
     }
-    // The running side of a rejoin: a fresh channel over a fresh link (the old ones drain).
-    for (auto [t, ti] : {std::pair{d, di}, std::pair{l, li}})
-      if (t->connected_) {
-        t->links_.push_back(std::make_unique<MemoryLink>(fabric_, t->id_, t->cfg_.lanes));
-        std::swap(t->links_[ti], t->links_.back());
-        t->reopen_channel(static_cast<int>(ti), *t->links_[ti]);
-        spdlog::info("transport: {}/{} rejoined", t->want_[ti].site, t->want_[ti].rank);
-      }
-    d->peer_ids_[di] = l->id_;
-    l->peer_ids_[li] = d->id_;
-    static_cast<MemoryLink&>(*d->links_[di]).set_peer(l->id_);
-    static_cast<MemoryLink&>(*l->links_[li]).set_peer(d->id_);
-    spdlog::info("transport: connected to {} ({} lane(s), memory)", d->want_[di].name(), d->cfg_.lanes);
-    for (MemoryTransport* t : {d, l}) {
-      bool all = true;
-      for (int p : t->peer_ids_) all = all && p >= 0;
-      if (all && t->connect_done_) {
-        t->connected_ = true;
-        t->open_api();
-        t->finish_connect(FailKind::kNone, "");
-      }
+    if (d->connect_done_) d->finish_connect(FailKind::kHandshake, d->fatal_);
+    return false;
+  }
+  // The running side of a rejoin (both sides of a redial): a fresh channel over a fresh link.
+  for (auto [t, ti] : {std::pair{d, di}, std::pair{l, li}})
+    if (t->connected_) {
+      t->links_.push_back(std::make_unique<MemoryLink>(fabric_, t->id_, t->cfg_.lanes));
+      std::swap(t->links_[ti], t->links_.back());
+      t->reopen_channel(static_cast<int>(ti), *t->links_[ti]);
+      spdlog::info("transport: {}/{} {}", t->want_[ti].site, t->want_[ti].rank,
+                   d->connected_ && l->connected_ ? "reconnected" : "rejoined");
+    }
+  d->peer_ids_[di] = l->id_;
+  l->peer_ids_[li] = d->id_;
+  const uint64_t conn = ++fabric_.next_conn_;
+  static_cast<MemoryLink&>(*d->links_[di]).set_peer(l->id_, conn);
+  static_cast<MemoryLink&>(*l->links_[li]).set_peer(d->id_, conn);
+  spdlog::info("transport: connected to {} ({} lane(s), memory)", d->want_[di].name(), d->cfg_.lanes);
+  for (MemoryTransport* t : {d, l}) {
+    bool all = true;
+    for (int p : t->peer_ids_) all = all && p >= 0;
+    if (all && t->connect_done_) {
+      t->connected_ = true;
+      t->open_api();
+      t->finish_connect(FailKind::kNone, "");
     }
   }
+  return true;
+}
+
+void MemoryTransport::redial(int peer) {
+  post([this, peer] {
+    if (!connected_ || peer < 0 || static_cast<size_t>(peer) >= want_.size()) return;
+    const size_t i = static_cast<size_t>(peer);
+    // Only a failed connection, and only the side that dials it at connect (the other accepts).
+    if (!channel(peer).failed() || !dials(self_, want_[i])) return;
+    const int pid = fabric_.find(want_[i].site, want_[i].rank);
+    if (pid < 0 || fabric_.endpoints_[static_cast<size_t>(pid)].dead) return;
+    MemoryTransport* other = fabric_.endpoints_[static_cast<size_t>(pid)].t;
+    int back = -1;
+    for (size_t j = 0; j < other->want_.size(); ++j)
+      if (other->want_[j].site == self_.site && other->want_[j].rank == self_.rank) back = static_cast<int>(j);
+    // Its side must have failed too (else it still counts on the old connection: later).
+    if (back < 0 || !other->connected_ || !other->channel(back).failed()) return;
+    pair(this, i, other, static_cast<size_t>(back));
+  });
 }
 
 void MemoryTransport::finish_connect(FailKind kind, const std::string& msg) {

@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 #include <netinet/in.h>
 
+#include <algorithm>
 #include <future>
 
 #include "trainer/core/log.hpp"
@@ -193,6 +194,7 @@ void UcxTransport::dial(int pi, int lane) {
   rec->dialer = true;
   rec->peer = pi;
   rec->lane = lane;
+  rec->gen = c.gen;  // a redial's lanes belong to the new connection
   rec->hs = HandshakeSession::dialer(local(), info.site, info.rank, static_cast<uint16_t>(lane), false);
   rec->hs_deadline = Clock::now() + seconds_d(cfg_.handshake_timeout_s);
   rec->remote = fmt::format("{}:{}", info.host, c.ucx_port);
@@ -353,6 +355,59 @@ void UcxTransport::take_rejoin(int pi) {
   spdlog::info("transport: {} rejoined (connection {})", peers()[static_cast<size_t>(pi)].name(), c.gen + 1);
 }
 
+void UcxTransport::redial(int pi) {
+  post([this, pi] {
+    if (!connected_ || stopping_ || pi < 0 || static_cast<size_t>(pi) >= conns_.size()) return;
+    PeerConn& c = conns_[static_cast<size_t>(pi)];
+    // Only a failed connection, once at a time, and only from the side that dials this peer.
+    if (c.redialing || !channel(pi).failed() || !dials(self_, peers()[static_cast<size_t>(pi)])) return;
+    c.redialing = true;
+    const PeerInfo info = peers()[static_cast<size_t>(pi)];
+    const HsLocal me = local();
+    const double hs_timeout = cfg_.handshake_timeout_s;
+    const auto deadline = Clock::now() + seconds_d(std::min(cfg_.connect_timeout_s, 2 * hs_timeout));
+    std::lock_guard<std::mutex> lock(info_mu_);
+    redial_threads_.emplace_back([this, pi, info, me, hs_timeout, deadline] {
+      int port = 0;
+      std::string error;
+      try {
+        port = gate_dial(info, me, hs_timeout, deadline, /*unreachable_s=*/hs_timeout);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      post([this, pi, port, error] { finish_redial(pi, port, error); });
+    });
+  });
+}
+
+void UcxTransport::finish_redial(int pi, int ucx_port, const std::string& error) {
+  PeerConn& c = conns_[static_cast<size_t>(pi)];
+  if (stopping_ || !channel(pi).failed() || !error.empty()) {
+    // Taken in meanwhile (the peer dialed us: a new process of it), or not reachable: a
+    // later redial() tries again.
+    c.redialing = false;
+    if (!error.empty()) c.last_error = fmt::format("redial: {}", error);
+    return;
+  }
+  // As take_rejoin, but this side dials: a fresh channel and link, the lanes dialed anew.
+  channel(pi).process_failure();
+  ++c.gen;
+  c.we_dial = true;
+  c.ucx_port = ucx_port;
+  std::fill(c.lane_ep.begin(), c.lane_ep.end(), nullptr);
+  std::fill(c.dial_active.begin(), c.dial_active.end(), false);
+  std::fill(c.bye.begin(), c.bye.end(), false);
+  std::fill(c.redial_at.begin(), c.redial_at.end(), Clock::now());
+  c.last_error.clear();
+  c.fatal.clear();
+  retired_links_.push_back(std::move(c.link));
+  c.link = std::make_unique<PeerLink>(*this, pi, c.gen);
+  reopen_channel(pi, *c.link);
+  spdlog::info("transport: redialing {} (connection {})", peers()[static_cast<size_t>(pi)].name(), c.gen + 1);
+  c.redial_lanes = true;
+  for (int l = 0; l < cfg_.lanes; ++l) dial(pi, l);
+}
+
 bool UcxTransport::any_peer_failed() {
   for (size_t i = 0; i < conns_.size(); ++i)
     if (channel(static_cast<int>(i)).failed()) return true;
@@ -366,6 +421,8 @@ void UcxTransport::lane_ready(EpRec& rec) {
   c.dial_active[static_cast<size_t>(rec.lane)] = false;
   spdlog::info("transport: connected to {} lane {} ({})", peers()[static_cast<size_t>(rec.peer)].name(), rec.lane,
                rec.dialer ? "dialed" : "accepted");
+  if (c.redial_lanes && std::all_of(c.lane_ep.begin(), c.lane_ep.end(), [](ucp_ep_h e) { return e != nullptr; }))
+    c.redialing = c.redial_lanes = false;
   check_connect_done();
 }
 
@@ -436,18 +493,23 @@ void UcxTransport::connection_timers(Clock::time_point now, Clock::time_point& n
   auto book = [&](Clock::time_point t) {
     if (next == Clock::time_point{} || t < next) next = t;
   };
-  if (connect_done_) {
-    for (size_t i = 0; i < conns_.size(); ++i) {
-      PeerConn& c = conns_[i];
-      if (!c.we_dial || c.ucx_port == 0 || channel(static_cast<int>(i)).failed() || !c.fatal.empty()) continue;
-      for (int l = 0; l < cfg_.lanes; ++l) {
-        if (c.lane_ep[static_cast<size_t>(l)] != nullptr || c.dial_active[static_cast<size_t>(l)]) continue;
-        if (now >= c.redial_at[static_cast<size_t>(l)])
-          dial(static_cast<int>(i), l);
-        else
-          book(c.redial_at[static_cast<size_t>(l)]);
-      }
+  // Lanes still to dial: at connect, and after a redial (whose other lanes may be up).
+  for (size_t i = 0; i < conns_.size(); ++i) {
+    PeerConn& c = conns_[i];
+    if (!connect_done_ && !c.redial_lanes) continue;
+    if (!c.we_dial || c.ucx_port == 0 || channel(static_cast<int>(i)).failed() || !c.fatal.empty()) {
+      if (!connect_done_) c.redialing = c.redial_lanes = false;  // the new connection failed too: a later redial()
+      continue;
     }
+    for (int l = 0; l < cfg_.lanes; ++l) {
+      if (c.lane_ep[static_cast<size_t>(l)] != nullptr || c.dial_active[static_cast<size_t>(l)]) continue;
+      if (now >= c.redial_at[static_cast<size_t>(l)])
+        dial(static_cast<int>(i), l);
+      else
+        book(c.redial_at[static_cast<size_t>(l)]);
+    }
+  }
+  if (connect_done_) {
     check_connect_done();
     book(connect_deadline_);
   }

@@ -22,6 +22,13 @@ UcxTransport::UcxTransport(TransportConfig cfg, Identity self, TestHooks hooks)
 
 UcxTransport::~UcxTransport() {
   detach_handles();
+  // Redials' gate handshakes post their outcome to the loop: done before it stops.
+  std::vector<std::thread> redials;
+  {
+    std::lock_guard<std::mutex> lock(info_mu_);
+    redials.swap(redial_threads_);
+  }
+  for (auto& t : redials) t.join();
   post([this] { stopping_ = true; });
   thread_.join();
   ::close(wake_fd_);

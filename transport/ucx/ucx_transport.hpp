@@ -58,6 +58,9 @@ class UcxTransport final : public EngineTransport {
 
   // UCX settings applied at startup ("NAME=value").
   std::vector<std::string> settings() const override;
+  // A peer whose connection failed while both live on: this side dials it again if it is
+  // the side that dials it (transport.hpp). The gate handshake runs on a thread of its own.
+  void redial(int peer) override;
 
   class PeerLink;
 
@@ -89,6 +92,8 @@ class UcxTransport final : public EngineTransport {
     std::string fatal;  // handshake failure that retrying cannot fix
     uint64_t gen = 0;   // +1 per rejoin: endpoints of an older connection carry nothing
     std::unique_ptr<PeerLink> link;
+    bool redialing = false;     // redial(): the gate handshake runs, or the lanes are being dialed
+    bool redial_lanes = false;  // redial(): the new connection's lanes are being dialed
   };
 
   // ---- loop (ucx_transport.cpp) ----
@@ -111,6 +116,8 @@ class UcxTransport final : public EngineTransport {
   // A rejoining peer's first lane authenticated: the old connection's endpoints go, a fresh
   // channel and link take the peer's place (EngineTransport::reopen_channel).
   void take_rejoin(int pi);
+  // redial(): the gate answered with the peer's UCX port (or failed: `error`); on the loop.
+  void finish_redial(int pi, int ucx_port, const std::string& error);
   bool any_peer_failed();
   void check_connect_done();
   void finish_connect(FailKind kind, const std::string& msg);
@@ -133,6 +140,7 @@ class UcxTransport final : public EngineTransport {
 
   mutable std::mutex info_mu_;
   bool connect_called_ = false;
+  std::vector<std::thread> redial_threads_;  // gate handshakes of redial(), joined at destruction (info_mu_)
   std::unique_ptr<Gate> gate_;
   std::vector<std::string> ucx_notes_;
 
