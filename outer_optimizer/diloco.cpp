@@ -171,7 +171,11 @@ uint64_t Diloco::combined_hash() const {
 
 bool Diloco::after_inner_step(int64_t step, trainer::SiteStrategy& strategy) {
   step_ = step;
-  const bool synced = schedule_step(step, strategy);
+  bool synced = schedule_step(step, strategy);
+  if (overlapped() && cfg_.train.checkpoint_every > 0 && step % cfg_.train.checkpoint_every == 0) {
+    decide_in_flight(strategy);
+    synced = true;
+  }
   // Sites a round of this step took in get the state once everything of the step is done.
   if (admitted_) {
     serve_admitted(step, strategy);
@@ -196,11 +200,31 @@ bool Diloco::schedule_step(int64_t step, trainer::SiteStrategy& strategy) {
   bool any = false;
   // Merges first: with delayed_update the merge of round t and the launch of round t+1 of
   // a fragment fall on the same step.
+  in_merges_ = true;
   for (auto& f : frags_)
     if (f->pending_merge && step >= f->merge_step) {
       complete(*f, strategy);
       any = true;
     }
+  in_merges_ = false;
+  return after_merges(step, strategy, any);
+}
+
+void Diloco::decide_in_flight(trainer::SiteStrategy& strategy) {
+  for (auto& f : frags_) {
+    join_worker(*f);
+    if (!f->awaiting_decision) continue;
+    try {
+      f->result = decide_and_apply(*f, trace_tid(*f), strategy);
+    } catch (const QuorumLost&) {
+      retries_ = undecided_rounds(*f);
+      retry_rest_ = false;
+      throw;
+    }
+  }
+}
+
+bool Diloco::after_merges(int64_t step, trainer::SiteStrategy& strategy, bool any) {
   for (auto& f : frags_)
     if (f->awaiting_decision && !f->voted && step >= f->vote_step && step < f->merge_step)
       vote(*f, strategy, /*background=*/true);
@@ -328,7 +352,10 @@ void Diloco::sync(Fragment& f, int64_t step, trainer::SiteStrategy& strategy, co
     // Nothing of the round is applied: the state is the last committed one, plus this
     // rank's contribution (and its encoding error in the residual). A checkpoint of it lets
     // --resume exchange this round again, as if the wait had been longer.
-    if (!overlapped()) retry_ = Retry{f.index, round, step, OwnContribution{f.inbox.mine, f.inbox.info}};
+    // (With overlap a blocking round is the last step's or a re-plan's: only the last step's
+    // is kept, the others resume from the last periodic checkpoint.)
+    if (!overlapped() || step == cfg_.train.steps)
+      retries_ = {Retry{f.index, round, step, step, OwnContribution{f.inbox.mine, f.inbox.info}}};
     throw;
   }
   f.last_sync_step = step;
@@ -439,10 +466,35 @@ ExchangeResult Diloco::decide_and_apply(Fragment& f, int tid, trainer::SiteStrat
   return r;
 }
 
+std::vector<Diloco::Retry> Diloco::undecided_rounds(Fragment& failed) {
+  std::vector<Retry> out;
+  for (auto& f : frags_) {
+    if (f.get() != &failed) {
+      if (!f->awaiting_decision) continue;
+      join_worker(*f);  // its exchange ends by its deadline
+    }
+    out.push_back(
+        Retry{f->index, f->round, f->launch_step, f->merge_step, OwnContribution{f->inbox.mine, f->inbox.info}});
+  }
+  std::sort(out.begin(), out.end(), [](const Retry& a, const Retry& b) { return a.round < b.round; });
+  return out;
+}
+
 void Diloco::complete(Fragment& f, trainer::SiteStrategy& strategy) {
   join_worker(f);
   // A restored checkpoint's pending merge has its round applied already (no inbox).
-  if (f.awaiting_decision) f.result = decide_and_apply(f, trace_tid(f), strategy);
+  if (f.awaiting_decision) {
+    try {
+      f.result = decide_and_apply(f, trace_tid(f), strategy);
+    } catch (const QuorumLost&) {
+      // Nothing of this round or of the rounds still in flight is applied: a checkpoint of
+      // them lets --resume exchange them all again (resumed()), as if the wait had been longer.
+      retries_ = undecided_rounds(f);
+      retry_rest_ = in_merges_;
+      in_merges_ = false;
+      throw;
+    }
+  }
   // local <- alpha * local + (1 - alpha) * global: keeps part of the inner progress made
   // while the sync was in flight. Elementwise and contraction-free: bit-identical on every
   // rank that holds the same local values.

@@ -85,7 +85,7 @@ class Diloco : public trainer::OuterHook {
   int64_t join(trainer::SiteStrategy& strategy) override;             // diloco_join.cpp
   // A blocking round whose quorum was lost: the trainer checkpoints, and --resume exchanges
   // that round again (resumed) with the contribution this rank made to it.
-  bool checkpoint_after_failure() const override { return retry_.has_value(); }
+  bool checkpoint_after_failure() const override { return !retries_.empty(); }
   void resumed(int64_t step, trainer::SiteStrategy& strategy) override;  // diloco_state.cpp
   // --resume: the newest checkpoint step every site holds (site leaders exchange their lists).
   int64_t agree_resume_step(const std::vector<int64_t>& steps, trainer::SiteStrategy& strategy) override;
@@ -128,8 +128,11 @@ class Diloco : public trainer::OuterHook {
   // rounds launched from then on (RoundMembership::activate).
   void serve_admitted(int64_t step, trainer::SiteStrategy& strategy);
   void serve_joiners(SiteMask joiners, int64_t step);
-  // The outer loop's part of an inner step (after_inner_step without the joins' service).
+  // The outer loop's part of an inner step (after_inner_step without the joins' service):
+  // the merges due, then after_merges (votes, the last step's syncs, plan boundaries,
+  // launches); `any`: whether a round finished at this step so far.
   bool schedule_step(int64_t step, trainer::SiteStrategy& strategy);
+  bool after_merges(int64_t step, trainer::SiteStrategy& strategy, bool any);
   nlohmann::json joins_json() const;
 
   bool overlapped() const;
@@ -139,12 +142,18 @@ class Diloco : public trainer::OuterHook {
   void gather_local(const Fragment& f, std::span<const float> shard, std::span<float> out) const;
   // Blocking sync of one fragment (the plain outer loop when F = 1).
   // `again`: the round is one a lost quorum left undecided, exchanged again after --resume.
+  // A round its quorum was lost in (or launched and undecided then, with overlap): exchanged
+  // again after --resume with the contribution this rank made to it.
   struct Retry {
     int fragment = 0;
     uint64_t round = 0;
-    int64_t step = 0;
+    int64_t step = 0;        // its launch step
+    int64_t merge_step = 0;  // its merge step (= step: a blocking round)
     OwnContribution mine;
   };
+  // With overlap: the rounds launched and not decided when `failed`'s quorum was lost, in
+  // round order (their workers joined).
+  std::vector<Retry> undecided_rounds(Fragment& failed);
   void sync(Fragment& f, int64_t step, trainer::SiteStrategy& strategy, const Retry* again = nullptr);
   // Overlap: start a fragment's round on its worker; join + merge + all-gather.
   void launch(Fragment& f, int64_t step, trainer::SiteStrategy& strategy);
@@ -205,9 +214,16 @@ class Diloco : public trainer::OuterHook {
   int64_t round_ = 0;
   int64_t step_ = 0;  // the inner step this rank is at (the latest after_inner_step, a restore, a join)
   uint64_t site_hash_ = 0;
-  // retry_: the round this rank's quorum was lost in (saved by the failure's checkpoint);
-  // resume_retry_: one restored from a checkpoint, exchanged again by resumed().
-  std::optional<Retry> retry_, resume_retry_;
+  // retries_: the rounds undecided when this rank's quorum was lost (saved by the failure's
+  // checkpoint); resume_retries_: those restored from a checkpoint, exchanged again by resumed().
+  std::vector<Retry> retries_, resume_retries_;
+  // With overlap: whether the quorum was lost in the step's merges (the rest of that step --
+  // votes, a plan boundary, launches -- is still to run after a resume), not after its launches.
+  bool retry_rest_ = false, resume_retry_rest_ = false;
+  bool in_merges_ = false;  // schedule_step is running the merges due
+  // A periodic checkpoint at this step: its rounds in flight are decided now, at the end of
+  // the step (save_state would), so that a quorum lost there ends the step with a checkpoint.
+  void decide_in_flight(trainer::SiteStrategy& strategy);
 
   // Joins. Live side: per site, the join request being watched (reposted when the peer's
   // connection is a new one) and whether it is held; the donors serving joiners.

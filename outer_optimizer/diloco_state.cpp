@@ -14,6 +14,7 @@
 
 #include "outer_optimizer/diloco.hpp"
 #include "outer_optimizer/join_wire.hpp"
+#include "outer_optimizer/membership_driver.hpp"
 #include "trainer/core/error.hpp"
 
 namespace geoloco::outer {
@@ -22,16 +23,21 @@ Diloco::State Diloco::save_state() {
   // Syncs in flight: wait for their results (global weights, outer optimizer and error
   // feedback state all advance in the worker) and checkpoint the merges still due, so a
   // resumed run merges at the same steps as an uninterrupted one.
+  // (After a lost quorum the rounds in flight are undecided and stay so: `retries_` has them.)
+  const bool lost = !retries_.empty();
+  auto retried = [&](int fragment) {
+    return std::any_of(retries_.begin(), retries_.end(), [&](const Retry& r) { return r.fragment == fragment; });
+  };
   for (auto& f : frags_) {
     join_worker(*f);
     // Collected, not applied yet: decide and apply it now.
-    if (f->awaiting_decision) f->result = decide_and_apply(*f, trace_tid(*f), *strategy_);
+    if (f->awaiting_decision && !lost) f->result = decide_and_apply(*f, trace_tid(*f), *strategy_);
   }
   // A checkpoint holds weights every site agreed on. (After a lost quorum the other sites
-  // may be out of reach: the round exchanged again on resume posts a check that covers them.)
-  if (!retry_) verify_pending_checks();
+  // may be out of reach: the rounds exchanged again on resume post checks that cover them.)
+  if (!lost) verify_pending_checks();
   // Sites the rounds decided here took in are served what this checkpoint holds.
-  if (!retry_) serve_admitted(step_, *strategy_);
+  if (!lost) serve_admitted(step_, *strategy_);
   ShardState st = pack_state();
   State s;
   s.tensors["global"] = std::move(st.global);
@@ -39,14 +45,21 @@ Diloco::State Diloco::save_state() {
   if (!st.opt_b.empty()) s.tensors["opt_b"] = std::move(st.opt_b);
   if (!st.ef.empty()) s.tensors["ef_residual"] = std::move(st.ef);
   s.metadata["round"] = std::to_string(round_);
-  if (retry_) {
-    // The round the quorum was lost in, to exchange again: counters as before it, this
-    // rank's contribution as it was sent.
-    s.metadata["round"] = std::to_string(retry_->round - 1);
-    s.metadata["retry.fragment"] = std::to_string(retry_->fragment);
-    s.metadata["retry.round"] = std::to_string(retry_->round);
-    s.metadata["retry.step"] = std::to_string(retry_->step);
-    s.bytes["retry.envelope"] = *retry_->mine.envelope;
+  if (lost) {
+    // The rounds the quorum was lost in (with overlap: every round then in flight), to
+    // exchange again: counters as before the first, this rank's contributions as sent.
+    s.metadata["round"] = std::to_string(retries_.front().round - 1);
+    s.metadata["retry.count"] = std::to_string(retries_.size());
+    s.metadata["retry.rest_of_step"] = retry_rest_ ? "1" : "0";
+    for (size_t i = 0; i < retries_.size(); ++i) {
+      const Retry& r = retries_[i];
+      const std::string p = fmt::format("retry.{}.", i);
+      s.metadata[p + "fragment"] = std::to_string(r.fragment);
+      s.metadata[p + "round"] = std::to_string(r.round);
+      s.metadata[p + "step"] = std::to_string(r.step);
+      s.metadata[p + "merge_step"] = std::to_string(r.merge_step);
+      s.bytes[p + "envelope"] = *r.mine.envelope;
+    }
   }
   s.metadata["fragments"] = std::to_string(frags_.size());
   // Tokens trained and committed (the summary's membership.tokens), carried across --resume.
@@ -70,7 +83,7 @@ Diloco::State Diloco::save_state() {
     s.metadata[p + "last_sync_step"] = std::to_string(f->last_sync_step);
     s.metadata[p + "blocking_step"] = std::to_string(f->blocking_step);
     s.metadata[p + "opt_steps"] = std::to_string(f->opt->steps());
-    if (f->pending_merge) {
+    if (f->pending_merge && !(lost && retried(f->index))) {
       s.metadata[p + "pending_merge_step"] = std::to_string(f->merge_step);
       s.metadata[p + "pending_launch_step"] = std::to_string(f->launch_step);
       s.metadata[p + "pending_round"] = std::to_string(f->round);
@@ -89,35 +102,121 @@ Diloco::State Diloco::save_state() {
 void Diloco::restore_state(const trainer::SafetensorsFile& file) {
   restore_outer(file, /*joining=*/false);
   restore_tokens(file);
-  resume_retry_.reset();
-  if (!file.metadata().count("outer.retry.round")) return;
-  // Written when a blocking round lost its quorum: resumed() exchanges that round again.
+  resume_retries_.clear();
+  resume_retry_rest_ = false;
+  const auto& meta = file.metadata();
+  const bool listed = meta.count("outer.retry.count") > 0;
+  if (!listed && !meta.count("outer.retry.round")) return;
+  // Written when rounds lost their quorum: resumed() exchanges them again. (A checkpoint of
+  // an earlier version names one blocking round without an index.)
   constexpr uint64_t kMax = std::numeric_limits<int64_t>::max();
-  Retry r;
-  r.fragment = static_cast<int>(file.meta_int("outer.retry.fragment", 0, static_cast<int64_t>(frags_.size()) - 1));
-  r.round = file.meta_uint("outer.retry.round", 1, kMax);
-  r.step = file.meta_int("outer.retry.step", 1, cfg_.train.steps);
-  const auto env = file.u8("outer.retry.envelope");
-  r.mine.envelope = transport::make_payload(std::vector<uint8_t>(env.begin(), env.end()));
-  if (overlapped())
-    throw FileError(file.path(),
-                    "holds an outer round to exchange again, but this run overlaps its syncs "
-                    "(outer.overlap_steps or outer.delayed_update changed?)");
-  if (r.round != static_cast<uint64_t>(round_) + 1)
-    throw FileError(file.path(), fmt::format("outer.retry.round {} does not follow outer.round {}", r.round, round_));
-  if (r.step != file.meta_int("geoloco_step", 0))
-    throw FileError(file.path(), fmt::format("outer.retry.step {} is not the checkpoint's step {}", r.step,
-                                             file.meta("geoloco_step")));
-  // The contribution's frame info comes from the envelope itself, checked as a peer's would be.
-  try {
-    const Envelope e =
-        read_envelope(*r.mine.envelope, EnvelopeKind::kPseudoGradient, r.round, static_cast<uint32_t>(site_),
-                      static_cast<uint32_t>(rank_), r.mine.envelope->size(), "this rank's saved contribution");
-    r.mine.info = compression::Pipeline::inspect(e.body, frags_[static_cast<size_t>(r.fragment)]->n);
-  } catch (const Error& e) {
-    throw FileError(file.path(), fmt::format("outer.retry.envelope: {}", e.what()));
+  const int64_t n = listed ? file.meta_int("outer.retry.count", 1, static_cast<int64_t>(frags_.size())) : 1;
+  const int64_t at = file.meta_int("geoloco_step", 0);
+  if (listed && meta.count("outer.retry.rest_of_step"))
+    resume_retry_rest_ = file.meta_int("outer.retry.rest_of_step", 0, 1) == 1;
+  for (int64_t i = 0; i < n; ++i) {
+    const std::string p = listed ? fmt::format("outer.retry.{}.", i) : std::string("outer.retry.");
+    Retry r;
+    r.fragment = static_cast<int>(file.meta_int(p + "fragment", 0, static_cast<int64_t>(frags_.size()) - 1));
+    r.round = file.meta_uint(p + "round", 1, kMax);
+    r.step = file.meta_int(p + "step", 1, cfg_.train.steps);
+    r.merge_step = listed ? file.meta_int(p + "merge_step", r.step, cfg_.train.steps) : r.step;
+    const auto env = file.u8(p + "envelope");
+    r.mine.envelope = transport::make_payload(std::vector<uint8_t>(env.begin(), env.end()));
+    const bool blocking = r.merge_step == r.step;
+    if (blocking && overlapped() && r.step != cfg_.train.steps)
+      throw FileError(file.path(),
+                      "holds an outer round to exchange again, but this run overlaps its syncs "
+                      "(outer.overlap_steps or outer.delayed_update changed?)");
+    if (!blocking && !overlapped())
+      throw FileError(file.path(),
+                      "holds overlapped outer rounds to exchange again, but this run has no overlap "
+                      "(outer.overlap_steps or outer.delayed_update changed?)");
+    const uint64_t expect =
+        resume_retries_.empty() ? static_cast<uint64_t>(round_) + 1 : resume_retries_.back().round + 1;
+    if (r.round != expect)
+      throw FileError(file.path(), fmt::format("{}round {} does not follow round {}", p, r.round, expect - 1));
+    // The round the quorum was lost in merges at the checkpoint's step; the others were
+    // launched before it and merge later.
+    if (r.step > at || r.merge_step < at || (blocking && r.step != at) ||
+        std::any_of(resume_retries_.begin(), resume_retries_.end(),
+                    [&](const Retry& o) { return o.fragment == r.fragment; }))
+      throw FileError(file.path(), fmt::format("{}: launched at step {}, merged at {}, fragment {}: not a round "
+                                               "undecided at the checkpoint's step {}",
+                                               p, r.step, r.merge_step, r.fragment, at));
+    // The contribution's frame info comes from the envelope itself, checked as a peer's would be.
+    try {
+      const Envelope e =
+          read_envelope(*r.mine.envelope, EnvelopeKind::kPseudoGradient, r.round, static_cast<uint32_t>(site_),
+                        static_cast<uint32_t>(rank_), r.mine.envelope->size(), "this rank's saved contribution");
+      r.mine.info = compression::Pipeline::inspect(e.body, frags_[static_cast<size_t>(r.fragment)]->n);
+    } catch (const Error& e) {
+      throw FileError(file.path(), fmt::format("{}envelope: {}", p, e.what()));
+    }
+    resume_retries_.push_back(std::move(r));
   }
-  resume_retry_ = std::move(r);
+}
+
+void Diloco::resumed(int64_t step, trainer::SiteStrategy& strategy) {
+  if (resume_retries_.empty()) return;
+  const std::vector<Retry> rs = std::exchange(resume_retries_, {});
+  GEOLOCO_CHECK(rs.front().step <= step && rs.front().merge_step >= step,
+                "outer round {} (launched at step {}, merged at {}) to exchange again, resumed at step {}",
+                rs.front().round, rs.front().step, rs.front().merge_step, step);
+  if (rs.front().merge_step == rs.front().step) {
+    // A blocking round (the only one): the rest of its step had run before it.
+    const Retry& r = rs.front();
+    if (rank_ == 0)
+      spdlog::info("outer round {} (inner step {}): its quorum was lost; exchanged again after --resume", r.round,
+                   r.step);
+    sync(*frags_[static_cast<size_t>(r.fragment)], step, strategy, &r);
+    // The last step's blocking syncs of the fragments after it, as the uninterrupted run does.
+    if (step == cfg_.train.steps) final_sync(step, strategy);
+    serve_admitted(step, strategy);
+    return;
+  }
+  // Overlapped rounds: every one's contribution exchanged again first (so a quorum lost
+  // again finds them all undecided, as the first time), then decided in round order and
+  // applied (their global weights are read at their merges only), each merged at its step.
+  for (const Retry& r : rs) {
+    if (rank_ == 0)
+      spdlog::info("outer round {} (launched at inner step {}): {}; exchanged again after --resume", r.round, r.step,
+                   &r == &rs.front() ? "its quorum was lost" : "in flight when the quorum was lost");
+    Fragment& f = *frags_[static_cast<size_t>(r.fragment)];
+    round_ = static_cast<int64_t>(r.round);
+    f.launch_step = r.step;
+    f.round = r.round;
+    f.merge_step = r.merge_step;
+    f.vote_step = step;
+    f.voted = false;
+    f.awaiting_decision = true;
+    f.pending_merge = true;
+    f.snapshot.resize(f.n);
+    gather_local(f, strategy.shard_params(), f.snapshot);  // (the round's error stats: against these)
+    collect_round(f, ctx_, r.step, r.round, 0, f.snapshot, membership_.active(r.round), membership_.deadline_s(),
+                  trace_tid(f), &r.mine);
+  }
+  for (const Retry& r : rs) {
+    Fragment& f = *frags_[static_cast<size_t>(r.fragment)];
+    if (r.merge_step <= step) {
+      complete(f, strategy);
+      continue;
+    }
+    try {
+      f.result = decide_and_apply(f, trace_tid(f), strategy);
+    } catch (const QuorumLost&) {
+      retries_ = undecided_rounds(f);
+      throw;
+    }
+  }
+  // The rest of the step the quorum was lost at, when it failed in its merges: votes, the
+  // last step's syncs, a plan boundary, the launches due, as the uninterrupted run does them.
+  round_ = static_cast<int64_t>(rs.back().round);
+  if (std::exchange(resume_retry_rest_, false))
+    after_merges(step, strategy, true);
+  else if (step == cfg_.train.steps)
+    final_sync(step, strategy);
+  serve_admitted(step, strategy);
 }
 
 namespace {
@@ -242,20 +341,6 @@ void Diloco::restore_tokens(const trainer::SafetensorsFile& file) {
     throw FileError(file.path(), fmt::format("outer.tokens.committed holds {} site(s), the config has {}", v.size(),
                                              committed_tokens_.size()));
   committed_tokens_ = std::move(v);
-}
-
-void Diloco::resumed(int64_t step, trainer::SiteStrategy& strategy) {
-  if (!resume_retry_) return;
-  const Retry r = std::move(*resume_retry_);
-  resume_retry_.reset();
-  GEOLOCO_CHECK(r.step == step, "outer round {} to exchange again at step {}, resumed at {}", r.round, r.step, step);
-  if (rank_ == 0)
-    spdlog::info("outer round {} (inner step {}): its quorum was lost; exchanged again after --resume", r.round,
-                 r.step);
-  sync(*frags_[static_cast<size_t>(r.fragment)], step, strategy, &r);
-  // The last step's blocking syncs of the fragments after it, as the uninterrupted run does.
-  if (step == cfg_.train.steps) final_sync(step, strategy);
-  serve_admitted(step, strategy);
 }
 
 void Diloco::restore_outer(const trainer::SafetensorsFile& file, bool joining) {

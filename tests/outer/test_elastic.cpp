@@ -776,6 +776,61 @@ TEST(Elastic, APartitionTwoAgainstTwoCommitsNeitherSideAndAfterTheHealEverySiteR
 // hear of each other: paris and lyon's side is kept (2 sites each: it holds the lowest index);
 // milan and oslo leave the run naming both sides and the tokens they trained since the split,
 // restart, rejoin from paris and lyon, and all four end on one hash.
+// The same 2|2 cut with overlapped, streaming syncs: two fragments overlapped over 7 steps of
+// a 10-step period (fragment 0 launched at steps 5, 15, ..., fragment 1 at 10, 20, ..., each
+// merged 7 steps later). The cut starts with round 4's frames (step 20): a round's membership
+// cannot be agreed -- at its merge, or at step 20 when a periodic checkpoint decides the rounds
+// in flight -- and every site stops below quorum with another round in flight, writing a
+// checkpoint that holds the contributions of every undecided round. --resume exchanges them
+// again (merging each at its own step) and the run ends bit-identical to one never cut. Both
+// places the quorum can be lost are run: with checkpoints every 5 steps and without.
+TEST(Elastic, WithOverlapAPartitionStopsEverySiteWithACheckpointAndTheResumeEndsAsIfNeverCut) {
+  auto cfg_for = [](const TempDir& dir, int every) {
+    auto c = sites_config(dir, 4, 1, ", fragments: 2, overlap_steps: 7", 10);
+    c.train.steps = 40;
+    c.train.checkpoint_every = every;
+    return c;
+  };
+  TempDir clean_dir;
+  const std::string clean = all_hash(run(cfg_for(clean_dir, 5), {}));
+  ASSERT_NE(clean, "");
+  for (int every : {5, 0}) {
+    SCOPED_TRACE(fmt::format("checkpoint_every {}", every));
+    TempDir d;
+    std::vector<Fault> cut;
+    for (const char* a : {"paris", "lyon"})
+      for (const char* b : {"milan", "oslo"})
+        for (const auto& [from, to] : {std::pair{a, b}, std::pair{b, a}}) {
+          Fault f = kill_before(from, 0, 4);  // round 4's pseudo-gradient frame to `to` triggers it
+          f.action = FaultAction::kCut;
+          f.to_site = to;
+          f.delay_s = 4;
+          cut.push_back(f);
+        }
+    const auto cfg = cfg_for(d, every);
+    std::set<std::string> stopped_at;
+    for (const auto& o : run(cfg, cut)) {
+      EXPECT_TRUE(has(o.error, "no membership agreed")) << o.site << ": " << o.error;
+      std::ifstream latest(d.path() / "out" / "checkpoints" / o.site / "latest");
+      std::string name;
+      std::getline(latest, name);
+      stopped_at.insert(name);
+    }
+    ASSERT_EQ(stopped_at.size(), 1u) << "the sites stopped at different steps";
+    const std::string at = *stopped_at.begin();
+    EXPECT_GE(at, "step_00000020");
+    // Those rounds are overlapped ones: a run without overlap refuses them, naming the file.
+    auto blocking = cfg;
+    blocking.outer.overlap_steps = 0;
+    for (const auto& o : run_with_rejoin(blocking, {}, "", nullptr, {}, {}, /*resume=*/true))
+      EXPECT_TRUE(has(o.error, at + "/state.r0.safetensors: holds ") && has(o.error, "but this run has no overlap"))
+          << o.error;
+    const auto resumed = run_with_rejoin(cfg, {}, "", nullptr, {}, {}, /*resume=*/true);
+    EXPECT_EQ(all_hash(resumed), clean);
+    for (const auto& o : resumed) EXPECT_EQ(o.result["membership"]["evictions"].size(), 0u) << o.site;
+  }
+}
+
 // Four sites with min_sites 1, split 2|2 by a link cut of `cut_s` seconds at round 4: both
 // sides go on alone; when the cut heals, the side with the lowest site index (paris, lyon) is
 // kept, milan and oslo leave naming both sides and the tokens they discard, restart and
