@@ -168,7 +168,8 @@ RepResult run_site(int site, int sites, const Options& o, int64_t params, bool r
   // emulated link they leave the delay line after the others' have arrived here).
   std::vector<transport::SendHandle> done;
   for (int s = 0; s < sites; ++s)
-    if (s != site) done.push_back(t.send(sp.peer(s), transport::FrameKind::kControl, 100, 0, transport::make_payload({1})));
+    if (s != site)
+      done.push_back(t.send(sp.peer(s), transport::FrameKind::kControl, 100, 0, transport::make_payload({1})));
   for (int s = 0; s < sites; ++s)
     if (s != site) t.recv(sp.peer(s), transport::FrameKind::kControl, 100, 0, size_t{1}).wait();
   for (auto& h : done) h.wait();
@@ -250,9 +251,10 @@ int main(int argc, char** argv) {
     nlohmann::json j;
     j["bench"] = "elastic_join_recovery";
     j["path"] = o.delay_ms > 0 || o.rate_mbit > 0
-                    ? fmt::format("UCX over TCP loopback through transport.emulate ({} ms one way, {} Mbit/s per "
-                                  "site pair), one process per site",
-                                  o.delay_ms, o.rate_mbit)
+                    ? fmt::format(
+                          "UCX over TCP loopback through transport.emulate ({} ms one way, {} Mbit/s per "
+                          "site pair), one process per site",
+                          o.delay_ms, o.rate_mbit)
                     : std::string("UCX over TCP loopback, one process per site");
     j["emulate"] = {{"delay_ms", o.delay_ms}, {"rate_mbit", o.rate_mbit}};
     j["peer"] = "the same bytes as one transport message from one donor (raw copy)";

@@ -33,31 +33,10 @@ import statistics
 import sys
 
 
-def fail(msg):
-    print(f"churn_summary.py: {msg}", file=sys.stderr)
-    sys.exit(1)
+from summary_io import fail, load_json, read_jsonl, set_prog
 
-
-def load_json(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        fail(f"{path}: {e}")
-
-
-def read_lines(path):
-    out = []
-    try:
-        with open(path) as f:
-            for n, line in enumerate(f, 1):
-                try:
-                    out.append((n, json.loads(line)))
-                except ValueError as e:
-                    fail(f"{path}:{n}: {e}")
-    except OSError as e:
-        fail(f"{path}: {e}")
-    return out
+set_prog("churn_summary.py")
+read_lines = read_jsonl
 
 
 JOINED = re.compile(r"\] info site (\S+): joined at outer round (\d+) \(inner step (\d+)\) from (.*?): "

@@ -20,33 +20,16 @@ import sys
 SITES = ("paris", "lyon", "milan")
 
 
-def fail(msg):
-    print(f"rewarm_summary.py: {msg}", file=sys.stderr)
-    sys.exit(1)
+from summary_io import fail, load_json, read_jsonl, set_prog
 
-
-def load_json(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        fail(f"{path}: {e}")
+set_prog("rewarm_summary.py")
 
 
 def rounds(d, site):
     """round number -> sqrt(ref2) of that site's own contribution, its members."""
     out = {}
-    path = f"{d}/sites/{site}/rounds.r0.jsonl"
-    try:
-        with open(path) as f:
-            for n, line in enumerate(f, 1):
-                try:
-                    j = json.loads(line)
-                except ValueError as e:
-                    fail(f"{path}:{n}: {e}")
-                out[j["round"]] = (math.sqrt(j["ref2"]), j["members"], j.get("joiners", []))
-    except OSError as e:
-        fail(f"{path}: {e}")
+    for _, j in read_jsonl(f"{d}/sites/{site}/rounds.r0.jsonl"):
+        out[j["round"]] = (math.sqrt(j["ref2"]), j["members"], j.get("joiners", []))
     return out
 
 

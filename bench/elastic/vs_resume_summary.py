@@ -12,17 +12,13 @@ import statistics
 import sys
 
 
-def fail(msg):
-    print(f"vs_resume_summary.py: {msg}", file=sys.stderr)
-    sys.exit(1)
+from summary_io import fail, load_json, set_prog
+
+set_prog("vs_resume_summary.py")
 
 
 def one_run(mode, wall, d, steps):
-    try:
-        with open(f"{d}/summary.json") as f:
-            s = json.load(f)
-    except (OSError, ValueError) as e:
-        fail(f"{d}/summary.json: {e}")
+    s = load_json(f"{d}/summary.json")
     if s.get("completed") is not True or s.get("steps") != steps:
         fail(f"{d}: completed {s.get('completed')} steps {s.get('steps')}, expected {steps} completed")
     if "val_loss" not in s:

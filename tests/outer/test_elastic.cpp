@@ -103,6 +103,22 @@ Fault kill_before(const std::string& site, int rank, uint64_t nth_pseudograd_fra
 
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
+// A link cut of `seconds` between {paris, lyon} and {milan, oslo}, both ways, from round 4's
+// pseudo-gradient frames on (the fabric's cut fault: frames held, then delivered in order).
+std::vector<Fault> two_against_two_cut(double seconds) {
+  std::vector<Fault> cut;
+  for (const char* a : {"paris", "lyon"})
+    for (const char* b : {"milan", "oslo"})
+      for (const auto& [from, to] : {std::pair{a, b}, std::pair{b, a}}) {
+        Fault f = kill_before(from, 0, 4);  // round 4's pseudo-gradient frame to `to` triggers it
+        f.action = FaultAction::kCut;
+        f.to_site = to;
+        f.delay_s = seconds;
+        cut.push_back(f);
+      }
+  return cut;
+}
+
 // membership.tokens of a rank's summary; its site's tokens per inner step (trained / steps
 // trained, those after `counted_after_step`).
 const nlohmann::json& tokens_of(const nlohmann::json& summary) { return summary["membership"]["tokens"]; }
@@ -702,16 +718,7 @@ TEST(Elastic, APartitionTwoAgainstTwoCommitsNeitherSideAndAfterTheHealEverySiteR
   const auto clean_run = run(cfg_for(clean_dir), {});
   const std::string clean = all_hash(clean_run);
   ASSERT_NE(clean, "");
-  std::vector<Fault> cut;
-  for (const char* a : {"paris", "lyon"})
-    for (const char* b : {"milan", "oslo"})
-      for (const auto& [from, to] : {std::pair{a, b}, std::pair{b, a}}) {
-        Fault f = kill_before(from, 0, 4);  // round 4's pseudo-gradient frame to `to` triggers it
-        f.action = FaultAction::kCut;
-        f.to_site = to;
-        f.delay_s = 4;
-        cut.push_back(f);
-      }
+  const auto cut = two_against_two_cut(4);
   const auto cfg = cfg_for(d);
   const auto parted = run(cfg, cut);
   for (const auto& o : parted) {
@@ -797,16 +804,7 @@ TEST(Elastic, WithOverlapAPartitionStopsEverySiteWithACheckpointAndTheResumeEnds
   for (int every : {5, 0}) {
     SCOPED_TRACE(fmt::format("checkpoint_every {}", every));
     TempDir d;
-    std::vector<Fault> cut;
-    for (const char* a : {"paris", "lyon"})
-      for (const char* b : {"milan", "oslo"})
-        for (const auto& [from, to] : {std::pair{a, b}, std::pair{b, a}}) {
-          Fault f = kill_before(from, 0, 4);  // round 4's pseudo-gradient frame to `to` triggers it
-          f.action = FaultAction::kCut;
-          f.to_site = to;
-          f.delay_s = 4;
-          cut.push_back(f);
-        }
+    const auto cut = two_against_two_cut(4);
     const auto cfg = cfg_for(d, every);
     std::set<std::string> stopped_at;
     for (const auto& o : run(cfg, cut)) {
@@ -843,16 +841,7 @@ void partition_heals_and_the_lowest_index_is_kept(double cut_s) {
   cfg.outer.interval = 10;
   outer::OuterHooks hooks;
   hooks.pace = outer::OuterHooks::Pace{-1, 0.01};  // every site: both sides still train after the heal
-  std::vector<Fault> cut;
-  for (const char* a : {"paris", "lyon"})
-    for (const char* b : {"milan", "oslo"})
-      for (const auto& [from, to] : {std::pair{a, b}, std::pair{b, a}}) {
-        Fault f = kill_before(from, 0, 4);
-        f.action = FaultAction::kCut;
-        f.to_site = to;
-        f.delay_s = cut_s;
-        cut.push_back(f);
-      }
+  const auto cut = two_against_two_cut(cut_s);
   std::vector<Outcome> first;
   const auto out = run_with_rejoin(cfg, cut, "milan,oslo", &first, hooks);
   for (const auto& o : first) {

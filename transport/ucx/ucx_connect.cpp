@@ -339,20 +339,26 @@ void UcxTransport::on_hs_message(EpRec& rec, std::span<const uint8_t> bytes) {
   }
 }
 
-void UcxTransport::take_rejoin(int pi) {
+void UcxTransport::renew_connection(int pi, bool we_dial) {
   PeerConn& c = conns_[static_cast<size_t>(pi)];
   channel(pi).process_failure();  // the old link's abort closes the old endpoints
   ++c.gen;
-  c.we_dial = false;  // the joiner dials its other lanes too
+  c.we_dial = we_dial;
   std::fill(c.lane_ep.begin(), c.lane_ep.end(), nullptr);
   std::fill(c.dial_active.begin(), c.dial_active.end(), false);
   std::fill(c.bye.begin(), c.bye.end(), false);
+  std::fill(c.redial_at.begin(), c.redial_at.end(), Clock::now());
   c.last_error.clear();
   c.fatal.clear();
   retired_links_.push_back(std::move(c.link));
   c.link = std::make_unique<PeerLink>(*this, pi, c.gen);
   reopen_channel(pi, *c.link);
-  spdlog::info("transport: {} rejoined (connection {})", peers()[static_cast<size_t>(pi)].name(), c.gen + 1);
+}
+
+void UcxTransport::take_rejoin(int pi) {
+  renew_connection(pi, /*we_dial=*/false);  // the joiner dials its other lanes too
+  spdlog::info("transport: {} rejoined (connection {})", peers()[static_cast<size_t>(pi)].name(),
+               conns_[static_cast<size_t>(pi)].gen + 1);
 }
 
 void UcxTransport::redial(int pi) {
@@ -390,19 +396,8 @@ void UcxTransport::finish_redial(int pi, int ucx_port, const std::string& error)
     return;
   }
   // As take_rejoin, but this side dials: a fresh channel and link, the lanes dialed anew.
-  channel(pi).process_failure();
-  ++c.gen;
-  c.we_dial = true;
+  renew_connection(pi, /*we_dial=*/true);
   c.ucx_port = ucx_port;
-  std::fill(c.lane_ep.begin(), c.lane_ep.end(), nullptr);
-  std::fill(c.dial_active.begin(), c.dial_active.end(), false);
-  std::fill(c.bye.begin(), c.bye.end(), false);
-  std::fill(c.redial_at.begin(), c.redial_at.end(), Clock::now());
-  c.last_error.clear();
-  c.fatal.clear();
-  retired_links_.push_back(std::move(c.link));
-  c.link = std::make_unique<PeerLink>(*this, pi, c.gen);
-  reopen_channel(pi, *c.link);
   spdlog::info("transport: redialing {} (connection {})", peers()[static_cast<size_t>(pi)].name(), c.gen + 1);
   c.redial_lanes = true;
   for (int l = 0; l < cfg_.lanes; ++l) dial(pi, l);

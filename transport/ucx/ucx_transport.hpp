@@ -116,6 +116,9 @@ class UcxTransport final : public EngineTransport {
   // A rejoining peer's first lane authenticated: the old connection's endpoints go, a fresh
   // channel and link take the peer's place (EngineTransport::reopen_channel).
   void take_rejoin(int pi);
+  // A fresh channel, link and connection generation for peer `pi` (its old one failed);
+  // `we_dial`: this side dials its lanes.
+  void renew_connection(int pi, bool we_dial);
   // redial(): the gate answered with the peer's UCX port (or failed: `error`); on the loop.
   void finish_redial(int pi, int ucx_port, const std::string& error);
   bool any_peer_failed();
