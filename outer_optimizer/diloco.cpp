@@ -200,27 +200,33 @@ bool Diloco::schedule_step(int64_t step, trainer::SiteStrategy& strategy) {
   bool any = false;
   // Merges first: with delayed_update the merge of round t and the launch of round t+1 of
   // a fragment fall on the same step.
-  in_merges_ = true;
-  for (auto& f : frags_)
-    if (f->pending_merge && step >= f->merge_step) {
-      complete(*f, strategy);
-      any = true;
-    }
-  in_merges_ = false;
+  {
+    const MergesRunning merging{in_merges_, true};
+    for (auto& f : frags_)
+      if (f->pending_merge && step >= f->merge_step) {
+        complete(*f, strategy);
+        any = true;
+      }
+  }
   return after_merges(step, strategy, any);
 }
 
 void Diloco::decide_in_flight(trainer::SiteStrategy& strategy) {
   for (auto& f : frags_) {
     join_worker(*f);
-    if (!f->awaiting_decision) continue;
-    try {
-      f->result = decide_and_apply(*f, trace_tid(*f), strategy);
-    } catch (const QuorumLost&) {
-      retries_ = undecided_rounds(*f);
-      retry_rest_ = false;
-      throw;
-    }
+    if (f->awaiting_decision) f->result = decide_or_keep(*f, strategy);
+  }
+}
+
+ExchangeResult Diloco::decide_or_keep(Fragment& f, trainer::SiteStrategy& strategy) {
+  try {
+    return decide_and_apply(f, trace_tid(f), strategy);
+  } catch (const QuorumLost&) {
+    // Nothing of this round or of the rounds still in flight is applied: a checkpoint of
+    // them lets --resume exchange them all again (resumed()), as if the wait had been longer.
+    retries_ = undecided_rounds(f);
+    retry_rest_ = in_merges_;
+    throw;
   }
 }
 
@@ -483,18 +489,7 @@ std::vector<Diloco::Retry> Diloco::undecided_rounds(Fragment& failed) {
 void Diloco::complete(Fragment& f, trainer::SiteStrategy& strategy) {
   join_worker(f);
   // A restored checkpoint's pending merge has its round applied already (no inbox).
-  if (f.awaiting_decision) {
-    try {
-      f.result = decide_and_apply(f, trace_tid(f), strategy);
-    } catch (const QuorumLost&) {
-      // Nothing of this round or of the rounds still in flight is applied: a checkpoint of
-      // them lets --resume exchange them all again (resumed()), as if the wait had been longer.
-      retries_ = undecided_rounds(f);
-      retry_rest_ = in_merges_;
-      in_merges_ = false;
-      throw;
-    }
-  }
+  if (f.awaiting_decision) f.result = decide_or_keep(f, strategy);
   // local <- alpha * local + (1 - alpha) * global: keeps part of the inner progress made
   // while the sync was in flight. Elementwise and contraction-free: bit-identical on every
   // rank that holds the same local values.

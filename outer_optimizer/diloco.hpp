@@ -220,7 +220,16 @@ class Diloco : public trainer::OuterHook {
   // With overlap: whether the quorum was lost in the step's merges (the rest of that step --
   // votes, a plan boundary, launches -- is still to run after a resume), not after its launches.
   bool retry_rest_ = false, resume_retry_rest_ = false;
-  bool in_merges_ = false;  // schedule_step is running the merges due
+  bool in_merges_ = false;  // the merges due at a step are running (schedule_step, or resumed() replaying them)
+  struct MergesRunning {    // sets in_merges_ for a scope, whatever leaves it
+    bool& flag;
+    const bool was;
+    MergesRunning(bool& f, bool now) : flag(f), was(f) { flag = now; }
+    ~MergesRunning() { flag = was; }
+  };
+  // decide_and_apply of an overlapped round; a quorum lost there keeps every round then
+  // undecided (retries_, and whether the step's merges were running) for the checkpoint.
+  ExchangeResult decide_or_keep(Fragment& f, trainer::SiteStrategy& strategy);
   // A periodic checkpoint at this step: its rounds in flight are decided now, at the end of
   // the step (save_state would), so that a quorum lost there ends the step with a checkpoint.
   void decide_in_flight(trainer::SiteStrategy& strategy);

@@ -34,9 +34,8 @@ void Diloco::serve_admitted(int64_t step, trainer::SiteStrategy& strategy) {
 SiteMask Diloco::poll_join_requests(uint64_t round) {
   auto* t = peers_.transport();
   if (!t || !ocfg_.allow_join) return 0;
-  const SiteMask active = membership_.active(round);
   SiteMask requested = 0;
-  const SiteMask in_run = active | membership_.members();  // a site admitted already is not asking
+  const SiteMask in_run = membership_.members();  // active ones and those admitted already: not asking
   for (int s = 0; s < peers_.sites(); ++s) {
     if (s == site_ || ((in_run >> s) & 1)) continue;
     JoinWatch& w = join_watch_[static_cast<size_t>(s)];

@@ -5,9 +5,9 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <algorithm>
 #include <cstring>
 #include <iterator>
 #include <limits>
@@ -28,11 +28,9 @@ Diloco::State Diloco::save_state() {
   auto retried = [&](int fragment) {
     return std::any_of(retries_.begin(), retries_.end(), [&](const Retry& r) { return r.fragment == fragment; });
   };
-  for (auto& f : frags_) {
-    join_worker(*f);
-    // Collected, not applied yet: decide and apply it now.
-    if (f->awaiting_decision && !lost) f->result = decide_and_apply(*f, trace_tid(*f), *strategy_);
-  }
+  // Collected, not applied yet: decided and applied now (after_inner_step did already at a
+  // periodic checkpoint's step).
+  if (!lost) decide_in_flight(*strategy_);
   // A checkpoint holds weights every site agreed on. (After a lost quorum the other sites
   // may be out of reach: the rounds exchanged again on resume post checks that cover them.)
   if (!lost) verify_pending_checks();
@@ -196,23 +194,21 @@ void Diloco::resumed(int64_t step, trainer::SiteStrategy& strategy) {
     collect_round(f, ctx_, r.step, r.round, 0, f.snapshot, membership_.active(r.round), membership_.deadline_s(),
                   trace_tid(f), &r.mine);
   }
-  for (const Retry& r : rs) {
-    Fragment& f = *frags_[static_cast<size_t>(r.fragment)];
-    if (r.merge_step <= step) {
-      complete(f, strategy);
-      continue;
-    }
-    try {
-      f.result = decide_and_apply(f, trace_tid(f), strategy);
-    } catch (const QuorumLost&) {
-      retries_ = undecided_rounds(f);
-      throw;
+  // (A quorum lost again keeps them as the first time did, in the step's merges or not.)
+  const bool rest = std::exchange(resume_retry_rest_, false);
+  {
+    const MergesRunning merging{in_merges_, rest};
+    for (const Retry& r : rs) {
+      Fragment& f = *frags_[static_cast<size_t>(r.fragment)];
+      if (r.merge_step <= step)
+        complete(f, strategy);
+      else
+        f.result = decide_or_keep(f, strategy);
     }
   }
   // The rest of the step the quorum was lost at, when it failed in its merges: votes, the
   // last step's syncs, a plan boundary, the launches due, as the uninterrupted run does them.
-  round_ = static_cast<int64_t>(rs.back().round);
-  if (std::exchange(resume_retry_rest_, false))
+  if (rest)
     after_merges(step, strategy, true);
   else if (step == cfg_.train.steps)
     final_sync(step, strategy);

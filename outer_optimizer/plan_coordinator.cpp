@@ -229,22 +229,29 @@ std::optional<PlanDecision> PlanCoordinator::boundary(int64_t step, int64_t inde
   return std::nullopt;
 }
 
-namespace {
-
-nlohmann::json report_json(int64_t epoch, int64_t boundary, double sync_s, double step_s, bool drift) {
+nlohmann::json PlanCoordinator::Report::to_json() const {
   return {{"epoch", epoch}, {"boundary", boundary}, {"sync_s", sync_s}, {"step_s", step_s}, {"drift", drift}};
 }
 
-}  // namespace
+PlanCoordinator::Report PlanCoordinator::Report::from_json(const nlohmann::json& j) {
+  return Report{j.at("epoch").get<int64_t>(), j.at("boundary").get<int64_t>(), j.at("sync_s").get<double>(),
+                j.at("step_s").get<double>(), j.at("drift").get<bool>()};
+}
+
+nlohmann::json PlanCoordinator::Decided::to_json() const {
+  return {{"epoch", epoch}, {"boundary", boundary}, {"plan", plan.to_json()}};
+}
+
+PlanCoordinator::Decided PlanCoordinator::Decided::from_json(const nlohmann::json& j, const std::string& source) {
+  return Decided{j.at("epoch").get<int64_t>(), j.at("boundary").get<int64_t>(),
+                 PlanDecision::from_json(j.at("plan"), source)};
+}
 
 std::vector<uint8_t> PlanCoordinator::attachment() const {
   if (peers_.rank() != 0 || (!report_ && !decision_)) return {};
   nlohmann::json j = {{"format", "geoloco-plan-attachment"}, {"version", 1}};
-  if (report_)
-    j["report"] = report_json(report_->epoch, report_->boundary, report_->sync_s, report_->step_s, report_->drift);
-  if (decision_)
-    j["decision"] = {
-        {"epoch", decision_->epoch}, {"boundary", decision_->boundary}, {"plan", decision_->plan.to_json()}};
+  if (report_) j["report"] = report_->to_json();
+  if (decision_) j["decision"] = decision_->to_json();
   const std::string text = j.dump();
   return std::vector<uint8_t>(text.begin(), text.end());
 }
@@ -272,11 +279,10 @@ void PlanCoordinator::committed(uint64_t round, const std::vector<std::vector<ui
     for (int s = 0; s < S; ++s) {
       const auto& j = att[static_cast<size_t>(s)];
       if (j.is_null() || !j.contains("decision")) continue;
-      const auto& d = j.at("decision");
-      const int64_t epoch = d.at("epoch").get<int64_t>(), b = d.at("boundary").get<int64_t>();
-      if (epoch != plan.epoch || b <= committed_boundary_) continue;
-      due_ = Decided{epoch, b, PlanDecision::from_json(d.at("plan"), peers_.name(s) + "'s plan decision")};
-      committed_boundary_ = b;
+      Decided d = Decided::from_json(j.at("decision"), peers_.name(s) + "'s plan decision");
+      if (d.epoch != plan.epoch || d.boundary <= committed_boundary_) continue;
+      committed_boundary_ = d.boundary;
+      due_ = std::move(d);
       break;
     }
   } catch (const std::exception& e) {
@@ -355,16 +361,12 @@ void PlanCoordinator::restart() {
 
 std::string PlanCoordinator::save(bool shared) const {
   if (peers_.rank() != 0) return "";
-  auto decided = [](const Decided& d) {
-    return nlohmann::json{{"epoch", d.epoch}, {"boundary", d.boundary}, {"plan", d.plan.to_json()}};
-  };
   nlohmann::json j = {{"committed_boundary", committed_boundary_}};
-  if (due_) j["due"] = decided(*due_);
+  if (due_) j["due"] = due_->to_json();
   if (shared) return j.dump();
   j["decided_boundary"] = decided_boundary_;
-  if (report_)
-    j["report"] = report_json(report_->epoch, report_->boundary, report_->sync_s, report_->step_s, report_->drift);
-  if (decision_) j["decision"] = decided(*decision_);
+  if (report_) j["report"] = report_->to_json();
+  if (decision_) j["decision"] = decision_->to_json();
   return j.dump();
 }
 
@@ -375,20 +377,12 @@ void PlanCoordinator::restore(const std::string& text, const std::string& source
   auto fail = [&](const std::string& why) { throw FileError(source, "outer.plan_protocol: " + why); };
   if (!j.is_object()) fail("not a JSON object");
   try {
-    auto decided = [&](const nlohmann::json& d) {
-      return Decided{d.at("epoch").get<int64_t>(), d.at("boundary").get<int64_t>(),
-                     PlanDecision::from_json(d.at("plan"), source)};
-    };
     committed_boundary_ = j.at("committed_boundary").get<int64_t>();
-    if (j.contains("due")) due_ = decided(j["due"]);
+    if (j.contains("due")) due_ = Decided::from_json(j["due"], source);
     if (joining) return;  // what every member knows; the donor's own report and decision stay its own
     decided_boundary_ = j.at("decided_boundary").get<int64_t>();
-    if (j.contains("decision")) decision_ = decided(j["decision"]);
-    if (j.contains("report")) {
-      const auto& r = j["report"];
-      report_ = Report{r.at("epoch").get<int64_t>(), r.at("boundary").get<int64_t>(), r.at("sync_s").get<double>(),
-                       r.at("step_s").get<double>(), r.at("drift").get<bool>()};
-    }
+    if (j.contains("decision")) decision_ = Decided::from_json(j["decision"], source);
+    if (j.contains("report")) report_ = Report::from_json(j["report"]);
   } catch (const nlohmann::json::exception& e) {
     fail(e.what());
   }

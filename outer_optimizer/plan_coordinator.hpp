@@ -87,14 +87,20 @@ class PlanCoordinator {
                                      const PlanDecision& plan) const;
 
   // What rank 0 attaches and has learnt (all of one plan epoch).
+  // Their JSON form is the same in attachments and checkpoints; from_json throws
+  // nlohmann::json::exception (a missing or mistyped field) or Error (a bad plan, naming `source`).
   struct Report {
     int64_t epoch = 0, boundary = 0;
     double sync_s = 0, step_s = 0;
     bool drift = false;
+    nlohmann::json to_json() const;
+    static Report from_json(const nlohmann::json& j);
   };
   struct Decided {
     int64_t epoch = 0, boundary = 0;
     PlanDecision plan;  // another schedule, or the same one recalibrated
+    nlohmann::json to_json() const;
+    static Decided from_json(const nlohmann::json& j, const std::string& source);
   };
 
   const trainer::RunConfig& cfg_;

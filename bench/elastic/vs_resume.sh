@@ -13,43 +13,32 @@
 #            sites): the launcher stops every site when lyon dies; GAP_S seconds after the kill
 #            the whole run is launched again with --resume, from the newest checkpoint.
 # Per run: the wall time from the first launch to the end of the last, the final validation
-# loss (summary.json), and for elastic the join's round and the evictions. RUNS pairs,
+# loss (summary.json), and for elastic the join's round and the evictions. BENCH_RUNS pairs,
 # alternated (elastic, resume, elastic, ...); the JSON has each figure's median, min and max,
-# and the ratio elastic / resume of the medians.
+# and the ratio elastic / resume of the medians. The discipline is bench/lib.sh's (load gate,
+# load before and after, at least 5 runs).
 #
-#   bench/elastic/vs_resume.sh [path/to/geoloco]      (default: build/geoloco)
+#   bench/elastic/vs_resume.sh [--allow-load] [path/to/geoloco]      (default: build/geoloco)
 #
-# Environment: RUNS (5, at least 5 unless ALLOW_FEW=1), STEPS (2400), CKPT (500), GAP_S (30),
-# SEED (1), PORT_BASE (29600), BENCH_MAX_LOAD (1.0; BENCH_ALLOW_LOAD=1 runs anyway and says
-# "loaded": true), KEEP=1 keeps the runs. Prints ONE JSON document on stdout.
+# Environment: BENCH_RUNS (5), BENCH_MAX_LOAD (1.0), BENCH_ALLOW_LOAD (0), STEPS (2400), CKPT
+# (500), GAP_S (30), SEED (1), PORT_BASE (29600), KEEP=1 keeps the runs. Prints ONE JSON
+# document on stdout.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
+source "$root/bench/lib.sh"
+bench_init "$@"
+set -- "${bench_args[@]}"
 geoloco="$(readlink -f "${1:-$root/build/geoloco}")"
 [[ -x "$geoloco" ]] || { echo "vs_resume.sh: no geoloco binary at $geoloco (build it, or pass its path)" >&2; exit 2; }
-runs="${RUNS:-5}"
 steps="${STEPS:-2400}"
 ckpt="${CKPT:-500}"
 gap="${GAP_S:-30}"
 seed="${SEED:-1}"
 port_base="${PORT_BASE:-29600}"
 config="$root/configs/elastic.yaml"
-if ((runs < 5)) && [[ "${ALLOW_FEW:-0}" != 1 ]]; then
-  echo "vs_resume.sh: RUNS=$runs; a figure is the median of at least 5 (ALLOW_FEW=1 for a smoke run)" >&2
-  exit 2
-fi
 half_round=$((steps / 2 / 25))
 ((half_round >= 1)) || { echo "vs_resume.sh: STEPS=$steps is too short (midpoint before outer step 1)" >&2; exit 2; }
-
-load1() { cut -d' ' -f1 /proc/loadavg; }
-loaded=false
-if awk -v l="$(load1)" -v m="${BENCH_MAX_LOAD:-1.0}" 'BEGIN { exit !(l > m) }'; then
-  if [[ "${BENCH_ALLOW_LOAD:-0}" != 1 ]]; then
-    echo "vs_resume.sh: load average $(load1) is above ${BENCH_MAX_LOAD:-1.0}; wait for a quiet machine (or BENCH_ALLOW_LOAD=1)" >&2
-    exit 3
-  fi
-  loaded=true
-fi
 
 out="$(mktemp -d /tmp/geoloco-bench-vs-resume.XXXXXX)"
 cleanup() {
@@ -121,17 +110,15 @@ resume() {
   awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f\n", b - a }'
 }
 
-load_before="$(cut -d' ' -f1-3 /proc/loadavg)"
 args=()
-for ((i = 1; i <= runs; i++)); do
-  echo "vs_resume.sh: pair $i of $runs: elastic" >&2
+for ((i = 1; i <= BENCH_RUNS; i++)); do
+  echo "vs_resume.sh: pair $i of $BENCH_RUNS: elastic" >&2
   w="$(elastic "elastic_$i")"
   args+=(elastic "$w" "$out/elastic_$i")
-  echo "vs_resume.sh: pair $i of $runs: stop-and-resume" >&2
+  echo "vs_resume.sh: pair $i of $BENCH_RUNS: stop-and-resume" >&2
   w="$(resume "resume_$i")"
   args+=(resume "$w" "$out/resume_$i")
 done
-load_after="$(cut -d' ' -f1-3 /proc/loadavg)"
+bench_finish
 
-/usr/bin/python3 "$here/vs_resume_summary.py" --steps "$steps" --ckpt "$ckpt" --gap "$gap" --seed "$seed" \
-  --nproc "$(nproc)" --load-before "$load_before" --load-after "$load_after" --loaded "$loaded" -- "${args[@]}"
+python3 "$here/vs_resume_summary.py" --steps "$steps" --ckpt "$ckpt" --gap "$gap" --seed "$seed" -- "${args[@]}"

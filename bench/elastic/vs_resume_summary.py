@@ -8,10 +8,8 @@ and of the loss, every run's values; the ratio elastic / resume of the medians.
 """
 import argparse
 import json
-import statistics
-import sys
 
-
+from benchlib import load_record, spread  # bench/lib.sh puts bench/ on PYTHONPATH
 from summary_io import fail, load_json, set_prog
 
 set_prog("vs_resume_summary.py")
@@ -39,18 +37,11 @@ def one_run(mode, wall, d, steps):
     return r
 
 
-def spread(xs):
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "all": xs}
-
-
 def main():
     ap = argparse.ArgumentParser()
-    for a in ("--steps", "--ckpt", "--seed", "--nproc"):
+    for a in ("--steps", "--ckpt", "--seed"):
         ap.add_argument(a, type=int, required=True)
     ap.add_argument("--gap", type=float, required=True)
-    ap.add_argument("--load-before", required=True)
-    ap.add_argument("--load-after", required=True)
-    ap.add_argument("--loaded", required=True)
     ap.add_argument("runs", nargs="+")
     a = ap.parse_args()
     if len(a.runs) % 3:
@@ -79,11 +70,7 @@ def main():
         "ratio_wall_elastic_over_resume": rows["elastic"]["wall_s"]["median"] / rows["resume"]["wall_s"]["median"],
         "ratio_val_loss_elastic_over_resume":
             rows["elastic"]["val_loss"]["median"] / rows["resume"]["val_loss"]["median"],
-        "runs": len(per["elastic"]),
-        "load_before": [float(x) for x in a.load_before.split()],
-        "load_after": [float(x) for x in a.load_after.split()],
-        "loaded": a.loaded == "true",
-        "nproc": a.nproc,
+        **load_record(runs=len(per["elastic"])),
     }, indent=2))
 
 

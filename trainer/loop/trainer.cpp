@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -40,6 +41,13 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 std::string step_dir_name(int64_t step) { return fmt::format("step_{:08d}", step); }
+// The step a checkpoint directory is named for (step_dir_name's inverse), or nothing.
+std::optional<int64_t> step_of_dir_name(const std::string& n) {
+  if (n.size() < 6 || n.size() > 23 || n.rfind("step_", 0) != 0 ||
+      n.find_first_not_of("0123456789", 5) != std::string::npos)
+    return std::nullopt;
+  return std::stoll(n.substr(5));
+}
 
 }  // namespace
 
@@ -267,12 +275,10 @@ struct Trainer::Impl {
   // (a checkpoint cut short by a crash is complete on some ranks only), ascending.
   std::vector<int64_t> site_checkpoint_steps() {
     std::vector<int64_t> mine;
-    for (const auto& e : fs::directory_iterator(ckpt_dir)) {
-      const std::string n = e.path().filename().string();
-      if (!e.is_directory() || n.size() != 13 || n.rfind("step_", 0) != 0) continue;
-      if (n.find_first_not_of("0123456789", 5) != std::string::npos) continue;
-      if (fs::exists(state_file(e.path()))) mine.push_back(std::stoll(n.substr(5)));
-    }
+    for (const auto& e : fs::directory_iterator(ckpt_dir))
+      if (const auto at = step_of_dir_name(e.path().filename().string());
+          at && e.is_directory() && fs::exists(state_file(e.path())))
+        mine.push_back(*at);
     std::sort(mine.begin(), mine.end());
     auto* coll = strategy->collective();
     if (!coll || strategy->ranks() == 1) return mine;
@@ -304,12 +310,8 @@ struct Trainer::Impl {
     if (!opt.outer || cfg.sites.size() < 2) return name.empty() ? fs::path() : ckpt_dir / name;
     std::vector<int64_t> steps = site_checkpoint_steps();
     // Nothing past `latest` counts: a directory written after it is a checkpoint cut short.
-    if (!name.empty()) {
-      const int64_t at = std::stoll(name.substr(5));
-      std::erase_if(steps, [&](int64_t s) { return s > at; });
-    } else {
-      steps.clear();
-    }
+    const std::optional<int64_t> latest_step = step_of_dir_name(name);
+    std::erase_if(steps, [&](int64_t s) { return !latest_step || s > *latest_step; });
     const int64_t chosen = opt.outer->agree_resume_step(steps, *strategy);
     if (chosen < 0) return {};
     const std::string chosen_name = step_dir_name(chosen);
@@ -321,11 +323,9 @@ struct Trainer::Impl {
       barrier();
       if (opt.rank == 0) {
         fs::create_directories(ckpt_dir / "discarded");
-        for (const auto& e : fs::directory_iterator(ckpt_dir)) {
-          const std::string n = e.path().filename().string();
-          if (e.is_directory() && n.rfind("step_", 0) == 0 && n > chosen_name)
-            fs::rename(e.path(), ckpt_dir / "discarded" / n);
-        }
+        for (const auto& e : fs::directory_iterator(ckpt_dir))
+          if (const auto at = step_of_dir_name(e.path().filename().string()); at && *at > chosen && e.is_directory())
+            fs::rename(e.path(), ckpt_dir / "discarded" / e.path().filename());
         write_text_atomically(latest.string(), chosen_name + "\n");
       }
       barrier();
