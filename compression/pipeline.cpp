@@ -38,13 +38,28 @@ FrameInfo Pipeline::encode(std::span<const float> values, ErrorFeedback* ef, std
   GEOLOCO_CHECK((ef != nullptr) == config_.error_feedback,
                 "error feedback is {} in the config but encode got {} residual", config_.error_feedback ? "on" : "off",
                 ef ? "a" : "no");
+  if (ef)
+    GEOLOCO_CHECK(ef->size() == values.size(), "error-feedback residual has {} elements, the shard {}", ef->size(),
+                  values.size());
+  return encode_impl(values, ef ? ef->residual().data() : nullptr, frame_out);
+}
+
+FrameInfo Pipeline::encode_with_residual(std::span<const float> values, std::span<float> residual,
+                                         std::vector<uint8_t>& frame_out) {
+  GEOLOCO_CHECK(config_.error_feedback, "encode_with_residual: error feedback is off in the config");
+  GEOLOCO_CHECK(residual.size() == values.size(), "error-feedback residual has {} elements, the part {}",
+                residual.size(), values.size());
+  static float none = 0.0f;  // a part of no elements: any non-null residual
+  return encode_impl(values, residual.empty() ? &none : residual.data(), frame_out);
+}
+
+FrameInfo Pipeline::encode_impl(std::span<const float> values, float* ef, std::vector<uint8_t>& frame_out) {
   const uint64_t n = values.size();
   if (n > kMaxElements) throw Error(fmt::format("compression: shard of {} elements exceeds 2^40", n));
   std::span<const float> input = values;
   if (ef) {
-    GEOLOCO_CHECK(ef->size() == n, "error-feedback residual has {} elements, the shard {}", ef->size(), n);
     corrected_.resize(n);
-    const float* r = ef->residual().data();
+    const float* r = ef;
     for (size_t i = 0; i < n; ++i) corrected_[i] = values[i] + r[i];
     input = corrected_;
   }
@@ -54,7 +69,7 @@ FrameInfo Pipeline::encode(std::span<const float> values, ErrorFeedback* ef, std
       const char* what = std::isfinite(input[i]) ? "exceeds 2^64" : "is not finite";
       if (ef)
         throw EncodeError(i, fmt::format("pseudo-gradient value {} at index {} plus error-feedback residual {} "
-                                         "{}: the site diverged", values[i], i, ef->residual()[i], what));
+                                         "{}: the site diverged", values[i], i, ef[i], what));
       throw EncodeError(i, fmt::format("pseudo-gradient value {} at index {} {}: the site diverged", values[i], i,
                                        what));
     }
@@ -115,8 +130,7 @@ FrameInfo Pipeline::encode(std::span<const float> values, ErrorFeedback* ef, std
   bytes::store<uint64_t>(frame_out.data() + body, frame_checksum({frame_out.data(), body}));
 
   if (ef) {
-    float* r = ef->residual().data();
-    for (size_t i = 0; i < n; ++i) r[i] = corrected_[i] - decoded_[i];
+    for (size_t i = 0; i < n; ++i) ef[i] = corrected_[i] - decoded_[i];
   }
   const FrameInfo info = info_of(h);
   totals_.add(info);

@@ -69,6 +69,11 @@ class Pipeline {
   // this frame dropped. Throws EncodeError for a non-finite value or |value| > 2^64 (after
   // adding the residual), naming the index (and for an fp16 overflow); `ef` is then unchanged.
   FrameInfo encode(std::span<const float> values, ErrorFeedback* ef, std::vector<uint8_t>& frame_out);
+  // As encode() with error feedback on `residual` (values.size() elements, e.g. the part of a
+  // shard's residual that belongs to a part of the shard encoded as its own frame);
+  // config().error_feedback must be set.
+  FrameInfo encode_with_residual(std::span<const float> values, std::span<float> residual,
+                                 std::vector<uint8_t>& frame_out);
 
   // Decodes a frame of any codec into out (out.size() == expected_elements). Throws
   // FrameError on any malformed input, including a frame whose element count differs from
@@ -84,6 +89,8 @@ class Pipeline {
   const WireTotals& encoded_totals() const { return totals_; }
 
  private:
+  // encode(); `residual` null: no error feedback.
+  FrameInfo encode_impl(std::span<const float> values, float* residual, std::vector<uint8_t>& frame_out);
   // Decodes the raw (pre-zstd) payload described by `h` into out.
   void decode_payload(const FrameHeader& h, const uint8_t* payload, std::span<float> out);
 

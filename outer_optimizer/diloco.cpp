@@ -20,7 +20,6 @@ namespace geoloco::outer {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-std::span<const uint8_t> as_bytes(const uint64_t& v) { return {reinterpret_cast<const uint8_t*>(&v), sizeof v}; }
 }  // namespace
 
 Diloco::Diloco(const trainer::RunConfig& cfg, int site, int rank, transport::Transport* transport,
@@ -43,14 +42,22 @@ Diloco::Diloco(const trainer::RunConfig& cfg, int site, int rank, transport::Tra
   auto shard = strategy.shard_params();
   join_watch_.resize(static_cast<size_t>(S));
   committed_tokens_.assign(static_cast<size_t>(S), 0.0);
+  shard_ = strategy.shard();
+  GEOLOCO_CHECK(shard_ == peers_.layout().shard(site, rank), "site {} rank {}: shard [{}, {}) but the exchange "
+                "layout has [{}, {})", site, rank, shard_.offset, shard_.end(), peers_.layout().shard(site, rank).offset,
+                peers_.layout().shard(site, rank).end());
   // Every site starts from the same initial weights (same seed): check it before training.
   if (transport && !joining) {
-    HashCheck c = post_hash_check(peers_, hash64(shard.data(), shard.size() * sizeof(float)), 0);
+    std::vector<PieceHash> hs;
+    for (uint32_t pi : peers_.layout().pieces_of(site, rank)) {
+      const Piece& p = peers_.layout().pieces()[pi];
+      hs.push_back({pi, hash64(shard.data() + (p.begin - shard_.offset), static_cast<size_t>(p.size()) * sizeof(float))});
+    }
+    HashCheck c = post_hash_check(peers_, hs, 0);
     verify_hash_check(peers_, cfg_, c);
   }
-  shard_ = strategy.shard();
   build_fragments(ocfg_.fragments, shard);
-  site_hash_ = combine_site_hash(strategy, combined_hash());
+  site_hash_ = combine_site_hash(strategy, piece_hashes());
   // The config's own schedule is plan epoch 0.
   plan_.interval = interval_;
   plan_.fragments = ocfg_.fragments;
@@ -100,6 +107,8 @@ void Diloco::build_fragments(int fragments, std::span<const float> shard) {
     if (pcfg_.error_feedback) f->ef = std::make_unique<compression::ErrorFeedback>(f->n);
     f->opt = std::make_unique<OuterOptimizer>(ocfg_.optimizer, f->n);
     f->hash = hash64(f->global.data(), f->global.size() * sizeof(float));
+    f->segments = cut_segments(f->local, shard_, peers_.layout(), site_, rank_);
+    f->segment_hash = segment_hashes(f->segments, f->global);
     frags_.push_back(std::move(f));
   }
 }
@@ -150,6 +159,7 @@ void Diloco::unpack_state(const ShardState& st) {
     if (!st.opt_b.empty()) gather_local(*f, st.opt_b, f->opt->state_b());
     if (!st.ef.empty() && f->ef) gather_local(*f, st.ef, f->ef->residual());
     f->hash = hash64(f->global.data(), f->global.size() * sizeof(float));
+    f->segment_hash = segment_hashes(f->segments, f->global);
   }
 }
 
@@ -162,11 +172,26 @@ void Diloco::set_schedule(const PlanDecision& d, std::span<const float> global) 
 }
 
 uint64_t Diloco::combined_hash() const {
-  // One fragment: its hash (the whole shard's). Several: a hash of the fragments' hashes.
-  if (frags_.size() == 1) return frags_[0]->hash;
-  Hasher hs;
-  for (const auto& f : frags_) hs.update(&f->hash, sizeof f->hash);
-  return hs.digest();
+  const std::vector<uint64_t> p = piece_hashes();
+  if (p.size() == 1) return p[0];
+  return hash64(p.data(), p.size() * sizeof(uint64_t));
+}
+
+std::vector<uint64_t> Diloco::piece_hashes() const {
+  // By piece of this shard: with one fragment, its segment's hash (the whole shard's when the
+  // sites have one rank count); with several, a hash of the fragments' hashes of it.
+  std::vector<uint64_t> out;
+  const size_t K = frags_.front()->segments.size();
+  for (size_t k = 0; k < K; ++k) {
+    if (frags_.size() == 1) {
+      out.push_back(frags_[0]->segment_hash.at(k));
+      continue;
+    }
+    Hasher hs;
+    for (const auto& f : frags_) hs.update(&f->segment_hash.at(k), sizeof(uint64_t));
+    out.push_back(hs.digest());
+  }
+  return out;
 }
 
 bool Diloco::after_inner_step(int64_t step, trainer::SiteStrategy& strategy) {
@@ -317,7 +342,7 @@ void Diloco::apply_plan(const PlanDecision& d, int64_t step, trainer::SiteStrate
   planner_.restart();
   step_times_.clear();
   boundary_syncs_.clear();
-  site_hash_ = combine_site_hash(strategy, combined_hash());
+  site_hash_ = combine_site_hash(strategy, piece_hashes());
   log_plan(d, step);
 }
 
@@ -361,7 +386,7 @@ void Diloco::sync(Fragment& f, int64_t step, trainer::SiteStrategy& strategy, co
     // (With overlap a blocking round is the last step's or a re-plan's: only the last step's
     // is kept, the others resume from the last periodic checkpoint.)
     if (!overlapped() || step == cfg_.train.steps)
-      retries_ = {Retry{f.index, round, step, step, OwnContribution{f.inbox.mine, f.inbox.info}}};
+      retries_ = {Retry{f.index, round, step, step, OwnContribution{f.inbox.mine, f.inbox.infos}}};
     throw;
   }
   f.last_sync_step = step;
@@ -480,7 +505,7 @@ std::vector<Diloco::Retry> Diloco::undecided_rounds(Fragment& failed) {
       join_worker(*f);  // its exchange ends by its deadline
     }
     out.push_back(
-        Retry{f->index, f->round, f->launch_step, f->merge_step, OwnContribution{f->inbox.mine, f->inbox.info}});
+        Retry{f->index, f->round, f->launch_step, f->merge_step, OwnContribution{f->inbox.mine, f->inbox.infos}});
   }
   std::sort(out.begin(), out.end(), [](const Retry& a, const Retry& b) { return a.round < b.round; });
   return out;
@@ -516,7 +541,8 @@ void Diloco::complete(Fragment& f, trainer::SiteStrategy& strategy) {
 void Diloco::finish_round(Fragment& f, trainer::SiteStrategy& strategy, int64_t step, uint64_t round, double seconds,
                           const ExchangeResult& r) {
   f.hash = r.hash;
-  site_hash_ = combine_site_hash(strategy, combined_hash());
+  f.segment_hash = r.segment_hash;
+  site_hash_ = combine_site_hash(strategy, piece_hashes());
   last_sync_s_ = seconds;
   sync_seconds_.push_back(last_sync_s_);
   boundary_syncs_.push_back(seconds);
@@ -550,10 +576,13 @@ void Diloco::verify_pending_checks() {
   }
 }
 
-uint64_t Diloco::combine_site_hash(trainer::SiteStrategy& strategy, uint64_t shard_hash) {
+uint64_t Diloco::combine_site_hash(trainer::SiteStrategy& strategy, const std::vector<uint64_t>& pieces) {
+  // The pieces' hashes in piece order (the ranks' in rank order): the same list, so the same
+  // hash, at every site whatever its rank count.
+  const auto bytes = std::as_bytes(std::span<const uint64_t>(pieces));
   auto* coll = strategy.collective();
-  if (!coll || strategy.ranks() == 1) return hash64(as_bytes(shard_hash).data(), sizeof shard_hash);
-  auto all = coll->all_gather_bytes(std::as_bytes(std::span<const uint64_t>(&shard_hash, 1)));
+  if (!coll || strategy.ranks() == 1) return hash64(bytes.data(), bytes.size());
+  auto all = coll->all_gather_bytes(bytes);
   Hasher hs;
   for (auto& b : all) hs.update(b.data(), b.size());
   return hs.digest();

@@ -169,9 +169,12 @@ class Diloco : public trainer::OuterHook {
   void record_round(const Fragment& f, int64_t step, uint64_t round, double seconds, const ExchangeResult& r);
   // Syncs (blocking) every fragment not yet blocking-synced at `step`: the run's end.
   void final_sync(int64_t step, trainer::SiteStrategy& strategy);
+  // By piece of this rank's shard (exchange_layout.hpp): the hash of its global weights.
+  std::vector<uint64_t> piece_hashes() const;
+  // The shard's hash for a join's manifest: its one piece's hash (a hash of them with several).
   uint64_t combined_hash() const;
   nlohmann::json member_names(SiteMask m) const;
-  uint64_t combine_site_hash(trainer::SiteStrategy& strategy, uint64_t shard_hash);
+  uint64_t combine_site_hash(trainer::SiteStrategy& strategy, const std::vector<uint64_t>& pieces);
   void verify_pending_checks();
 
   const trainer::RunConfig& cfg_;

@@ -128,6 +128,13 @@ nlohmann::json Diloco::joins_json() const {
 int64_t Diloco::join(trainer::SiteStrategy& strategy) {
   const std::string& here = cfg_.sites[static_cast<size_t>(site_)].name;
   if (peers_.sites() < 2 || !peers_.transport()) throw ConfigError("--join needs a multi-site run");
+  // The state a donor serves is its rank's shard: a joiner whose shards differ from every
+  // donor's cannot take it as is (docs/shapes.md).
+  if (!peers_.layout().uniform())
+    throw ConfigError(fmt::format("site {} cannot join the running job: its sites have different rank counts, and a "
+                                  "join fetches each rank's shard from the same rank of the other sites; restart "
+                                  "the run from its latest checkpoint instead (geoloco launch --resume)",
+                                  here));
   if (rank_ == 0) spdlog::info("site {}: joining the running job: asking the other sites to take it in", here);
   JoinResult res = fetch_join_state(peers_, ocfg_.join_wait_s);
   const JoinManifest& m = res.manifest;
@@ -169,7 +176,7 @@ int64_t Diloco::join(trainer::SiteStrategy& strategy) {
   std::copy(st.global.begin(), st.global.end(), shard.begin());
   strategy.shard_updated();
   for (auto& f : frags_) f->last_sync_step = std::max(f->last_sync_step, m.step);  // tokens from here
-  site_hash_ = combine_site_hash(strategy, combined_hash());
+  site_hash_ = combine_site_hash(strategy, piece_hashes());
   if (rank_ == 0)
     spdlog::info(
         "site {}: joined at outer round {} (inner step {}) from {}: {} bytes in {:.3f} s{}, global weights {} "

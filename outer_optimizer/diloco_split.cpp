@@ -85,6 +85,9 @@ void Diloco::check_split(uint64_t round, int64_t step, trainer::SiteStrategy& st
         w.gen = gen;
       }
     }
+    // With sites of different rank counts only ranks that are each other's partners talk
+    // (rank 0 always is); the site acts on the union of what its ranks heard.
+    if (!peers_.mutual(s)) continue;
     if (!w.told) {
       // Once per connection: a dead one fails the send (ignored); a restarted one joins, it is no split.
       w.told = true;

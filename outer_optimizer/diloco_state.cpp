@@ -56,7 +56,11 @@ Diloco::State Diloco::save_state() {
       s.metadata[p + "round"] = std::to_string(r.round);
       s.metadata[p + "step"] = std::to_string(r.step);
       s.metadata[p + "merge_step"] = std::to_string(r.merge_step);
-      s.bytes[p + "envelope"] = *r.mine.envelope;
+      // One envelope per segment: the first as "envelope" (what a checkpoint with one
+      // segment always held), the others as "envelope.<k>".
+      s.metadata[p + "segments"] = std::to_string(r.mine.envelopes.size());
+      for (size_t k = 0; k < r.mine.envelopes.size(); ++k)
+        s.bytes[k == 0 ? p + "envelope" : fmt::format("{}envelope.{}", p, k)] = *r.mine.envelopes[k];
     }
   }
   s.metadata["fragments"] = std::to_string(frags_.size());
@@ -119,8 +123,17 @@ void Diloco::restore_state(const trainer::SafetensorsFile& file) {
     r.round = file.meta_uint(p + "round", 1, kMax);
     r.step = file.meta_int(p + "step", 1, cfg_.train.steps);
     r.merge_step = listed ? file.meta_int(p + "merge_step", r.step, cfg_.train.steps) : r.step;
-    const auto env = file.u8(p + "envelope");
-    r.mine.envelope = transport::make_payload(std::vector<uint8_t>(env.begin(), env.end()));
+    const Fragment& frag = *frags_[static_cast<size_t>(r.fragment)];
+    const size_t K = frag.segments.size();
+    const int64_t segments = meta.count(p + "segments") ? file.meta_int(p + "segments", 0, 1 << 24) : 1;
+    if (static_cast<size_t>(segments) != K)
+      throw FileError(file.path(), fmt::format("{}segments: {} saved contributions, but fragment {} has {} segments "
+                                               "here (did a site's rank count change?)",
+                                               p, segments, r.fragment, K));
+    for (size_t k = 0; k < K; ++k) {
+      const auto env = file.u8(k == 0 ? p + "envelope" : fmt::format("{}envelope.{}", p, k));
+      r.mine.envelopes.push_back(transport::make_payload(std::vector<uint8_t>(env.begin(), env.end())));
+    }
     const bool blocking = r.merge_step == r.step;
     if (blocking && overlapped() && r.step != cfg_.train.steps)
       throw FileError(file.path(),
@@ -143,13 +156,15 @@ void Diloco::restore_state(const trainer::SafetensorsFile& file) {
                                                "undecided at the checkpoint's step {}",
                                                p, r.step, r.merge_step, r.fragment, at));
     // The contribution's frame info comes from the envelope itself, checked as a peer's would be.
-    try {
-      const Envelope e =
-          read_envelope(*r.mine.envelope, EnvelopeKind::kPseudoGradient, r.round, static_cast<uint32_t>(site_),
-                        static_cast<uint32_t>(rank_), r.mine.envelope->size(), "this rank's saved contribution");
-      r.mine.info = compression::Pipeline::inspect(e.body, frags_[static_cast<size_t>(r.fragment)]->n);
-    } catch (const Error& e) {
-      throw FileError(file.path(), fmt::format("{}envelope: {}", p, e.what()));
+    for (size_t k = 0; k < K; ++k) {
+      try {
+        const auto& env = *r.mine.envelopes[k];
+        const Envelope e = read_envelope(env, EnvelopeKind::kPseudoGradient, r.round, static_cast<uint32_t>(site_),
+                                         static_cast<uint32_t>(rank_), env.size(), "this rank's saved contribution");
+        r.mine.infos.push_back(compression::Pipeline::inspect(e.body, frag.segments[k].size()));
+      } catch (const Error& e) {
+        throw FileError(file.path(), fmt::format("{}envelope{}: {}", p, k ? fmt::format(".{}", k) : "", e.what()));
+      }
     }
     resume_retries_.push_back(std::move(r));
   }
@@ -385,6 +400,7 @@ void Diloco::restore_outer(const trainer::SafetensorsFile& file, bool joining) {
       f->round = file.meta_uint(p + "pending_round", 1);
       f->result = {};
       f->result.hash = f->hash;
+      f->result.segment_hash = f->segment_hash;
       f->result.frame_bytes = file.meta_uint(p + "pending_frame_bytes", 0);
       f->result.envelope_bytes = file.meta_uint(p + "pending_envelope_bytes", 0);
       f->result.elements = file.meta_uint(p + "pending_elements", 0);

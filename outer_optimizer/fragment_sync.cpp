@@ -43,6 +43,49 @@ struct CancelOnExit {
 
 }  // namespace
 
+std::vector<Segment> cut_segments(const std::vector<Range>& local, parallel::ShardRange shard,
+                                  const ExchangeLayout& layout, int site, int rank) {
+  std::vector<Segment> out;
+  const auto& pieces = layout.pieces();
+  for (uint32_t pi : layout.pieces_of(site, rank)) {
+    // `local` is sorted and relative to the shard: the elements inside the piece are one run
+    // of the gathered vector.
+    const int64_t b = pieces[pi].begin - shard.offset, e = pieces[pi].end - shard.offset;
+    Segment sg;
+    sg.piece = pi;
+    size_t k = 0;
+    bool started = false;
+    for (const auto& r : local) {
+      const int64_t lo = std::max(r.begin, b), hi = std::min(r.end, e);
+      if (r.end <= b) {
+        k += static_cast<size_t>(r.size());
+        continue;
+      }
+      if (lo < hi) {
+        if (!started) sg.begin = k + static_cast<size_t>(lo - r.begin);
+        started = true;
+        sg.end = k + static_cast<size_t>(hi - r.begin);
+      }
+      k += static_cast<size_t>(r.size());
+    }
+    if (!started) sg.begin = sg.end = std::min(k, out.empty() ? size_t{0} : out.back().end);
+    out.push_back(sg);
+  }
+  return out;
+}
+
+std::vector<uint64_t> segment_hashes(const std::vector<Segment>& segments, std::span<const float> values) {
+  std::vector<uint64_t> out;
+  for (const auto& sg : segments) out.push_back(hash64(values.data() + sg.begin, sg.size() * sizeof(float)));
+  return out;
+}
+
+std::vector<PieceHash> piece_hashes(const std::vector<Segment>& segments, const std::vector<uint64_t>& hashes) {
+  std::vector<PieceHash> out;
+  for (size_t k = 0; k < segments.size(); ++k) out.push_back({segments[k].piece, hashes.at(k)});
+  return out;
+}
+
 void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64_t round, uint64_t tokens,
                    std::span<const float> local, SiteMask active, double deadline_s, int tid,
                    const OwnContribution* again) {
@@ -50,13 +93,14 @@ void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64
     const size_t n = f.n;
     const SitePeers& peers = ctx.peers;
     const int S = peers.sites(), self = peers.site(), rank = peers.rank();
+    const auto& pieces = peers.layout().pieces();
+    const size_t K = f.segments.size();
     RoundInbox& in = f.inbox;
     in = RoundInbox{};
     in.round = round;
     in.step = step;
     in.bytes.assign(static_cast<size_t>(S), {});
     in.missing.assign(static_cast<size_t>(S), {});
-    in.holds = SiteMask{1} << self;
 
     // 1. Pseudo-gradient of this shard.
     for (size_t i = 0; i < n; ++i) f.delta[i] = f.global[i] - local[i];
@@ -68,23 +112,41 @@ void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64
                                  {{"round", std::to_string(round)}, {"step", std::to_string(step)}});
     }
 
-    // 2. Compress, wrap, exchange with the active sites.
+    // 2. Compress each segment, wrap, exchange with the piece's owner at every active site.
     std::optional<trainer::TraceSpan> compress_span(std::in_place, ctx.trace, "compress", tid);
     if (again) {
-      in.info = again->info;
-      in.mine = again->envelope;
+      GEOLOCO_CHECK(again->envelopes.size() == K, "round {}: {} saved envelopes for {} segments", round,
+                    again->envelopes.size(), K);
+      in.infos = again->infos;
+      in.mine = again->envelopes;
     } else {
-      std::vector<uint8_t> frame;
-      in.info = f.pipeline->encode(f.delta, f.ef.get(), frame);
-      std::vector<uint8_t> mine_bytes;
-      write_envelope({EnvelopeKind::kPseudoGradient, round, static_cast<uint32_t>(self), static_cast<uint32_t>(rank),
-                      tokens, frame, f.attachment},
-                     mine_bytes);
-      in.mine = transport::make_payload(std::move(mine_bytes));
+      for (size_t k = 0; k < K; ++k) {
+        const Segment& sg = f.segments[k];
+        std::vector<uint8_t> frame;
+        const std::span<const float> part(f.delta.data() + sg.begin, sg.size());
+        in.infos.push_back(f.ef ? f.pipeline->encode_with_residual(
+                                      part, std::span<float>(f.ef->residual().data() + sg.begin, sg.size()), frame)
+                                : f.pipeline->encode(part, nullptr, frame));
+        // The attachment rides once per round: with the first segment (rank 0's: piece 0,
+        // which rank 0 of every site owns).
+        std::vector<uint8_t> mine_bytes;
+        write_envelope({EnvelopeKind::kPseudoGradient, round, static_cast<uint32_t>(self), static_cast<uint32_t>(rank),
+                        tokens, frame, k == 0 ? std::span<const uint8_t>(f.attachment) : std::span<const uint8_t>()},
+                       mine_bytes);
+        in.mine.push_back(transport::make_payload(std::move(mine_bytes)));
+      }
     }
-    // Every site encodes with the same pipeline config, so a peer's frame is at most our raw
-    // size plus framing (zstd is only kept when it shrinks the payload).
-    in.max_frame = compression::kHeaderBytes + in.info.raw_bytes + compression::kTrailerBytes;
+    for (const auto& i : in.infos) {
+      in.info.codec = i.codec;
+      in.info.topk = i.topk;
+      in.info.zstd = in.info.zstd || i.zstd;
+      in.info.elements += i.elements;
+      in.info.raw_bytes += i.raw_bytes;
+      in.info.frame_bytes += i.frame_bytes;
+      // Every site encodes with the same pipeline config, so a peer's frame is at most our
+      // raw size plus framing (zstd is only kept when it shrinks the payload).
+      in.max_frame.push_back(compression::kHeaderBytes + i.raw_bytes + compression::kTrailerBytes);
+    }
     compress_span.reset();
     const auto exchange_t0 = Clock::now();
     // The round's deadline: no site, alive but stuck included, holds this one longer, neither
@@ -94,15 +156,19 @@ void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64
     std::vector<int> others;
     for (int s = 0; s < S; ++s)
       if (s != self && ((active >> s) & 1)) others.push_back(s);
+    // By (other site, segment): the segment's owner there.
+    auto owner = [&](int s, size_t k) { return pieces[f.segments[k].piece].owner[static_cast<size_t>(s)]; };
     std::vector<transport::OpHandle> recvs, sends;
     CancelOnExit cancel_recvs{recvs}, cancel_sends{sends};
     for (int s : others)
-      recvs.push_back(peers.transport()->recv(peers.peer(s), transport::FrameKind::kPseudoGradient, round,
-                                              static_cast<uint32_t>(rank),
-                                              kEnvelopeBytes + in.max_frame + kMaxAttachment));
+      for (size_t k = 0; k < K; ++k)
+        recvs.push_back(peers.transport()->recv(peers.peer_of(s, owner(s, k)), transport::FrameKind::kPseudoGradient,
+                                                round, f.segments[k].piece,
+                                                kEnvelopeBytes + in.max_frame[k] + kMaxAttachment));
     for (int s : others)
-      sends.push_back(peers.transport()->send(peers.peer(s), transport::FrameKind::kPseudoGradient, round,
-                                              static_cast<uint32_t>(rank), in.mine));
+      for (size_t k = 0; k < K; ++k)
+        sends.push_back(peers.transport()->send(peers.peer_of(s, owner(s, k)), transport::FrameKind::kPseudoGradient,
+                                                round, f.segments[k].piece, in.mine[k]));
     // Waits for `op` until the deadline; "" when it succeeded, else why not.
     auto await = [&](transport::OpHandle& op) -> std::string {
       try {
@@ -115,31 +181,42 @@ void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64
       }
     };
     std::vector<std::string> send_error(static_cast<size_t>(S));
-    for (size_t k = 0; k < others.size(); ++k) send_error[static_cast<size_t>(others[k])] = await(sends[k]);
+    for (size_t j = 0; j < others.size(); ++j)
+      for (size_t k = 0; k < K; ++k) {
+        std::string why = await(sends[j * K + k]);
+        auto& e = send_error[static_cast<size_t>(others[j])];
+        if (e.empty()) e = std::move(why);
+      }
     if (ctx.trace && !sends.empty()) ctx.trace->span("send", tid, exchange_t0, Clock::now());
-    for (size_t k = 0; k < others.size(); ++k) {
-      const int s = others[k];
-      auto& op = recvs[k];
-      std::string why = await(op);
-      if (why.empty()) {
-        auto& b = in.bytes[static_cast<size_t>(s)];
+    in.holds = SiteMask{1} << self;
+    for (size_t j = 0; j < others.size(); ++j) {
+      const int s = others[j];
+      auto& got = in.bytes[static_cast<size_t>(s)];
+      got.assign(K, {});
+      std::string why;
+      for (size_t k = 0; k < K && why.empty(); ++k) {
+        auto& op = recvs[j * K + k];
+        why = await(op);
+        if (!why.empty()) break;
+        auto& b = got[k];
         b = op.take();
         b.resize(op.bytes());
         try {
-          read_envelope(b, EnvelopeKind::kPseudoGradient, round, static_cast<uint32_t>(s), static_cast<uint32_t>(rank),
-                        in.max_frame, peers.name(s));
+          read_envelope(b, EnvelopeKind::kPseudoGradient, round, static_cast<uint32_t>(s),
+                        static_cast<uint32_t>(owner(s, k)), in.max_frame[k], peers.name_of(s, owner(s, k)));
         } catch (const EnvelopeError& e) {
           why = e.what();
           spdlog::error("outer round {}: {}", round, why);
-          b.clear();
         }
       }
       // A site we could not send to cannot average our contribution: it is not held either.
       if (why.empty() && !send_error[static_cast<size_t>(s)].empty()) why = send_error[static_cast<size_t>(s)];
-      if (why.empty())
+      if (why.empty()) {
         in.holds |= SiteMask{1} << s;
-      else
+      } else {
         in.missing[static_cast<size_t>(s)] = why;
+        got.clear();
+      }
     }
     in.wait_s = std::chrono::duration<double>(Clock::now() - exchange_t0).count();
     if (ctx.trace && !recvs.empty()) ctx.trace->span("receive", tid, exchange_t0, Clock::now());
@@ -162,46 +239,65 @@ ExchangeResult apply_round(Fragment& f, const ExchangeContext& ctx, SiteMask all
   const uint64_t round = in.round;
   const SiteMask members = all_members & ~joiners;  // the contributors
   return in_outer_step(round, in.step, [&] {
-    const size_t n = f.n;
     const SitePeers& peers = ctx.peers;
     const int S = peers.sites(), self = peers.site(), rank = peers.rank();
+    const auto& pieces = peers.layout().pieces();
+    const size_t K = f.segments.size();
     const OuterConfig& ocfg = ctx.cfg.outer;
     GEOLOCO_CHECK((members & ~in.holds) == 0 && ((members >> self) & 1), "round {}: members {} not all held ({})",
                   round, mask_string(members), mask_string(in.holds));
     std::optional<trainer::TraceSpan> decode_span(std::in_place, ctx.trace, "decode", tid);
 
-    // 3. Decode every member's contribution, own included, and average in site order.
-    std::vector<Envelope> env(static_cast<size_t>(S));
+    // 3. Decode every member's contribution, own included, and average in site order (each
+    // segment from the piece's owner there; every element sums its sites in site order).
+    std::vector<std::vector<Envelope>> env(static_cast<size_t>(S));
     std::vector<int> m;
     for (int s = 0; s < S; ++s) {
       if (!((members >> s) & 1)) continue;
       m.push_back(s);
-      const std::span<const uint8_t> bytes =
-          s == self ? std::span<const uint8_t>(*in.mine) : std::span<const uint8_t>(in.bytes[static_cast<size_t>(s)]);
-      env[static_cast<size_t>(s)] = read_envelope(bytes, EnvelopeKind::kPseudoGradient, round, static_cast<uint32_t>(s),
-                                                  static_cast<uint32_t>(rank), in.max_frame, peers.name(s));
+      auto& es = env[static_cast<size_t>(s)];
+      for (size_t k = 0; k < K; ++k) {
+        const int sender = s == self ? rank : pieces[f.segments[k].piece].owner[static_cast<size_t>(s)];
+        const std::span<const uint8_t> bytes = s == self ? std::span<const uint8_t>(*in.mine[k])
+                                                         : std::span<const uint8_t>(in.bytes[static_cast<size_t>(s)][k]);
+        es.push_back(read_envelope(bytes, EnvelopeKind::kPseudoGradient, round, static_cast<uint32_t>(s),
+                                   static_cast<uint32_t>(sender), in.max_frame[k],
+                                   s == self ? std::string("self") : peers.name_of(s, sender)));
+      }
     }
+    // A site's tokens and attachment ride in its first segment's envelope (every envelope of a
+    // site's round carries the same tokens). A rank with no segment has none to read.
+    auto tokens_of = [&](int s) -> uint64_t {
+      const auto& es = env[static_cast<size_t>(s)];
+      return es.empty() ? 0 : es.front().value;
+    };
     std::vector<float> weight(static_cast<size_t>(S), 1.0f / static_cast<float>(m.size()));
     if (ocfg.weighting == "tokens") {
+      GEOLOCO_CHECK(K > 0 || f.n == 0, "round {}: token weighting without a segment", round);
       double total = 0;
-      for (int s : m) total += static_cast<double>(env[static_cast<size_t>(s)].value);
-      if (total <= 0) throw Error(fmt::format("outer round {}: no member site reported any tokens", round));
-      for (int s : m)
-        weight[static_cast<size_t>(s)] = static_cast<float>(double(env[static_cast<size_t>(s)].value) / total);
+      for (int s : m) total += static_cast<double>(tokens_of(s));
+      if (total <= 0 && K > 0) throw Error(fmt::format("outer round {}: no member site reported any tokens", round));
+      if (total > 0)
+        for (int s : m) weight[static_cast<size_t>(s)] = static_cast<float>(double(tokens_of(s)) / total);
     }
     std::fill(f.avg.begin(), f.avg.end(), 0.0f);
     double err2 = 0, ref2 = 0;
     for (int s : m) {
-      try {
-        f.pipeline->decode(env[static_cast<size_t>(s)].body, n, f.decoded);
-      } catch (const compression::FrameError& e) {
-        throw Error(
-            fmt::format("outer round {}: pseudo-gradient from {} rejected: {}", round, peers.name(s), e.what()));
-      }
       const float w = weight[static_cast<size_t>(s)];
-      for (size_t i = 0; i < n; ++i) f.avg[i] += w * f.decoded[i];
+      for (size_t k = 0; k < K; ++k) {
+        const Segment& sg = f.segments[k];
+        const std::span<float> out(f.decoded.data() + sg.begin, sg.size());
+        try {
+          f.pipeline->decode(env[static_cast<size_t>(s)][k].body, sg.size(), out);
+        } catch (const compression::FrameError& e) {
+          const int sender = s == self ? rank : pieces[sg.piece].owner[static_cast<size_t>(s)];
+          throw Error(fmt::format("outer round {}: pseudo-gradient from {} rejected: {}", round,
+                                  s == self ? std::string("self") : peers.name_of(s, sender), e.what()));
+        }
+        for (size_t i = sg.begin; i < sg.end; ++i) f.avg[i] += w * f.decoded[i];
+      }
       if (s == self)
-        for (size_t i = 0; i < n; ++i) {
+        for (size_t i = 0; i < f.n; ++i) {
           const double d = double(f.decoded[i]) - double(f.delta[i]);
           err2 += d * d;
           ref2 += double(f.delta[i]) * double(f.delta[i]);
@@ -220,9 +316,11 @@ ExchangeResult apply_round(Fragment& f, const ExchangeContext& ctx, SiteMask all
       std::this_thread::sleep_for(std::chrono::duration<double>(p->seconds));
     ExchangeResult r;
     r.hash = hash64(f.global.data(), f.global.size() * sizeof(float));
+    r.segment_hash = segment_hashes(f.segments, f.global);
     // Posted now, verified at this fragment's next round (or a checkpoint, re-plan, the end).
-    if (ocfg.check_hash && peers.transport()) f.check = post_hash_check(peers, r.hash, round, members);
-    r.envelope_bytes = in.mine->size();
+    if (ocfg.check_hash && peers.transport())
+      f.check = post_hash_check(peers, piece_hashes(f.segments, r.segment_hash), round, members);
+    for (const auto& p : in.mine) r.envelope_bytes += p->size();
     r.frame_bytes = in.info.frame_bytes;
     r.elements = in.info.elements;
     r.ratio = in.info.ratio();
@@ -231,10 +329,11 @@ ExchangeResult apply_round(Fragment& f, const ExchangeContext& ctx, SiteMask all
     r.members = all_members;
     r.joiners = joiners;
     r.tokens.assign(static_cast<size_t>(S), 0);
-    for (int s : m) r.tokens[static_cast<size_t>(s)] = env[static_cast<size_t>(s)].value;
+    for (int s : m) r.tokens[static_cast<size_t>(s)] = tokens_of(s);
     r.attachments.assign(static_cast<size_t>(S), {});
     for (int s : m) {
-      const auto a = env[static_cast<size_t>(s)].attachment;
+      if (env[static_cast<size_t>(s)].empty()) continue;
+      const auto a = env[static_cast<size_t>(s)].front().attachment;
       r.attachments[static_cast<size_t>(s)].assign(a.begin(), a.end());
     }
     r.wait_s = in.wait_s;

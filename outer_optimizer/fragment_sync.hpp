@@ -30,7 +30,8 @@ namespace geoloco::outer {
 struct ExchangeResult {
   uint64_t envelope_bytes = 0, frame_bytes = 0, elements = 0;
   double ratio = 0;
-  uint64_t hash = 0;  // of the fragment's new global weights
+  uint64_t hash = 0;                   // of the fragment's new global weights
+  std::vector<uint64_t> segment_hash;  // by segment
   // This rank's own contribution as every site decoded it against the pseudo-gradient it
   // encoded: sum of squared errors and of squared values (relative error = sqrt(err2/ref2)).
   double err2 = 0, ref2 = 0;
@@ -43,17 +44,28 @@ struct ExchangeResult {
   std::vector<std::vector<uint8_t>> attachments;
 };
 
-// What one round gathered before its membership is decided (collect_round).
+// What one round gathered before its membership is decided (collect_round). Per segment
+// (Fragment::segments): one envelope each way with each site.
 struct RoundInbox {
   uint64_t round = 0;
   int64_t step = 0;
-  transport::Payload mine;                  // this rank's envelope
-  std::vector<std::vector<uint8_t>> bytes;  // by site: the envelope it sent (held sites only)
-  SiteMask holds = 0;                       // sites whose whole, well-formed contribution arrived (self included)
-  std::vector<std::string> missing;         // by site: why its contribution is not held ("" if held or not asked)
-  compression::FrameInfo info;
-  uint64_t max_frame = 0;
+  std::vector<transport::Payload> mine;                  // by segment: this rank's envelope
+  std::vector<std::vector<std::vector<uint8_t>>> bytes;  // by site, by segment: the envelope it sent (held sites only)
+  SiteMask holds = 0;                  // sites whose whole, well-formed contribution arrived (self included)
+  std::vector<std::string> missing;    // by site: why its contribution is not held ("" if held or not asked)
+  std::vector<compression::FrameInfo> infos;  // by segment: this rank's frames
+  compression::FrameInfo info;                // their totals (elements, raw and frame bytes)
+  std::vector<uint64_t> max_frame;            // by segment: the largest frame a site may send for it
   double wait_s = 0;
+};
+
+// The part of a fragment that lies in one piece of the parameters (exchange_layout.hpp): its
+// own frame, exchanged with the piece's owner at every other site. With sites of one rank
+// count a fragment has one segment, the whole of it.
+struct Segment {
+  uint32_t piece = 0;
+  size_t begin = 0, end = 0;  // into the fragment's gathered vectors
+  size_t size() const { return end - begin; }
 };
 
 // One fragment's part of this rank's shard and its outer-loop state.
@@ -61,6 +73,7 @@ struct Fragment {
   int index = 0;
   std::vector<Range> local;   // ranges within this rank's shard
   size_t n = 0;               // elements on this rank (may be 0)
+  std::vector<Segment> segments;  // one per piece of this rank's shard, in order (some may be empty)
   std::vector<float> global;  // the fragment's global weights, gathered in range order
   std::vector<float> delta, decoded, avg, snapshot;
   std::unique_ptr<compression::Pipeline> pipeline;
@@ -72,6 +85,7 @@ struct Fragment {
   int64_t last_sync_step = 0;  // launch step of its latest round
   int64_t blocking_step = -1;  // step of its latest blocking sync
   uint64_t hash = 0;           // hash of `global`
+  std::vector<uint64_t> segment_hash;  // by segment: hash of its part of `global`
   // The cross-site check of this fragment's latest round, posted and not yet verified
   // (verified before the fragment's next round, a checkpoint, a re-plan and the run's end).
   std::optional<HashCheck> check;
@@ -114,9 +128,15 @@ struct ExchangeContext {
 // after --resume from the checkpoint its lost quorum left): sent as is, not encoded again
 // (the error-feedback residual already holds its encoding error).
 struct OwnContribution {
-  transport::Payload envelope;
-  compression::FrameInfo info;
+  std::vector<transport::Payload> envelopes;  // by segment
+  std::vector<compression::FrameInfo> infos;
 };
+// The fragment's segments: its elements cut by the pieces of this rank's shard.
+std::vector<Segment> cut_segments(const std::vector<Range>& local, parallel::ShardRange shard,
+                                  const ExchangeLayout& layout, int site, int rank);
+// Each segment's hash of `values` (the fragment's gathered vector).
+std::vector<uint64_t> segment_hashes(const std::vector<Segment>& segments, std::span<const float> values);
+std::vector<PieceHash> piece_hashes(const std::vector<Segment>& segments, const std::vector<uint64_t>& hashes);
 void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64_t round, uint64_t tokens,
                    std::span<const float> local, SiteMask active, double deadline_s, int tid,
                    const OwnContribution* again = nullptr);

@@ -9,15 +9,18 @@
 
 namespace geoloco::outer {
 
-HashCheck post_hash_check(const SitePeers& peers, uint64_t h, uint64_t round, uint64_t members) {
+HashCheck post_hash_check(const SitePeers& peers, const std::vector<PieceHash>& hashes, uint64_t round,
+                          uint64_t members) {
   HashCheck c;
   c.round = round;
-  c.hash = h;
-  const auto shard = static_cast<uint32_t>(peers.rank());
+  const auto& pieces = peers.layout().pieces();
   for (int s = 0; s < peers.sites(); ++s) {
     if (s == peers.site() || !((members >> s) & 1)) continue;
-    c.replies.emplace_back(s, peers.post_recv(s, round, shard, 0));
-    c.sends.push_back(peers.send(s, EnvelopeKind::kWeightsHash, round, shard, h, {}));
+    for (const PieceHash& ph : hashes) {
+      const int q = pieces.at(ph.piece).owner.at(static_cast<size_t>(s));
+      c.replies.push_back({s, ph.piece, q, ph.hash, peers.post_recv(s, round, ph.piece, 0, q)});
+      c.sends.push_back(peers.send(s, EnvelopeKind::kWeightsHash, round, ph.piece, ph.hash, {}, q));
+    }
   }
   return c;
 }
@@ -46,7 +49,13 @@ uint64_t verify_hash_check(const SitePeers& peers, const trainer::RunConfig& cfg
       if (!tolerate_lost) throw;  // the reply from that site fails too, naming it
     }
   }
-  for (auto& [s, op] : c.replies) {
+  for (auto& reply : c.replies) {
+    const int s = reply.site;
+    auto& op = reply.recv;
+    if ((lost >> s) & 1) {
+      op.cancel();
+      continue;
+    }
     std::vector<uint8_t> bytes;
     Envelope e;
     if (!in_time(op)) {
@@ -58,7 +67,7 @@ uint64_t verify_hash_check(const SitePeers& peers, const trainer::RunConfig& cfg
       continue;
     }
     try {
-      e = peers.read(op, s, EnvelopeKind::kWeightsHash, c.round, bytes, 0);
+      e = peers.read(op, s, EnvelopeKind::kWeightsHash, c.round, bytes, 0, reply.rank);
     } catch (const transport::TransportError& err) {
       if (!tolerate_lost) throw;
       spdlog::warn("outer round {}: the hash check from site {} did not arrive ({}); it left after the round", c.round,
@@ -66,21 +75,25 @@ uint64_t verify_hash_check(const SitePeers& peers, const trainer::RunConfig& cfg
       lost |= uint64_t{1} << s;
       continue;
     }
-    if (e.value == c.hash) continue;
+    if (e.value == reply.hash) continue;
     const std::string& here = cfg.sites[static_cast<size_t>(peers.site())].name;
     const std::string& there = cfg.sites[static_cast<size_t>(s)].name;
+    const Piece& p = peers.layout().pieces().at(reply.piece);
+    const std::string what = peers.layout().uniform()
+                                 ? fmt::format("shard {}", reply.piece)
+                                 : fmt::format("piece {} (elements {}..{})", reply.piece, p.begin, p.end);
     // Round 0 is the start: nothing has trained yet, so the inputs of the init differ.
     if (c.round == 0)
       throw Error(fmt::format(
-          "initial weights differ between sites: shard {} hash {} here (site {}) but {} at site {} ({}); every "
+          "initial weights differ between sites: {} hash {} here (site {}) but {} at site {} ({}); every "
           "site must start from the same weights: same run.seed and, with train.init_from, the same file "
           "contents ({} here)",
-          peers.rank(), hex64(c.hash), here, hex64(e.value), there, peers.name(s),
+          what, hex64(reply.hash), here, hex64(e.value), there, peers.name_of(s, reply.rank),
           cfg.train.init_from.empty() ? std::string("none") : cfg.train.init_from));
-    throw Error(
-        fmt::format("outer round {}: global weights diverged: shard {} hash {} here (site {}) but {} at site "
-                    "{} ({}); stopping",
-                    c.round, peers.rank(), hex64(c.hash), here, hex64(e.value), there, peers.name(s)));
+    throw Error(fmt::format("outer round {}: global weights diverged: {} hash {} here (site {}) but {} at site "
+                            "{} ({}); stopping",
+                            c.round, what, hex64(reply.hash), here, hex64(e.value), there,
+                            peers.name_of(s, reply.rank)));
   }
   return lost;
 }

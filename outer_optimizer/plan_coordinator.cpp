@@ -68,7 +68,10 @@ PlanRequest PlanCoordinator::request(const PathMeasurement& path, double step_ti
   PlanRequest r;
   r.params = static_cast<double>(layout_.total());
   r.sites = static_cast<int>(cfg_.sites.size());
+  // Rank pairs that carry the exchange in parallel: the smallest site's rank count (each of its
+  // ranks holds 1/ranks of the model and sends it all).
   r.ranks = cfg_.sites[0].ranks;
+  for (const auto& s : cfg_.sites) r.ranks = std::min(r.ranks, s.ranks);
   r.transport_lanes = peers_.transport() ? peers_.transport()->lanes() : 1;
   if (cfg_.transport) {
     r.eager_bytes = static_cast<double>(cfg_.transport->eager_bytes);

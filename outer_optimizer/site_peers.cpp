@@ -3,20 +3,53 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
+#include "trainer/model/param_layout.hpp"
+
 namespace geoloco::outer {
 
+ExchangeLayout SitePeers::layout_of(const trainer::RunConfig& cfg) {
+  std::vector<int> ranks;
+  for (const auto& s : cfg.sites) ranks.push_back(s.ranks);
+  return ExchangeLayout(trainer::ParamLayout(cfg.model).total(), std::move(ranks));
+}
+
+std::vector<int> SitePeers::connected_ranks(const ExchangeLayout& layout, int site, int rank, int other) {
+  std::vector<int> out = layout.linked_ranks(site, rank, other);
+  out.push_back(layout.partner(site, rank, other));
+  for (int q = 0; q < layout.ranks(other); ++q)
+    if (layout.partner(other, q, site) == rank) out.push_back(q);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 SitePeers::SitePeers(const trainer::RunConfig& cfg, int site, int rank, transport::Transport* t)
-    : site_(site), rank_(rank), t_(t) {
+    : site_(site), rank_(rank), t_(t), layout_(layout_of(cfg)) {
   const int S = static_cast<int>(cfg.sites.size());
   peer_.assign(static_cast<size_t>(S), -1);
+  peers_.resize(static_cast<size_t>(S));
   for (int s = 0; s < S; ++s) {
     if (s == site) continue;
     if (!t_) throw Error("outer loop: a multi-site run needs a transport");
     const std::string& name = cfg.sites[static_cast<size_t>(s)].name;
-    const int p = t_->peer_index(name, rank);
-    if (p < 0) throw Error(fmt::format("outer loop: no connection to site {} rank {}", name, rank));
-    peer_[static_cast<size_t>(s)] = p;
+    auto& by_rank = peers_[static_cast<size_t>(s)];
+    by_rank.assign(static_cast<size_t>(cfg.sites[static_cast<size_t>(s)].ranks), -1);
+    for (int q : connected_ranks(layout_, site, rank, s)) {
+      const int p = t_->peer_index(name, q);
+      if (p < 0) throw Error(fmt::format("outer loop: no connection to site {} rank {}", name, q));
+      by_rank[static_cast<size_t>(q)] = p;
+    }
+    peer_[static_cast<size_t>(s)] = by_rank.at(static_cast<size_t>(partner(s)));
   }
+}
+
+int SitePeers::peer_of(int s, int rank) const {
+  const auto& by_rank = peers_.at(static_cast<size_t>(s));
+  const int p = rank >= 0 && rank < static_cast<int>(by_rank.size()) ? by_rank[static_cast<size_t>(rank)] : -1;
+  if (p < 0) throw Error(fmt::format("outer loop: this rank has no connection to site {} rank {}", s, rank));
+  return p;
 }
 
 std::string SitePeers::name(int s) const {
@@ -24,30 +57,39 @@ std::string SitePeers::name(int s) const {
   return p < 0 ? "self" : t_->peers()[static_cast<size_t>(p)].name();
 }
 
-transport::SendHandle SitePeers::send(int s, EnvelopeKind kind, uint64_t round, uint32_t shard, uint64_t value,
-                                      std::span<const uint8_t> body) const {
-  std::vector<uint8_t> buf;
-  write_envelope({kind, round, static_cast<uint32_t>(site_), static_cast<uint32_t>(rank_), value, body, {}}, buf);
-  return t_->send(peer(s), transport::FrameKind::kControl, round, shard, transport::make_payload(std::move(buf)));
+std::string SitePeers::name_of(int s, int rank) const {
+  if (s == site_) return "self";
+  return t_->peers()[static_cast<size_t>(peer_of(s, rank))].name();
 }
 
-transport::RecvHandle SitePeers::post_recv(int s, uint64_t round, uint32_t shard, uint64_t max_body) const {
-  return t_->recv(peer(s), transport::FrameKind::kControl, round, shard,
+transport::SendHandle SitePeers::send(int s, EnvelopeKind kind, uint64_t round, uint32_t shard, uint64_t value,
+                                      std::span<const uint8_t> body, int to) const {
+  std::vector<uint8_t> buf;
+  write_envelope({kind, round, static_cast<uint32_t>(site_), static_cast<uint32_t>(rank_), value, body, {}}, buf);
+  return t_->send(to < 0 ? peer(s) : peer_of(s, to), transport::FrameKind::kControl, round, shard,
+                  transport::make_payload(std::move(buf)));
+}
+
+transport::RecvHandle SitePeers::post_recv(int s, uint64_t round, uint32_t shard, uint64_t max_body, int from) const {
+  return t_->recv(from < 0 ? peer(s) : peer_of(s, from), transport::FrameKind::kControl, round, shard,
                   static_cast<size_t>(kEnvelopeBytes + max_body));
 }
 
 Envelope SitePeers::read(transport::RecvHandle& h, int s, EnvelopeKind kind, uint64_t round,
-                         std::vector<uint8_t>& bytes, uint64_t max_body) const {
+                         std::vector<uint8_t>& bytes, uint64_t max_body, int from) const {
   h.wait();
   bytes = h.take();
   bytes.resize(h.bytes());
-  return read_envelope(bytes, kind, round, static_cast<uint32_t>(s), static_cast<uint32_t>(rank_), max_body, name(s));
+  const int sender = from < 0 ? partner(s) : from;
+  return read_envelope(bytes, kind, round, static_cast<uint32_t>(s), static_cast<uint32_t>(sender), max_body,
+                       name_of(s, sender));
 }
 
 void SitePeers::cancel_all(const std::string& reason) const {
   if (!t_) return;
-  for (int p : peer_)
-    if (p >= 0) t_->cancel(p, reason);
+  for (const auto& by_rank : peers_)
+    for (int p : by_rank)
+      if (p >= 0) t_->cancel(p, reason);
 }
 
 }  // namespace geoloco::outer

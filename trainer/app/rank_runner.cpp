@@ -81,8 +81,15 @@ nlohmann::json run_rank(const trainer::RunConfig& cfg, const RankOptions& o) {
   if (cfg.sites.size() > 1) {
     transport::Identity self{sc.name, rank, cfg.run.name, cfg.hash};
     std::vector<transport::PeerInfo> peers;
-    for (const auto& s : cfg.sites)
-      if (s.name != sc.name) peers.push_back({s.name, rank, s.host_of(rank), s.port + rank});
+    // The ranks of the other sites this rank exchanges with (its rank when every site has
+    // the same rank count; outer_optimizer/exchange_layout.hpp otherwise).
+    const outer::ExchangeLayout layout = outer::SitePeers::layout_of(cfg);
+    for (size_t s = 0; s < cfg.sites.size(); ++s) {
+      if (static_cast<int>(s) == site) continue;
+      const auto& other = cfg.sites[s];
+      for (int q : outer::SitePeers::connected_ranks(layout, site, rank, static_cast<int>(s)))
+        peers.push_back({other.name, q, other.host_of(q), other.port + q});
+    }
     const auto mode = o.join ? transport::ConnectMode::kJoin : transport::ConnectMode::kAll;
     if (o.connect_transport) {
       tp = o.connect_transport(self, peers, mode);

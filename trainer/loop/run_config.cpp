@@ -61,10 +61,15 @@ int RunConfig::site_index(const std::string& name) const {
   return -1;
 }
 
-int64_t RunConfig::global_batch() const { return int64_t(train.micro_batch) * train.grad_accum * world_size(); }
+int64_t RunConfig::global_batch() const {
+  int64_t b = 0;
+  for (size_t s = 0; s < sites.size(); ++s) b += site_batch(static_cast<int>(s));
+  return b;
+}
 
 int64_t RunConfig::site_batch(int site) const {
-  return int64_t(train.micro_batch) * train.grad_accum * sites.at(static_cast<size_t>(site)).ranks;
+  const auto& s = sites.at(static_cast<size_t>(site));
+  return int64_t(train.micro_batch) * s.grad_accum * s.ranks;
 }
 
 double RunConfig::peak_lr() const {
@@ -129,6 +134,8 @@ std::vector<SiteConfig> parse_sites(const config::Node& root) {
     s.strategy = n.get_choice("strategy", d.strategy, {"ddp", "zero1", "zero2", "fsdp"});
     s.device = n.get_choice("device", d.device, {"cpu", "cuda"});
     if (s.device == "cuda" && !built_with_cuda()) n.fail("device", kBuiltWithoutCuda);
+    // A smaller site may accumulate more micro-batches to train as many tokens per step.
+    s.grad_accum = n.has("grad_accum") ? static_cast<int>(n.get_int("grad_accum", 1, 1, 1 << 20)) : 0;
     n.finish();
     sites.push_back(s);
   }
@@ -182,6 +189,8 @@ RunConfig parse_run_config(const config::Document& doc) {
   if (!c.train.init_from.empty())
     c.train.init_from = resolve_init_from(root.child("train"), c.train.init_from, c.dir, c.model);
   c.sites = parse_sites(root);
+  for (auto& s : c.sites)
+    if (s.grad_accum == 0) s.grad_accum = c.train.grad_accum;
   if (c.run.metrics_port > 0 && c.run.metrics_port + c.world_size() - 1 > 65535)
     root.child("run").fail("metrics_port",
                            fmt::format("got {}, but rank g serves on metrics_port + g and the run has {} ranks: "
@@ -212,13 +221,6 @@ RunConfig parse_run_config(const config::Document& doc) {
   if (c.sites.size() > 1) {
     if (!c.transport)
       root.fail("transport", "missing: a multi-site run needs a transport section with psk_file (the pre-shared key)");
-    // Shard-parallel sync pairs rank r of every site: every site needs the same rank count.
-    auto items = root.items("sites");
-    for (size_t i = 1; i < c.sites.size(); ++i)
-      if (c.sites[i].ranks != c.sites[0].ranks)
-        items[i].fail("ranks", fmt::format("got {}, but site '{}' has {}: every site needs the same number of ranks "
-                                           "(rank r of each site syncs the same shard)",
-                                           c.sites[i].ranks, c.sites[0].name, c.sites[0].ranks));
   }
   root.finish();
 

@@ -68,6 +68,7 @@ struct SiteConfig {
   int port = 29500;                // rank r listens on port + r (WAN); rendezvous on port + ranks
   std::string strategy = "ddp";    // ddp | zero1 | zero2 | fsdp
   std::string device = "cpu";      // cpu | cuda
+  int grad_accum = 0;              // micro-batches per optimizer step here (0 in the YAML: train.grad_accum)
 
   const std::string& host_of(int rank) const { return hosts.empty() ? host : hosts.at(static_cast<size_t>(rank)); }
 };

@@ -109,7 +109,7 @@ struct Trainer::Impl {
                       data.train->describe(), sampler->num_windows(), T + 1, so.world, cfg.train.micro_batch));
     inputs.resize(static_cast<size_t>(cfg.train.micro_batch) * T);
     targets.resize(inputs.size());
-    tokens_per_step_rank = int64_t(cfg.train.micro_batch) * cfg.train.grad_accum * T;
+    tokens_per_step_rank = int64_t(cfg.train.micro_batch) * site.grad_accum * T;
 
     std::vector<float> init(static_cast<size_t>(model.layout().total()));
     if (cfg.train.init_from.empty()) {
@@ -422,7 +422,7 @@ struct Trainer::Impl {
     auto t0 = Clock::now();
     auto params = strategy->begin_step();
     auto grads = strategy->grads();
-    const int B = cfg.train.micro_batch, K = cfg.train.grad_accum;
+    const int B = cfg.train.micro_batch, K = site.grad_accum;
     double loss = 0;
     for (int k = 0; k < K; ++k) {
       sampler->next_batch(B, T, inputs.data(), targets.data());
@@ -441,7 +441,7 @@ struct Trainer::Impl {
   // the device model; reduction, clipping and AdamW on the device.
   double train_step_device() {
     auto t0 = Clock::now();
-    const int B = cfg.train.micro_batch, K = cfg.train.grad_accum;
+    const int B = cfg.train.micro_batch, K = site.grad_accum;
     double loss = 0;
     {
       TraceSpan sp(&trace, "forward_backward", TraceRecorder::kMainThread);
@@ -480,7 +480,7 @@ struct Trainer::Impl {
   void join_running_job() {
     if (!opt.outer) throw ConfigError("--join needs the outer loop (a multi-site run)");
     const int64_t at = opt.outer->join(*strategy);
-    const int64_t draws = at * cfg.train.grad_accum;
+    const int64_t draws = at * site.grad_accum;
     for (int64_t i = 0; i < draws; ++i) sampler->next_indices(cfg.train.micro_batch);
     step = at;
     join_step = at;
