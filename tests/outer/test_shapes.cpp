@@ -1,0 +1,288 @@
+// Sites of different sizes (docs/shapes.md): the exchange layout's arithmetic, and runs whose
+// sites have 1, 2 and 3 ranks under every strategy, ranks as threads in this process.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <set>
+
+#include "../loop/test_util.hpp"
+#include "multisite_util.hpp"
+#include "outer_optimizer/exchange_layout.hpp"
+#include "outer_optimizer/fragment_sync.hpp"
+#include "outer_optimizer/site_peers.hpp"
+#include "tests/support/ports.hpp"
+#include "trainer/checkpoint/model_checkpoint.hpp"
+#include "trainer/core/error.hpp"
+#include "trainer/loop/run_config.hpp"
+
+using namespace geoloco;
+using geoloco::test::fresh_port;
+using geoloco::test::TempDir;
+using outer::ExchangeLayout;
+
+namespace {
+
+std::string base(const std::filesystem::path& out, int steps) {
+  return "run: {name: shapes, seed: 3, output_dir: " + out.string() +
+         "}\n"
+         "model: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 16, vocab_size: 32}\n"
+         "data:\n  train: {kind: synthetic, vocab: 32, branching: 3, seed: 5, tokens: 400000}\n"
+         "train: {steps: " +
+         std::to_string(steps) + ", micro_batch: 4, log_every: 5, optimizer: {lr: 3.0e-3}}\n";
+}
+
+// Sites named paris, lyon, milan with the given ranks (and per-site extras), site i on port + 10 i.
+std::string sites(const std::vector<std::pair<int, std::string>>& shape) {
+  static const char* names[] = {"paris", "lyon", "milan", "oslo"};
+  const int port = fresh_port();
+  std::string s = "sites:\n";
+  for (size_t i = 0; i < shape.size(); ++i)
+    s += "  - {name: " + std::string(names[i]) + ", ranks: " + std::to_string(shape[i].first) +
+         ", port: " + std::to_string(port + 10 * static_cast<int>(i)) +
+         (shape[i].second.empty() ? "" : ", " + shape[i].second) + "}\n";
+  return s;
+}
+
+std::string psk(const TempDir& d) { return d.file("k.psk", "0123456789abcdef-test-key"); }
+const char* kTransport = "transport: {psk_file: k.psk, timeout_s: 30}\n";
+
+std::vector<float> load_params(const std::string& checkpoint) {
+  auto f = trainer::SafetensorsFile::read(checkpoint);
+  auto mc = trainer::read_model_config(f);
+  trainer::ParamLayout layout(mc);
+  std::vector<float> p(static_cast<size_t>(layout.total()));
+  trainer::load_model(f, layout, p);
+  return p;
+}
+
+// Every rank of the run ends with one global-weights hash and one parameter hash.
+void expect_one_hash(const nlohmann::json& summary, size_t ranks, const std::string& what) {
+  ASSERT_EQ(summary["ranks"].size(), ranks) << what;
+  std::set<std::string> hashes, params;
+  for (auto& r : summary["ranks"]) {
+    hashes.insert(r["global_weights_hash"].get<std::string>());
+    params.insert(r["params_hash"].get<std::string>());
+  }
+  EXPECT_EQ(hashes.size(), 1u) << what;
+  EXPECT_EQ(params.size(), 1u) << what;
+}
+
+}  // namespace
+
+TEST(ExchangeLayout, SitesOfOneRankCountArePiecesOfOneShardEach) {
+  const ExchangeLayout l(10, {3, 3, 3});
+  EXPECT_TRUE(l.uniform());
+  ASSERT_EQ(l.pieces().size(), 3u);
+  for (int r = 0; r < 3; ++r) {
+    const auto& p = l.pieces()[static_cast<size_t>(r)];
+    EXPECT_EQ(p.begin, l.shard(0, r).offset);
+    EXPECT_EQ(p.end, l.shard(0, r).end());
+    EXPECT_EQ(p.owner, std::vector<int>({r, r, r}));
+    EXPECT_EQ(l.pieces_of(1, r), std::vector<uint32_t>({static_cast<uint32_t>(r)}));
+    EXPECT_EQ(l.partner(0, r, 2), r);
+    EXPECT_TRUE(l.mutual(0, r, 2));
+    EXPECT_EQ(outer::SitePeers::connected_ranks(l, 0, r, 1), std::vector<int>({r}));
+  }
+}
+
+TEST(ExchangeLayout, DifferentRankCountsCutTheCommonRefinement) {
+  // 12 elements over 1, 2 and 3 ranks: shard boundaries 6 and 4, 8.
+  const ExchangeLayout l(12, {1, 2, 3});
+  EXPECT_FALSE(l.uniform());
+  ASSERT_EQ(l.pieces().size(), 4u);
+  const std::vector<std::pair<int64_t, int64_t>> bounds = {{0, 4}, {4, 6}, {6, 8}, {8, 12}};
+  const std::vector<std::vector<int>> owners = {{0, 0, 0}, {0, 0, 1}, {0, 1, 1}, {0, 1, 2}};
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(l.pieces()[i].begin, bounds[i].first) << i;
+    EXPECT_EQ(l.pieces()[i].end, bounds[i].second) << i;
+    EXPECT_EQ(l.pieces()[i].owner, owners[i]) << i;
+  }
+  EXPECT_EQ(l.pieces_of(0, 0), std::vector<uint32_t>({0, 1, 2, 3}));
+  EXPECT_EQ(l.pieces_of(1, 1), std::vector<uint32_t>({2, 3}));
+  EXPECT_EQ(l.pieces_of(2, 1), std::vector<uint32_t>({1, 2}));
+  EXPECT_EQ(l.linked_ranks(2, 1, 1), std::vector<int>({0, 1}));
+  EXPECT_EQ(l.linked_ranks(0, 0, 2), std::vector<int>({0, 1, 2}));
+  // Partners: the owner of the shard's first element. milan/1 starts at 4, inside lyon/0;
+  // lyon/0's partner at milan is milan/0: not mutual. Rank 0 always is.
+  EXPECT_EQ(l.partner(2, 1, 1), 0);
+  EXPECT_FALSE(l.mutual(2, 1, 1));
+  EXPECT_EQ(l.partner(1, 1, 2), 1);  // lyon/1 starts at 6, inside milan/1, which starts inside lyon/0
+  EXPECT_FALSE(l.mutual(1, 1, 2));
+  EXPECT_TRUE(l.mutual(1, 0, 2));
+  for (int s = 0; s < 3; ++s)
+    for (int t = 0; t < 3; ++t)
+      if (s != t) EXPECT_TRUE(l.mutual(s, 0, t));
+  // Fewer elements than ranks: empty shards own no piece; their partner is the last element's owner.
+  const ExchangeLayout tiny(2, {3, 1});
+  ASSERT_EQ(tiny.pieces().size(), 2u);
+  EXPECT_TRUE(tiny.pieces_of(0, 2).empty());
+  EXPECT_EQ(tiny.partner(0, 2, 1), 0);
+  EXPECT_EQ(tiny.pieces()[1].owner, std::vector<int>({1, 0}));
+  EXPECT_THROW(ExchangeLayout(10, {2, 0}), Error);
+  EXPECT_THROW(ExchangeLayout(10, {}), Error);
+}
+
+// Every element lies in exactly one piece, each piece in one shard per site, and the
+// connections are symmetric (a rank dials only ranks that expect it), for random shapes.
+TEST(ExchangeLayout, PiecesTileAndConnectionsAreSymmetricForRandomShapes) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int S = 2 + static_cast<int>(rng() % 4);
+    std::vector<int> ranks;
+    for (int s = 0; s < S; ++s) ranks.push_back(1 + static_cast<int>(rng() % 6));
+    const int64_t n = static_cast<int64_t>(rng() % 40);
+    const ExchangeLayout l(n, ranks);
+    int64_t at = 0;
+    for (const auto& p : l.pieces()) {
+      EXPECT_EQ(p.begin, at);
+      EXPECT_LT(p.begin, p.end);
+      at = p.end;
+      for (int s = 0; s < S; ++s) {
+        const auto sh = l.shard(s, p.owner[static_cast<size_t>(s)]);
+        EXPECT_GE(p.begin, sh.offset);
+        EXPECT_LE(p.end, sh.end());
+      }
+    }
+    EXPECT_EQ(at, n);
+    for (int s = 0; s < S; ++s)
+      for (int t = 0; t < S; ++t) {
+        if (s == t) continue;
+        for (int r = 0; r < ranks[static_cast<size_t>(s)]; ++r)
+          for (int q : outer::SitePeers::connected_ranks(l, s, r, t)) {
+            const auto back = outer::SitePeers::connected_ranks(l, t, q, s);
+            EXPECT_TRUE(std::find(back.begin(), back.end(), r) != back.end())
+                << "n " << n << " site " << s << "/" << r << " -> " << t << "/" << q;
+          }
+      }
+  }
+}
+
+// A fragment's elements on a rank, cut by the pieces of its shard: contiguous runs of the
+// gathered vector in piece order, empty where the fragment has nothing in a piece.
+TEST(ExchangeLayout, FragmentSegmentsFollowThePieces) {
+  const ExchangeLayout l(12, {1, 2, 3});
+  const parallel::ShardRange shard = l.shard(0, 0);  // paris holds all 12: pieces 0..3
+  // A fragment of elements [2, 5) and [9, 11).
+  const std::vector<outer::Range> local = {{2, 5}, {9, 11}};
+  const auto seg = outer::cut_segments(local, shard, l, 0, 0);
+  ASSERT_EQ(seg.size(), 4u);
+  EXPECT_EQ(seg[0].begin, 0u);  // piece [0,4): elements 2, 3
+  EXPECT_EQ(seg[0].end, 2u);
+  EXPECT_EQ(seg[1].begin, 2u);  // piece [4,6): element 4
+  EXPECT_EQ(seg[1].end, 3u);
+  EXPECT_EQ(seg[2].size(), 0u);  // piece [6,8): nothing
+  EXPECT_EQ(seg[2].begin, 3u);
+  EXPECT_EQ(seg[3].begin, 3u);  // piece [8,12): elements 9, 10
+  EXPECT_EQ(seg[3].end, 5u);
+  // milan/2 holds [8, 12), piece 3 only; relative ranges into its shard.
+  const auto m = outer::cut_segments({{1, 3}}, l.shard(2, 2), l, 2, 2);
+  ASSERT_EQ(m.size(), 1u);
+  EXPECT_EQ(m[0].piece, 3u);
+  EXPECT_EQ(m[0].size(), 2u);
+}
+
+// The test: sites of 1, 2 and 3 ranks under every strategy (and the three mixed in one
+// run, with two fragments overlapped and a lossy codec with error feedback) end with one global
+// hash and one parameter vector on every rank of every site.
+TEST(Shapes, SitesOfOneTwoAndThreeRanksAgreeUnderEveryStrategy) {
+  const std::string codec =
+      "compression: {codec: int4, block: 64, error_feedback: true, zstd_level: 1}";
+  for (const std::string strategy : {"ddp", "zero1", "zero2", "fsdp"}) {
+    TempDir d;
+    psk(d);
+    const std::string st = "strategy: " + strategy;
+    auto cfg = trainer::load_run_config(d.file(
+        "c.yaml", base(d.path() / "out", 12) + "outer: {interval: 3, " + codec + "}\n" +
+                      sites({{1, st}, {2, st}, {3, st}}) + kTransport));
+    const auto out = geoloco::testing::run_ranks(cfg);
+    expect_one_hash(out[0], 6, strategy);
+    EXPECT_EQ(out[0]["outer_steps"].get<int>(), 4) << strategy;
+    EXPECT_TRUE(std::isfinite(out[0]["val_loss"].get<double>())) << strategy;
+  }
+  TempDir d;
+  psk(d);
+  auto cfg = trainer::load_run_config(
+      d.file("c.yaml", base(d.path() / "out", 16) + "outer: {interval: 4, fragments: 2, overlap_steps: 1, " + codec +
+                           "}\n" + sites({{3, "strategy: fsdp"}, {1, "strategy: ddp"}, {2, "strategy: zero2"}}) +
+                           kTransport));
+  const auto out = geoloco::testing::run_ranks(cfg);
+  expect_one_hash(out[0], 6, "mixed, fragments and overlap");
+  // 8 staggered rounds, and the last step's blocking sync of the fragment overlapped at step 14.
+  EXPECT_EQ(out[0]["outer_steps"].get<int>(), 9);
+}
+
+// The equivalence the math guarantees: with every site replaying identical data
+// (data.across_sites: identical), a 2-rank site with micro-batch B and a 1-rank site
+// accumulating 2 micro-batches of B draw the same 2B windows per step and compute the same mean
+// gradient, up to the order of the float sums. So a run of {2 ranks, 1 rank x grad_accum 2}
+// ends within float tolerance of {2, 2} and of {1 x 2, 1 x 2}: only rounding differs.
+// (The validation loss is compared where the first site has 2 ranks in both runs: a site
+// evaluates train.eval_batches micro-batches per rank, so a 1-rank site scores fewer windows.)
+TEST(Shapes, ATwoRankSiteAndAOneRankSiteAccumulatingTwiceAreEquivalent) {
+  const std::string outer = "outer: {interval: 4, compression: {codec: fp32}}\n";
+  std::vector<std::vector<float>> params;
+  std::vector<double> losses;
+  for (const auto& shape : std::vector<std::vector<std::pair<int, std::string>>>{
+           {{2, ""}, {2, ""}}, {{2, ""}, {1, "grad_accum: 2"}}, {{1, "grad_accum: 2"}, {1, "grad_accum: 2"}}}) {
+    TempDir d;
+    psk(d);
+    auto cfg = trainer::load_run_config(d.file("c.yaml", base(d.path() / "out", 16) + outer + sites(shape) + kTransport),
+                                        {"data.across_sites=identical"});
+    const auto out = geoloco::testing::run_ranks(cfg);
+    expect_one_hash(out[0], cfg.world_size(), "shape");
+    params.push_back(load_params(out[0]["checkpoint"]));
+    losses.push_back(out[0]["val_loss"].get<double>());
+  }
+  for (size_t k = 1; k < params.size(); ++k) {
+    double max_diff = 0;
+    for (size_t i = 0; i < params[0].size(); ++i)
+      max_diff = std::max(max_diff, double(std::fabs(params[0][i] - params[k][i])));
+    // Rounding of differently ordered sums, compounded through 16 AdamW steps: a stated tolerance.
+    EXPECT_LT(max_diff, 1e-4) << "shape " << k;
+    EXPECT_GT(max_diff, 0.0) << "shape " << k << ": the sums are ordered differently, so some bit should differ";
+    if (k == 1) EXPECT_NEAR(losses[k], losses[0], 1e-4) << "shape " << k;
+  }
+}
+
+// The hash check covers every piece: a site of 3 ranks whose weights diverge from sites of 1
+// and 2 ranks is stopped, naming the piece and both sites.
+TEST(Shapes, DivergedWeightsAreCaughtPieceByPiece) {
+  geoloco::testing::RankSetup perturb;
+  perturb.hooks.perturb_global = outer::OuterHooks::Perturb{2, 2};
+  TempDir d;
+  psk(d);
+  auto cfg = trainer::load_run_config(
+      d.file("c.yaml", base(d.path() / "out", 12) + "outer: {interval: 3}\n" + sites({{1, ""}, {2, ""}, {3, ""}}) +
+                           kTransport));
+  try {
+    geoloco::testing::run_ranks(cfg, 0, false, perturb);
+    ADD_FAILURE() << "the run did not stop";
+  } catch (const std::exception& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("outer round 2: global weights diverged: piece"), std::string::npos) << m;
+    EXPECT_NE(m.find("milan"), std::string::npos) << m;
+  }
+}
+
+// A join fetches each rank's shard from the same rank of the other sites: with sites of
+// different rank counts it is refused before anything connects, naming the way out.
+TEST(Shapes, AJoinIntoSitesOfDifferentSizesIsRefusedClearly) {
+  TempDir d;
+  psk(d);
+  auto cfg = trainer::load_run_config(
+      d.file("c.yaml", base(d.path() / "out", 12) + "outer: {interval: 3, min_sites: 1}\n" +
+                           sites({{1, ""}, {2, ""}}) + kTransport));
+  app::RankOptions o;
+  o.site = 0;  // paris, 1 rank: nothing to wait for inside the site
+  o.rank = 0;
+  o.progress = false;
+  o.join = true;
+  try {
+    app::run_rank(cfg, o);
+    ADD_FAILURE() << "the join was not refused";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("paris cannot join the running job"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--resume"), std::string::npos) << e.what();
+  }
+}
