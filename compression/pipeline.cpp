@@ -69,9 +69,10 @@ FrameInfo Pipeline::encode_impl(std::span<const float> values, float* ef, std::v
       const char* what = std::isfinite(input[i]) ? "exceeds 2^64" : "is not finite";
       if (ef)
         throw EncodeError(i, fmt::format("pseudo-gradient value {} at index {} plus error-feedback residual {} "
-                                         "{}: the site diverged", values[i], i, ef[i], what));
-      throw EncodeError(i, fmt::format("pseudo-gradient value {} at index {} {}: the site diverged", values[i], i,
-                                       what));
+                                         "{}: the site diverged",
+                                         values[i], i, ef[i], what));
+      throw EncodeError(i,
+                        fmt::format("pseudo-gradient value {} at index {} {}: the site diverged", values[i], i, what));
     }
   }
 
@@ -145,8 +146,8 @@ void Pipeline::decode_payload(const FrameHeader& h, const uint8_t* payload, std:
     return;
   }
   kept_.resize(layout.kept);
-  decode_values(h.codec, payload + layout.scales_offset, payload + layout.codes_offset, layout.kept,
-                layout.kept_full, kept_.data(), codes_);
+  decode_values(h.codec, payload + layout.scales_offset, payload + layout.codes_offset, layout.kept, layout.kept_full,
+                kept_.data(), codes_);
   topk_scatter(payload + layout.index_offset, layout, h.block, kept_.data(), out);
 }
 
@@ -157,8 +158,7 @@ FrameInfo Pipeline::inspect(std::span<const uint8_t> frame, uint64_t expected_el
 }
 
 FrameInfo Pipeline::decode(std::span<const uint8_t> frame, uint64_t expected_elements, std::span<float> out) {
-  GEOLOCO_CHECK(out.size() == expected_elements, "output has {} elements, expected {}", out.size(),
-                expected_elements);
+  GEOLOCO_CHECK(out.size() == expected_elements, "output has {} elements, expected {}", out.size(), expected_elements);
   const FrameHeader h = parse_header(frame, expected_elements);
   verify_checksum(frame, h);
   const uint8_t* payload = frame.data() + kHeaderBytes;

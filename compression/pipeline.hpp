@@ -29,10 +29,10 @@ namespace geoloco::compression {
 struct FrameInfo {
   Codec codec = Codec::kFp32;
   bool topk = false;
-  bool zstd = false;          // zstd applied (it is skipped for a frame it would not shrink)
+  bool zstd = false;  // zstd applied (it is skipped for a frame it would not shrink)
   uint64_t elements = 0;
-  uint64_t raw_bytes = 0;     // payload before zstd
-  uint64_t frame_bytes = 0;   // bytes on the wire: header + stored payload + checksum
+  uint64_t raw_bytes = 0;    // payload before zstd
+  uint64_t frame_bytes = 0;  // bytes on the wire: header + stored payload + checksum
   // fp32 bytes of the same values divided by bytes on the wire.
   double ratio() const { return frame_bytes ? 4.0 * static_cast<double>(elements) / frame_bytes : 0.0; }
 };

@@ -43,15 +43,18 @@ Diloco::Diloco(const trainer::RunConfig& cfg, int site, int rank, transport::Tra
   join_watch_.resize(static_cast<size_t>(S));
   committed_tokens_.assign(static_cast<size_t>(S), 0.0);
   shard_ = strategy.shard();
-  GEOLOCO_CHECK(shard_ == peers_.layout().shard(site, rank), "site {} rank {}: shard [{}, {}) but the exchange "
-                "layout has [{}, {})", site, rank, shard_.offset, shard_.end(), peers_.layout().shard(site, rank).offset,
+  GEOLOCO_CHECK(shard_ == peers_.layout().shard(site, rank),
+                "site {} rank {}: shard [{}, {}) but the exchange "
+                "layout has [{}, {})",
+                site, rank, shard_.offset, shard_.end(), peers_.layout().shard(site, rank).offset,
                 peers_.layout().shard(site, rank).end());
   // Every site starts from the same initial weights (same seed): check it before training.
   if (transport && !joining) {
     std::vector<PieceHash> hs;
     for (uint32_t pi : peers_.layout().pieces_of(site, rank)) {
       const Piece& p = peers_.layout().pieces()[pi];
-      hs.push_back({pi, hash64(shard.data() + (p.begin - shard_.offset), static_cast<size_t>(p.size()) * sizeof(float))});
+      hs.push_back(
+          {pi, hash64(shard.data() + (p.begin - shard_.offset), static_cast<size_t>(p.size()) * sizeof(float))});
     }
     HashCheck c = post_hash_check(peers_, hs, 0);
     verify_hash_check(peers_, cfg_, c);

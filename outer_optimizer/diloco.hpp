@@ -4,7 +4,9 @@
 //   1. computes its pseudo-gradient on its shard: delta = global - local;
 //   2. compresses it (error feedback optional) and sends it to rank r of every other site,
 //      receiving theirs (one UCX connection -- or `lanes` -- per peer pair, in parallel
-//      with every other rank of the site);
+//      with every other rank of the site); with sites of different rank counts, each piece
+//      of the shard (exchange_layout.hpp) is its own frame, exchanged with that piece's
+//      owner at every other site;
 //   3. decides with the other sites which sites' contributions are in the round (its
 //      membership: round_membership.hpp), decodes every member's frame, its own included,
 //      and sums them in site order with the member weights -- so every member computes

@@ -131,10 +131,11 @@ int64_t Diloco::join(trainer::SiteStrategy& strategy) {
   // The state a donor serves is its rank's shard: a joiner whose shards differ from every
   // donor's cannot take it as is (docs/shapes.md).
   if (!peers_.layout().uniform())
-    throw ConfigError(fmt::format("site {} cannot join the running job: its sites have different rank counts, and a "
-                                  "join fetches each rank's shard from the same rank of the other sites; restart "
-                                  "the run from its latest checkpoint instead (geoloco launch --resume)",
-                                  here));
+    throw ConfigError(
+        fmt::format("site {} cannot join the running job: its sites have different rank counts, and a "
+                    "join fetches each rank's shard from the same rank of the other sites; restart "
+                    "the run from its latest checkpoint instead (geoloco launch --resume)",
+                    here));
   if (rank_ == 0) spdlog::info("site {}: joining the running job: asking the other sites to take it in", here);
   JoinResult res = fetch_join_state(peers_, ocfg_.join_wait_s);
   const JoinManifest& m = res.manifest;

@@ -258,8 +258,9 @@ ExchangeResult apply_round(Fragment& f, const ExchangeContext& ctx, SiteMask all
       auto& es = env[static_cast<size_t>(s)];
       for (size_t k = 0; k < K; ++k) {
         const int sender = s == self ? rank : pieces[f.segments[k].piece].owner[static_cast<size_t>(s)];
-        const std::span<const uint8_t> bytes = s == self ? std::span<const uint8_t>(*in.mine[k])
-                                                         : std::span<const uint8_t>(in.bytes[static_cast<size_t>(s)][k]);
+        const std::span<const uint8_t> bytes = s == self
+                                                   ? std::span<const uint8_t>(*in.mine[k])
+                                                   : std::span<const uint8_t>(in.bytes[static_cast<size_t>(s)][k]);
         es.push_back(read_envelope(bytes, EnvelopeKind::kPseudoGradient, round, static_cast<uint32_t>(s),
                                    static_cast<uint32_t>(sender), in.max_frame[k],
                                    s == self ? std::string("self") : peers.name_of(s, sender)));

@@ -51,8 +51,8 @@ struct RoundInbox {
   int64_t step = 0;
   std::vector<transport::Payload> mine;                  // by segment: this rank's envelope
   std::vector<std::vector<std::vector<uint8_t>>> bytes;  // by site, by segment: the envelope it sent (held sites only)
-  SiteMask holds = 0;                  // sites whose whole, well-formed contribution arrived (self included)
-  std::vector<std::string> missing;    // by site: why its contribution is not held ("" if held or not asked)
+  SiteMask holds = 0;                         // sites whose whole, well-formed contribution arrived (self included)
+  std::vector<std::string> missing;           // by site: why its contribution is not held ("" if held or not asked)
   std::vector<compression::FrameInfo> infos;  // by segment: this rank's frames
   compression::FrameInfo info;                // their totals (elements, raw and frame bytes)
   std::vector<uint64_t> max_frame;            // by segment: the largest frame a site may send for it
@@ -71,10 +71,10 @@ struct Segment {
 // One fragment's part of this rank's shard and its outer-loop state.
 struct Fragment {
   int index = 0;
-  std::vector<Range> local;   // ranges within this rank's shard
-  size_t n = 0;               // elements on this rank (may be 0)
+  std::vector<Range> local;       // ranges within this rank's shard
+  size_t n = 0;                   // elements on this rank (may be 0)
   std::vector<Segment> segments;  // one per piece of this rank's shard, in order (some may be empty)
-  std::vector<float> global;  // the fragment's global weights, gathered in range order
+  std::vector<float> global;      // the fragment's global weights, gathered in range order
   std::vector<float> delta, decoded, avg, snapshot;
   std::unique_ptr<compression::Pipeline> pipeline;
   std::unique_ptr<compression::ErrorFeedback> ef;
@@ -82,9 +82,9 @@ struct Fragment {
   // This rank's attachment to its next round's envelope (envelope.hpp; outer.plan: auto's
   // reports and decisions), set before collect_round.
   std::vector<uint8_t> attachment;
-  int64_t last_sync_step = 0;  // launch step of its latest round
-  int64_t blocking_step = -1;  // step of its latest blocking sync
-  uint64_t hash = 0;           // hash of `global`
+  int64_t last_sync_step = 0;          // launch step of its latest round
+  int64_t blocking_step = -1;          // step of its latest blocking sync
+  uint64_t hash = 0;                   // hash of `global`
   std::vector<uint64_t> segment_hash;  // by segment: hash of its part of `global`
   // The cross-site check of this fragment's latest round, posted and not yet verified
   // (verified before the fragment's next round, a checkpoint, a re-plan and the run's end).

@@ -84,16 +84,16 @@ uint64_t verify_hash_check(const SitePeers& peers, const trainer::RunConfig& cfg
                                  : fmt::format("piece {} (elements {}..{})", reply.piece, p.begin, p.end);
     // Round 0 is the start: nothing has trained yet, so the inputs of the init differ.
     if (c.round == 0)
-      throw Error(fmt::format(
-          "initial weights differ between sites: {} hash {} here (site {}) but {} at site {} ({}); every "
-          "site must start from the same weights: same run.seed and, with train.init_from, the same file "
-          "contents ({} here)",
-          what, hex64(reply.hash), here, hex64(e.value), there, peers.name_of(s, reply.rank),
-          cfg.train.init_from.empty() ? std::string("none") : cfg.train.init_from));
-    throw Error(fmt::format("outer round {}: global weights diverged: {} hash {} here (site {}) but {} at site "
-                            "{} ({}); stopping",
-                            c.round, what, hex64(reply.hash), here, hex64(e.value), there,
-                            peers.name_of(s, reply.rank)));
+      throw Error(
+          fmt::format("initial weights differ between sites: {} hash {} here (site {}) but {} at site {} ({}); every "
+                      "site must start from the same weights: same run.seed and, with train.init_from, the same file "
+                      "contents ({} here)",
+                      what, hex64(reply.hash), here, hex64(e.value), there, peers.name_of(s, reply.rank),
+                      cfg.train.init_from.empty() ? std::string("none") : cfg.train.init_from));
+    throw Error(
+        fmt::format("outer round {}: global weights diverged: {} hash {} here (site {}) but {} at site "
+                    "{} ({}); stopping",
+                    c.round, what, hex64(reply.hash), here, hex64(e.value), there, peers.name_of(s, reply.rank)));
   }
   return lost;
 }

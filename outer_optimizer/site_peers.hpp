@@ -65,7 +65,7 @@ class SitePeers {
   int site_, rank_;
   transport::Transport* t_;
   ExchangeLayout layout_;
-  std::vector<int> peer_;               // by site: the partner's peer index
+  std::vector<int> peer_;                // by site: the partner's peer index
   std::vector<std::vector<int>> peers_;  // by site, by rank: peer index (-1: not connected)
 };
 

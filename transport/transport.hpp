@@ -1,5 +1,6 @@
-// geoloco::transport::Transport: how rank r of one site exchanges messages with rank r of
-// every other site, whatever carries them. Two backends implement it:
+// geoloco::transport::Transport: how a rank of one site exchanges messages with the ranks of
+// the other sites it is given (rank r of every other site when the sites have one rank count;
+// outer_optimizer/exchange_layout.hpp otherwise), whatever carries them. Two backends implement it:
 //   * UcxTransport (transport/ucx/): UCX active messages over TCP, the WAN path;
 //   * MemoryTransport (transport/memory/): an in-memory fabric for tests, with deterministic
 //     delivery and injectable faults (drop, delay, corrupt, garbage, stall, kill).

@@ -829,6 +829,47 @@ TEST(Elastic, WithOverlapAPartitionStopsEverySiteWithACheckpointAndTheResumeEnds
   }
 }
 
+// Sites of different sizes (1, 2, 3 and 1 ranks; docs/shapes.md), two fragments overlapped:
+// every rank exchanges each piece of its shard with that piece's owner at the other sites, so
+// a round undecided when the quorum is lost holds several contributions per rank; the
+// checkpoint keeps them all and --resume ends bit-identical to a run never cut.
+TEST(Elastic, SitesOfDifferentSizesLoseTheQuorumWithOverlapAndResumeAsIfNeverCut) {
+  auto cfg_for = [](const TempDir& dir) {
+    auto c = sites_config(dir, 4, 1, ", fragments: 2, overlap_steps: 7", 10);
+    c.sites[1].ranks = 2;
+    c.sites[2].ranks = 3;
+    c.train.steps = 40;
+    c.train.checkpoint_every = 0;
+    return c;
+  };
+  TempDir clean_dir;
+  const std::string clean = all_hash(run(cfg_for(clean_dir), {}));
+  ASSERT_NE(clean, "");
+  TempDir d;
+  auto cut = two_against_two_cut(4);
+  for (auto& f : cut) f.from_rank = -1;  // every rank's links between the sides
+  const auto cfg = cfg_for(d);
+  std::set<std::string> stopped_at;
+  bool several = false;
+  for (const auto& o : run(cfg, cut)) {
+    EXPECT_TRUE(has(o.error, "no membership agreed")) << o.site << "/" << o.rank << ": " << o.error;
+    std::ifstream latest(d.path() / "out" / "checkpoints" / o.site / "latest");
+    std::string name;
+    std::getline(latest, name);
+    stopped_at.insert(name);
+    // A rank of milan (3 ranks) next to sites of 1 and 2 holds several pieces: it saved several envelopes.
+    if (o.site == "milan" && o.rank == 1) {
+      const auto st = trainer::SafetensorsFile::read(
+          (d.path() / "out" / "checkpoints" / "milan" / name / "state.r1.safetensors").string());
+      several = st.metadata().count("outer.retry.0.segments") && st.meta("outer.retry.0.segments") != "1";
+    }
+  }
+  ASSERT_EQ(stopped_at.size(), 1u) << "the sites stopped at different steps";
+  EXPECT_TRUE(several) << "milan/1's checkpoint holds one contribution per piece";
+  const auto resumed = run_with_rejoin(cfg, {}, "", nullptr, {}, {}, /*resume=*/true);
+  EXPECT_EQ(all_hash(resumed), clean);
+}
+
 // Four sites with min_sites 1, split 2|2 by a link cut of `cut_s` seconds at round 4: both
 // sides go on alone; when the cut heals, the side with the lowest site index (paris, lyon) is
 // kept, milan and oslo leave naming both sides and the tokens they discard, restart and

@@ -112,7 +112,9 @@ TEST(ExchangeLayout, DifferentRankCountsCutTheCommonRefinement) {
   EXPECT_TRUE(l.mutual(1, 0, 2));
   for (int s = 0; s < 3; ++s)
     for (int t = 0; t < 3; ++t)
-      if (s != t) EXPECT_TRUE(l.mutual(s, 0, t));
+      if (s != t) {
+        EXPECT_TRUE(l.mutual(s, 0, t));
+      }
   // Fewer elements than ranks: empty shards own no piece; their partner is the last element's owner.
   const ExchangeLayout tiny(2, {3, 1});
   ASSERT_EQ(tiny.pieces().size(), 2u);
@@ -186,15 +188,13 @@ TEST(ExchangeLayout, FragmentSegmentsFollowThePieces) {
 // run, with two fragments overlapped and a lossy codec with error feedback) end with one global
 // hash and one parameter vector on every rank of every site.
 TEST(Shapes, SitesOfOneTwoAndThreeRanksAgreeUnderEveryStrategy) {
-  const std::string codec =
-      "compression: {codec: int4, block: 64, error_feedback: true, zstd_level: 1}";
+  const std::string codec = "compression: {codec: int4, block: 64, error_feedback: true, zstd_level: 1}";
   for (const std::string strategy : {"ddp", "zero1", "zero2", "fsdp"}) {
     TempDir d;
     psk(d);
     const std::string st = "strategy: " + strategy;
-    auto cfg = trainer::load_run_config(d.file(
-        "c.yaml", base(d.path() / "out", 12) + "outer: {interval: 3, " + codec + "}\n" +
-                      sites({{1, st}, {2, st}, {3, st}}) + kTransport));
+    auto cfg = trainer::load_run_config(d.file("c.yaml", base(d.path() / "out", 12) + "outer: {interval: 3, " + codec +
+                                                             "}\n" + sites({{1, st}, {2, st}, {3, st}}) + kTransport));
     const auto out = geoloco::testing::run_ranks(cfg);
     expect_one_hash(out[0], 6, strategy);
     EXPECT_EQ(out[0]["outer_steps"].get<int>(), 4) << strategy;
@@ -202,10 +202,9 @@ TEST(Shapes, SitesOfOneTwoAndThreeRanksAgreeUnderEveryStrategy) {
   }
   TempDir d;
   psk(d);
-  auto cfg = trainer::load_run_config(
-      d.file("c.yaml", base(d.path() / "out", 16) + "outer: {interval: 4, fragments: 2, overlap_steps: 1, " + codec +
-                           "}\n" + sites({{3, "strategy: fsdp"}, {1, "strategy: ddp"}, {2, "strategy: zero2"}}) +
-                           kTransport));
+  auto cfg = trainer::load_run_config(d.file(
+      "c.yaml", base(d.path() / "out", 16) + "outer: {interval: 4, fragments: 2, overlap_steps: 1, " + codec + "}\n" +
+                    sites({{3, "strategy: fsdp"}, {1, "strategy: ddp"}, {2, "strategy: zero2"}}) + kTransport));
   const auto out = geoloco::testing::run_ranks(cfg);
   expect_one_hash(out[0], 6, "mixed, fragments and overlap");
   // 8 staggered rounds, and the last step's blocking sync of the fragment overlapped at step 14.
@@ -227,10 +226,14 @@ TEST(Shapes, ATwoRankSiteAndAOneRankSiteAccumulatingTwiceAreEquivalent) {
            {{2, ""}, {2, ""}}, {{2, ""}, {1, "grad_accum: 2"}}, {{1, "grad_accum: 2"}, {1, "grad_accum: 2"}}}) {
     TempDir d;
     psk(d);
-    auto cfg = trainer::load_run_config(d.file("c.yaml", base(d.path() / "out", 16) + outer + sites(shape) + kTransport),
-                                        {"data.across_sites=identical"});
+    auto cfg =
+        trainer::load_run_config(d.file("c.yaml", base(d.path() / "out", 16) + outer + sites(shape) + kTransport),
+                                 {"data.across_sites=identical"});
     const auto out = geoloco::testing::run_ranks(cfg);
     expect_one_hash(out[0], cfg.world_size(), "shape");
+    // Every site trains 8 sequences per step here (4 x 2 ranks, or 4 x 2 micro-batches).
+    EXPECT_EQ(cfg.global_batch(), 16);
+    EXPECT_EQ(out[0]["tokens"].get<int64_t>(), 16 * cfg.global_batch() * cfg.seq_len());
     params.push_back(load_params(out[0]["checkpoint"]));
     losses.push_back(out[0]["val_loss"].get<double>());
   }
@@ -241,7 +244,9 @@ TEST(Shapes, ATwoRankSiteAndAOneRankSiteAccumulatingTwiceAreEquivalent) {
     // Rounding of differently ordered sums, compounded through 16 AdamW steps: a stated tolerance.
     EXPECT_LT(max_diff, 1e-4) << "shape " << k;
     EXPECT_GT(max_diff, 0.0) << "shape " << k << ": the sums are ordered differently, so some bit should differ";
-    if (k == 1) EXPECT_NEAR(losses[k], losses[0], 1e-4) << "shape " << k;
+    if (k == 1) {
+      EXPECT_NEAR(losses[k], losses[0], 1e-4) << "shape " << k;
+    }
   }
 }
 
@@ -252,9 +257,8 @@ TEST(Shapes, DivergedWeightsAreCaughtPieceByPiece) {
   perturb.hooks.perturb_global = outer::OuterHooks::Perturb{2, 2};
   TempDir d;
   psk(d);
-  auto cfg = trainer::load_run_config(
-      d.file("c.yaml", base(d.path() / "out", 12) + "outer: {interval: 3}\n" + sites({{1, ""}, {2, ""}, {3, ""}}) +
-                           kTransport));
+  auto cfg = trainer::load_run_config(d.file("c.yaml", base(d.path() / "out", 12) + "outer: {interval: 3}\n" +
+                                                           sites({{1, ""}, {2, ""}, {3, ""}}) + kTransport));
   try {
     geoloco::testing::run_ranks(cfg, 0, false, perturb);
     ADD_FAILURE() << "the run did not stop";
@@ -270,9 +274,9 @@ TEST(Shapes, DivergedWeightsAreCaughtPieceByPiece) {
 TEST(Shapes, AJoinIntoSitesOfDifferentSizesIsRefusedClearly) {
   TempDir d;
   psk(d);
-  auto cfg = trainer::load_run_config(
-      d.file("c.yaml", base(d.path() / "out", 12) + "outer: {interval: 3, min_sites: 1}\n" +
-                           sites({{1, ""}, {2, ""}}) + kTransport));
+  auto cfg =
+      trainer::load_run_config(d.file("c.yaml", base(d.path() / "out", 12) + "outer: {interval: 3, min_sites: 1}\n" +
+                                                    sites({{1, ""}, {2, ""}}) + kTransport));
   app::RankOptions o;
   o.site = 0;  // paris, 1 rank: nothing to wait for inside the site
   o.rank = 0;

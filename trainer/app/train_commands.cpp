@@ -40,7 +40,8 @@ void run_validate(const ConfigArgs& a) {
   auto data = trainer::open_data(cfg.data, cfg.dir, cfg.model.vocab_size);
   std::string sites;
   for (const auto& s : cfg.sites)
-    sites += fmt::format("{}{}x{} ({})", sites.empty() ? "" : ", ", s.name, s.ranks, s.strategy);
+    sites += fmt::format("{}{}x{} ({}{})", sites.empty() ? "" : ", ", s.name, s.ranks, s.strategy,
+                         s.grad_accum != cfg.train.grad_accum ? fmt::format(", grad_accum {}", s.grad_accum) : "");
   fmt::print(
       "{}: OK -- {:.2f}M parameters, sites: {}; {} steps of {} sequences x {} tokens per rank; "
       "train {}; config hash {}\n",

@@ -84,6 +84,7 @@ struct Trainer::Impl {
   TraceRecorder trace;
   double last_loss = NAN, last_val_loss = NAN;
   int64_t tokens_per_step_rank;
+  int64_t tokens_per_step_run;  // every rank of every site (sites may differ in ranks and grad_accum)
 
   Impl(const RunConfig& c, const TrainerOptions& o)
       : cfg(c),
@@ -110,6 +111,7 @@ struct Trainer::Impl {
     inputs.resize(static_cast<size_t>(cfg.train.micro_batch) * T);
     targets.resize(inputs.size());
     tokens_per_step_rank = int64_t(cfg.train.micro_batch) * site.grad_accum * T;
+    tokens_per_step_run = cfg.global_batch() * T;
 
     std::vector<float> init(static_cast<size_t>(model.layout().total()));
     if (cfg.train.init_from.empty()) {
@@ -519,7 +521,7 @@ struct Trainer::Impl {
       double loss = train_step();
       loss_acc += loss;
       ++loss_n;
-      window_tokens += tokens_per_step_rank;
+      window_tokens += tokens_per_step_run;
       const bool last = step == cfg.train.steps;
       bool outer_step = false;
       if (opt.outer) {
@@ -569,12 +571,12 @@ struct Trainer::Impl {
         const double mean_loss = strategy->site_mean(loss_acc / loss_n);
         last_loss = mean_loss;
         const double dt = seconds_since(window_t0);
-        const double tps = dt > 0 ? double(window_tokens) * world / dt : 0;  // whole run: all ranks
+        const double tps = dt > 0 ? double(window_tokens) / dt : 0;  // whole run: all ranks
         nlohmann::json line = {{"step", step},
                                {"loss", mean_loss},
                                {"lr", last_lr},
                                {"grad_norm", last_grad_norm},
-                               {"tokens", step * tokens_per_step_rank * world},
+                               {"tokens", step * tokens_per_step_run},
                                {"tokens_per_s", tps},
                                {"elapsed_s", wall_before + seconds_since(start)},
                                {"site", site.name}};
@@ -695,7 +697,7 @@ struct Trainer::Impl {
     if (step == cfg.train.steps) report_status({{"step", step}}, true);
     s["final_loss"] = last_loss;
     s["val_loss"] = last_val_loss;
-    s["tokens"] = step * tokens_per_step_rank * world;
+    s["tokens"] = step * tokens_per_step_run;
     s["tokens_per_rank"] = step * tokens_per_step_rank;
     s["wall_s"] = wall;
     s["compute_s"] = compute_seconds;
@@ -703,7 +705,7 @@ struct Trainer::Impl {
     s["exposed_wait_s"] = outer_wait_seconds;
     s["trace_events"] = trace.size();
     s["trace_events_dropped"] = trace.dropped();
-    s["tokens_per_s"] = wall > 0 ? double(step * tokens_per_step_rank * world) / wall : 0;
+    s["tokens_per_s"] = wall > 0 ? double(step * tokens_per_step_run) / wall : 0;
     s["params"] = model.layout().total();
     s["config_hash"] = hex64(cfg.hash);
     s["init_from"] = cfg.train.init_from.empty() ? nlohmann::json(nullptr) : nlohmann::json(cfg.train.init_from);
