@@ -41,6 +41,13 @@ Diloco::Diloco(const trainer::RunConfig& cfg, int site, int rank, transport::Tra
   const int S = static_cast<int>(cfg.sites.size());
   auto shard = strategy.shard_params();
   join_watch_.resize(static_cast<size_t>(S));
+  for (int s = 0; s < S; ++s)
+    if (s != site && transport)
+      for (int q : peers_.partnered_by(s)) {
+        JoinWatch w;
+        w.rank = q;
+        join_watch_[static_cast<size_t>(s)].push_back(std::move(w));
+      }
   committed_tokens_.assign(static_cast<size_t>(S), 0.0);
   shard_ = strategy.shard();
   GEOLOCO_CHECK(shard_ == peers_.layout().shard(site, rank),
@@ -172,12 +179,6 @@ void Diloco::set_schedule(const PlanDecision& d, std::span<const float> global) 
   pcfg_ = plan_compression(ocfg_.compression, d);
   if (auto* t = peers_.transport()) t->set_active_lanes(std::min(d.lanes, t->lanes()));
   build_fragments(d.fragments, global);
-}
-
-uint64_t Diloco::combined_hash() const {
-  const std::vector<uint64_t> p = piece_hashes();
-  if (p.size() == 1) return p[0];
-  return hash64(p.data(), p.size() * sizeof(uint64_t));
 }
 
 std::vector<uint64_t> Diloco::piece_hashes() const {
@@ -490,7 +491,8 @@ ExchangeResult Diloco::decide_and_apply(Fragment& f, int tid, trainer::SiteStrat
   f.awaiting_decision = false;
   const SiteMask joiners = members & ~before;
   for (int s = 0; s < static_cast<int>(join_watch_.size()); ++s)
-    if ((joiners >> s) & 1) join_watch_[static_cast<size_t>(s)].requested = false;
+    if ((joiners >> s) & 1)
+      for (auto& w : join_watch_[static_cast<size_t>(s)]) w.requested = false;
   admitted_ |= joiners;  // served the state at the end of the step (serve_admitted)
   ExchangeResult r = apply_round(f, ctx_, members, joiners, tid);
   r.membership_s = exposed;

@@ -129,7 +129,7 @@ class Diloco : public trainer::OuterHook {
   // checkpoint does), the committed state is served to each of them; they take part in the
   // rounds launched from then on (RoundMembership::activate).
   void serve_admitted(int64_t step, trainer::SiteStrategy& strategy);
-  void serve_joiners(SiteMask joiners, int64_t step);
+  void serve_joiners(SiteMask joiners, int64_t step, trainer::SiteStrategy& strategy);
   // The outer loop's part of an inner step (after_inner_step without the joins' service):
   // the merges due, then after_merges (votes, the last step's syncs, plan boundaries,
   // launches); `any`: whether a round finished at this step so far.
@@ -173,8 +173,7 @@ class Diloco : public trainer::OuterHook {
   void final_sync(int64_t step, trainer::SiteStrategy& strategy);
   // By piece of this rank's shard (exchange_layout.hpp): the hash of its global weights.
   std::vector<uint64_t> piece_hashes() const;
-  // The shard's hash for a join's manifest: its one piece's hash (a hash of them with several).
-  uint64_t combined_hash() const;
+
   nlohmann::json member_names(SiteMask m) const;
   uint64_t combine_site_hash(trainer::SiteStrategy& strategy, const std::vector<uint64_t>& pieces);
   void verify_pending_checks();
@@ -241,12 +240,15 @@ class Diloco : public trainer::OuterHook {
 
   // Joins. Live side: per site, the join request being watched (reposted when the peer's
   // connection is a new one) and whether it is held; the donors serving joiners.
+  // By site: one watch per joiner rank this rank serves (SitePeers::partnered_by); the site's
+  // request is held here when every one of them asked.
   struct JoinWatch {
+    int rank = 0;  // the joiner rank watched
     uint64_t gen = 0;
     std::optional<transport::RecvHandle> recv;
     bool requested = false;
   };
-  std::vector<JoinWatch> join_watch_;
+  std::vector<std::vector<JoinWatch>> join_watch_;
   SiteMask admitted_ = 0;  // taken in by a round of this step, not served yet
   // After a partition with min_sites below a majority (diloco_split.cpp).
   struct SplitWatch {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 
 #include "outer_optimizer/diloco.hpp"
 #include "trainer/core/hash.hpp"
@@ -27,7 +28,7 @@ void Diloco::serve_admitted(int64_t step, trainer::SiteStrategy& strategy) {
   for (auto& f : frags_)
     if (f->pending_merge) complete(*f, strategy);
   const SiteMask joiners = std::exchange(admitted_, 0);
-  serve_joiners(joiners, step);
+  serve_joiners(joiners, step, strategy);
   membership_.activate(joiners, static_cast<uint64_t>(round_) + 1);
 }
 
@@ -38,41 +39,64 @@ SiteMask Diloco::poll_join_requests(uint64_t round) {
   const SiteMask in_run = membership_.members();  // active ones and those admitted already: not asking
   for (int s = 0; s < peers_.sites(); ++s) {
     if (s == site_ || ((in_run >> s) & 1)) continue;
-    JoinWatch& w = join_watch_[static_cast<size_t>(s)];
-    // A new connection of that site (it was restarted): watch for its request.
-    if (const uint64_t gen = t->generation(peers_.peer(s)); gen != w.gen) {
-      w.gen = gen;
-      w.requested = false;
-      w.recv = peers_.post_recv(s, 0, kJoinShard, 0);
-    }
-    if (w.recv && w.recv->ready()) {
-      try {
-        std::vector<uint8_t> bytes;
-        peers_.read(*w.recv, s, EnvelopeKind::kJoinRequest, 0, bytes, 0);
-        w.requested = true;
-        if (rank_ == 0)
-          spdlog::info("outer round {}: site {} asks to join the run", round, cfg_.sites[static_cast<size_t>(s)].name);
-      } catch (const transport::TransportError&) {
-        // The connection failed (the site is still gone): watch again once it is back.
-      } catch (const EnvelopeError& e) {
-        spdlog::warn("outer round {}: join request refused: {}", round, e.what());
+    // Held when every joiner rank this rank serves asked (the site ANDs its ranks' holdings).
+    bool all = true;
+    for (JoinWatch& w : join_watch_[static_cast<size_t>(s)]) {
+      // A new connection of that rank (its site was restarted): watch for its request.
+      if (const uint64_t gen = t->generation(peers_.peer_of(s, w.rank)); gen != w.gen) {
+        w.gen = gen;
+        w.requested = false;
+        w.recv = peers_.post_recv(s, 0, kJoinShard, 0, w.rank);
       }
-      w.recv.reset();
+      if (w.recv && w.recv->ready()) {
+        try {
+          std::vector<uint8_t> bytes;
+          peers_.read(*w.recv, s, EnvelopeKind::kJoinRequest, 0, bytes, 0, w.rank);
+          w.requested = true;
+          if (rank_ == 0 && w.rank == 0)
+            spdlog::info("outer round {}: site {} asks to join the run", round,
+                         cfg_.sites[static_cast<size_t>(s)].name);
+        } catch (const transport::TransportError&) {
+          // The connection failed (the site is still gone): watch again once it is back.
+        } catch (const EnvelopeError& e) {
+          spdlog::warn("outer round {}: join request refused: {}", round, e.what());
+        }
+        w.recv.reset();
+      }
+      all = all && w.requested;
     }
-    if (w.requested) requested |= SiteMask{1} << s;
+    if (all) requested |= SiteMask{1} << s;
   }
   return requested;
 }
 
-void Diloco::serve_joiners(SiteMask joiners, int64_t step) {
+void Diloco::serve_joiners(SiteMask joiners, int64_t step, trainer::SiteStrategy& strategy) {
   const uint64_t round = static_cast<uint64_t>(round_);  // every round launched so far is in the state
   // The state this round committed, as a joiner restores it (restore_outer): global weights,
   // outer-optimizer state, counters; no error-feedback residual (the joiner's starts at zero).
-  const ShardState st = pack_state();
-  std::vector<trainer::TensorWrite> tensors;
-  tensors.push_back(trainer::f32_tensor("outer.global", {static_cast<int64_t>(n_)}, st.global));
-  if (!st.opt_a.empty()) tensors.push_back(trainer::f32_tensor("outer.opt_a", {static_cast<int64_t>(n_)}, st.opt_a));
-  if (!st.opt_b.empty()) tensors.push_back(trainer::f32_tensor("outer.opt_b", {static_cast<int64_t>(n_)}, st.opt_b));
+  // Each joiner rank is served the state of its own shard: this rank's, when the sites have one
+  // rank count; else cut from the site's whole state, gathered from its ranks (every rank of
+  // the site is here at this step).
+  ShardState st = pack_state();
+  int64_t have = shard_.offset;  // where st starts in the parameter buffer
+  if (!peers_.layout().uniform()) {
+    auto gather = [&](std::vector<float>& v) {
+      if (v.empty()) return;
+      auto* coll = strategy.collective();
+      if (!coll || strategy.ranks() == 1) return;
+      std::vector<float> all;
+      for (const auto& b : coll->all_gather_bytes(std::as_bytes(std::span<const float>(v)))) {
+        const size_t k = b.size() / sizeof(float);
+        all.resize(all.size() + k);
+        std::memcpy(all.data() + all.size() - k, b.data(), b.size());
+      }
+      v = std::move(all);
+    };
+    gather(st.global);
+    gather(st.opt_a);
+    gather(st.opt_b);
+    if (strategy.collective() && strategy.ranks() > 1) have = 0;
+  }
   std::map<std::string, std::string> meta = {{"geoloco_step", std::to_string(step)},
                                              {"geoloco_config_hash", hex64(cfg_.hash)},
                                              {"outer.round", std::to_string(round)},
@@ -91,10 +115,32 @@ void Diloco::serve_joiners(SiteMask joiners, int64_t step) {
     meta[p + "blocking_step"] = std::to_string(f->blocking_step);
     meta[p + "opt_steps"] = std::to_string(f->opt->steps());
   }
-  auto snap = std::make_shared<JoinSnapshot>();
-  snap->state = trainer::encode_safetensors(tensors, meta);
-  snap->manifest = describe_state(snap->state, static_cast<uint32_t>(ocfg_.join_chunk_bytes), round, step,
-                                  membership_.members(), combined_hash());
+  // The image of [sh.offset, sh.end()), and its manifest.
+  auto snapshot = [&](parallel::ShardRange sh) {
+    GEOLOCO_CHECK(sh.offset >= have && sh.end() - have <= static_cast<int64_t>(st.global.size()),
+                  "join: shard [{}, {}) outside the state held [{}, {})", sh.offset, sh.end(), have,
+                  have + static_cast<int64_t>(st.global.size()));
+    auto cut = [&](const std::vector<float>& v) {
+      return std::vector<float>(v.begin() + (sh.offset - have), v.begin() + (sh.end() - have));
+    };
+    const std::vector<float> global = cut(st.global);
+    std::vector<float> a, b;
+    std::vector<trainer::TensorWrite> tensors;
+    tensors.push_back(trainer::f32_tensor("outer.global", {sh.count}, global));
+    if (!st.opt_a.empty()) {
+      a = cut(st.opt_a);
+      tensors.push_back(trainer::f32_tensor("outer.opt_a", {sh.count}, a));
+    }
+    if (!st.opt_b.empty()) {
+      b = cut(st.opt_b);
+      tensors.push_back(trainer::f32_tensor("outer.opt_b", {sh.count}, b));
+    }
+    auto snap = std::make_shared<JoinSnapshot>();
+    snap->state = trainer::encode_safetensors(tensors, meta);
+    snap->manifest = describe_state(snap->state, static_cast<uint32_t>(ocfg_.join_chunk_bytes), round, step,
+                                    membership_.members(), hash64(global.data(), global.size() * sizeof(float)));
+    return std::shared_ptr<const JoinSnapshot>(std::move(snap));
+  };
   std::erase_if(donors_, [&](const std::unique_ptr<JoinDonor>& d) {
     if (!d->finished()) return false;
     for (auto& s : served_)
@@ -106,11 +152,14 @@ void Diloco::serve_joiners(SiteMask joiners, int64_t step) {
   });
   for (int s = 0; s < peers_.sites(); ++s) {
     if (!((joiners >> s) & 1)) continue;
-    donors_.push_back(std::make_unique<JoinDonor>(peers_, s, snap, kDonorIdleS, hooks_));
     uint64_t admitted_in = round;  // the round that took it in (the books key its service by it)
     for (const auto& a : membership_.admissions())
       if (a.site == s) admitted_in = a.round;
-    served_.push_back({admitted_in, step, s, donors_.back().get(), 0});
+    for (int q : peers_.partnered_by(s)) {
+      donors_.push_back(
+          std::make_unique<JoinDonor>(peers_, s, snapshot(peers_.layout().shard(s, q)), kDonorIdleS, hooks_, q));
+      served_.push_back({admitted_in, step, s, donors_.back().get(), 0});
+    }
   }
 }
 
@@ -118,8 +167,14 @@ nlohmann::json Diloco::joins_json() const {
   nlohmann::json a = nlohmann::json::array();
   for (const auto& j : membership_.admissions()) {
     nlohmann::json e = {{"round", j.round}, {"step", j.step}, {"site", cfg_.sites[static_cast<size_t>(j.site)].name}};
+    uint64_t bytes = 0;
+    bool any = false;
     for (const auto& s : served_)
-      if (s.round == j.round && s.site == j.site) e["bytes_served"] = s.donor ? s.donor->bytes_served() : s.bytes;
+      if (s.round == j.round && s.site == j.site) {
+        bytes += s.donor ? s.donor->bytes_served() : s.bytes;
+        any = true;
+      }
+    if (any) e["bytes_served"] = bytes;
     a.push_back(std::move(e));
   }
   return a;
@@ -128,14 +183,6 @@ nlohmann::json Diloco::joins_json() const {
 int64_t Diloco::join(trainer::SiteStrategy& strategy) {
   const std::string& here = cfg_.sites[static_cast<size_t>(site_)].name;
   if (peers_.sites() < 2 || !peers_.transport()) throw ConfigError("--join needs a multi-site run");
-  // The state a donor serves is its rank's shard: a joiner whose shards differ from every
-  // donor's cannot take it as is (docs/shapes.md).
-  if (!peers_.layout().uniform())
-    throw ConfigError(
-        fmt::format("site {} cannot join the running job: its sites have different rank counts, and a "
-                    "join fetches each rank's shard from the same rank of the other sites; restart "
-                    "the run from its latest checkpoint instead (geoloco launch --resume)",
-                    here));
   if (rank_ == 0) spdlog::info("site {}: joining the running job: asking the other sites to take it in", here);
   JoinResult res = fetch_join_state(peers_, ocfg_.join_wait_s);
   const JoinManifest& m = res.manifest;
@@ -166,13 +213,13 @@ int64_t Diloco::join(trainer::SiteStrategy& strategy) {
                                 file.meta("geoloco_step"), file.meta("outer.round"), m.step, m.round));
   restore_outer(file, /*joining=*/true);
   // The state must be the committed one before a step is trained on it.
-  if (combined_hash() != m.weights_hash)
-    throw JoinError(fmt::format("{}: the global weights hash to {}, the committed hash is {}", source,
-                                hex64(combined_hash()), hex64(m.weights_hash)));
+  const ShardState st = pack_state();
+  if (const uint64_t h = hash64(st.global.data(), st.global.size() * sizeof(float)); h != m.weights_hash)
+    throw JoinError(fmt::format("{}: the global weights hash to {}, the committed hash is {}", source, hex64(h),
+                                hex64(m.weights_hash)));
   round_ = static_cast<int64_t>(m.round);
   tokens_first_round_ = round_;  // its counts start at the join (trained_steps_ and committed_tokens_ at 0)
   membership_.set_members(m.members);
-  const ShardState st = pack_state();
   auto shard = strategy.shard_params();
   std::copy(st.global.begin(), st.global.end(), shard.begin());
   strategy.shard_updated();

@@ -45,6 +45,13 @@ SitePeers::SitePeers(const trainer::RunConfig& cfg, int site, int rank, transpor
   }
 }
 
+std::vector<int> SitePeers::partnered_by(int s) const {
+  std::vector<int> out;
+  for (int q = 0; q < layout_.ranks(s); ++q)
+    if (layout_.partner(s, q, site_) == rank_) out.push_back(q);
+  return out;
+}
+
 int SitePeers::peer_of(int s, int rank) const {
   const auto& by_rank = peers_.at(static_cast<size_t>(s));
   const int p = rank >= 0 && rank < static_cast<int>(by_rank.size()) ? by_rank[static_cast<size_t>(rank)] : -1;

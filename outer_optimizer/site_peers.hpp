@@ -41,6 +41,9 @@ class SitePeers {
   // The partner's rank at `site`, and whether this rank is its partner too.
   int partner(int site) const { return layout_.partner(site_, rank_, site); }
   bool mutual(int site) const { return layout_.mutual(site_, rank_, site); }
+  // The ranks of `site` whose partner this rank is (ascending; {rank()} with sites of one rank
+  // count): the joiner ranks this rank serves when that site joins.
+  std::vector<int> partnered_by(int site) const;
   // The transport's peer index of rank `rank` of `site` (a connected rank; Error otherwise).
   int peer_of(int site, int rank) const;
   // "self", or the peer as the transport names it: "lyon/0 (127.0.0.1:29600)".

@@ -28,8 +28,13 @@ double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 // ---- donor ------------------------------------------------------------------------------------
 
 JoinDonor::JoinDonor(const SitePeers& peers, int joiner, std::shared_ptr<const JoinSnapshot> snap, double idle_s,
-                     const OuterHooks& hooks)
-    : peers_(peers), joiner_(joiner), snap_(std::move(snap)), idle_s_(idle_s), hooks_(hooks) {
+                     const OuterHooks& hooks, int joiner_rank)
+    : peers_(peers),
+      joiner_(joiner),
+      joiner_rank_(joiner_rank < 0 ? peers.partner(joiner) : joiner_rank),
+      snap_(std::move(snap)),
+      idle_s_(idle_s),
+      hooks_(hooks) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -40,15 +45,16 @@ JoinDonor::~JoinDonor() {
 
 void JoinDonor::run() {
   const JoinManifest& m = snap_->manifest;
-  const std::string who = peers_.name(joiner_);
+  const std::string who = peers_.name_of(joiner_, joiner_rank_);
   int corrupt_left = 0;
   if (const auto& c = hooks_.corrupt_join_chunk; c && c->site == peers_.site()) corrupt_left = c->times;
   try {
     const auto body = encode_manifest(m);
     std::vector<transport::SendHandle> sends;
-    sends.push_back(peers_.send(joiner_, EnvelopeKind::kJoinManifest, 0, kJoinManifestShard, m.round, body));
+    sends.push_back(
+        peers_.send(joiner_, EnvelopeKind::kJoinManifest, 0, kJoinManifestShard, m.round, body, joiner_rank_));
     for (uint64_t q = 1;; ++q) {
-      auto r = peers_.post_recv(joiner_, q, kJoinFetchShard, 8);
+      auto r = peers_.post_recv(joiner_, q, kJoinFetchShard, 8, joiner_rank_);
       const auto t0 = Clock::now();
       while (!r.wait_for(std::chrono::milliseconds(50))) {
         if (stop_.load() || since(t0) >= idle_s_) {
@@ -60,7 +66,7 @@ void JoinDonor::run() {
         }
       }
       std::vector<uint8_t> bytes;
-      const Envelope e = peers_.read(r, joiner_, EnvelopeKind::kJoinFetch, q, bytes, 8);
+      const Envelope e = peers_.read(r, joiner_, EnvelopeKind::kJoinFetch, q, bytes, 8, joiner_rank_);
       const JoinFetch f = decode_fetch(e.body, m.chunks(), who);
       if (f.done()) break;
       for (uint32_t i = f.begin; i < f.end; ++i) {
@@ -80,7 +86,8 @@ void JoinDonor::run() {
                         chunk,
                         {}},
                        msg);
-        sends.push_back(peers_.transport()->send(peers_.peer(joiner_), transport::FrameKind::kGlobalState, q, i,
+        sends.push_back(peers_.transport()->send(peers_.peer_of(joiner_, joiner_rank_),
+                                                 transport::FrameKind::kGlobalState, q, i,
                                                  transport::make_payload(std::move(msg))));
         bytes_ += n;
       }
@@ -96,7 +103,7 @@ void JoinDonor::run() {
 
 JoinResult fetch_join_state(const SitePeers& peers, double wait_s, const std::atomic<bool>* abort) {
   const auto t0 = Clock::now();
-  const int S = peers.sites(), self = peers.site(), rank = peers.rank();
+  const int S = peers.sites(), self = peers.site();
   JoinResult res;
   auto check_abort = [&] {
     if (abort && abort->load()) throw JoinError("join abandoned: the outer loop is stopping");
@@ -233,8 +240,9 @@ JoinResult fetch_join_state(const SitePeers& peers, double wait_s, const std::at
         w.h.wait();  // done: throws the donor's failure
         std::vector<uint8_t> bytes = w.h.take();
         bytes.resize(w.h.bytes());
-        const Envelope e = read_envelope(bytes, EnvelopeKind::kJoinChunk, w.q, static_cast<uint32_t>(w.donor),
-                                         static_cast<uint32_t>(rank), m.chunk_bytes, peers.name(w.donor));
+        const Envelope e =
+            read_envelope(bytes, EnvelopeKind::kJoinChunk, w.q, static_cast<uint32_t>(w.donor),
+                          static_cast<uint32_t>(peers.partner(w.donor)), m.chunk_bytes, peers.name(w.donor));
         res.bytes += e.body.size();
         if (e.value != w.chunk || e.body.size() != m.chunk_size(w.chunk))
           why = fmt::format("chunk {} from {}: {} bytes labelled chunk {}", w.chunk, peers.name(w.donor), e.body.size(),

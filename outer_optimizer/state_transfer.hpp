@@ -1,7 +1,8 @@
 // State transfer for a join (docs/elastic.md, "Rejoin and join"): the donor side (JoinDonor,
 // one per joining rank, on its own thread) and the joiner side (fetch_join_state), over the
-// messages of join_wire.hpp. Rank r of the joiner fetches its shard's state from rank r of
-// every donor site at once, in checksummed chunks: each chunk is checked against the
+// messages of join_wire.hpp. Rank r of the joiner fetches its shard's state from its partner at
+// every donor site (rank r when the sites have one rank count; exchange_layout.hpp), which
+// serves the state of exactly that shard, at once, in checksummed chunks: each chunk is checked against the
 // manifest's hash, a donor that dies or sends a bad chunk is replaced by another for the
 // chunks still missing, and the assembled state must hash to the manifest's state hash.
 // Donors whose manifests disagree with the others' are not used.
@@ -28,11 +29,12 @@ struct JoinSnapshot {
 
 class JoinDonor {
  public:
-  // Serves rank peers.rank() of site `joiner` from `snap`: sends the manifest, then the chunks
-  // the joiner asks for, until it says done, its connection fails, or it asks for nothing for
-  // `idle_s`. Never throws: a failure is logged and ends the service.
+  // Serves rank `joiner_rank` of site `joiner` (-1: this rank's partner there) from `snap`:
+  // sends the manifest, then the chunks the joiner asks for, until it says done, its connection
+  // fails, or it asks for nothing for `idle_s`. Never throws: a failure is logged and ends the
+  // service.
   JoinDonor(const SitePeers& peers, int joiner, std::shared_ptr<const JoinSnapshot> snap, double idle_s,
-            const OuterHooks& hooks);
+            const OuterHooks& hooks, int joiner_rank = -1);
   ~JoinDonor();  // stops the service and joins its thread
   JoinDonor(const JoinDonor&) = delete;
   JoinDonor& operator=(const JoinDonor&) = delete;
@@ -45,7 +47,7 @@ class JoinDonor {
   void run();
 
   const SitePeers& peers_;
-  const int joiner_;
+  const int joiner_, joiner_rank_;
   const std::shared_ptr<const JoinSnapshot> snap_;
   const double idle_s_;
   const OuterHooks& hooks_;

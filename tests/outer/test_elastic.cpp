@@ -426,6 +426,45 @@ TEST(Elastic, AKilledSiteRestartsRejoinsFromItsPeersAndEndsInAgreement) {
   }
 }
 
+// Sites of 1, 2 and 3 ranks (docs/shapes.md): lyon (2 ranks) is killed, restarts and rejoins.
+// Each of its ranks asks its partner at every site; those partners serve it the state of
+// exactly its shard, cut from their site's gathered state, so every donor site serves the
+// same image and the join verifies it against the committed hash as with equal sites.
+TEST(Elastic, SitesOfDifferentSizesAKilledSiteRejoinsAndEndsInAgreement) {
+  TempDir d;
+  auto cfg = sites_config(d, 3, 1, ", join_chunk_bytes: 4096, join_wait_s: 20");
+  cfg.sites[1].ranks = 2;
+  cfg.sites[2].ranks = 3;
+  cfg.train.steps = 3000;  // six ranks train slower: still going when lyon's second life connects
+  cfg.outer.interval = 10;
+  std::vector<Outcome> first;
+  const auto out = run_with_rejoin(cfg, {kill_before("lyon", 0, 5)}, "lyon", &first);
+  for (const auto& o : first)
+    if (o.site == "lyon") {
+      EXPECT_NE(o.error, "") << "lyon's first life finished although it was killed";
+    }
+  const std::string h = all_hash(out);
+  ASSERT_NE(h, "");
+  ASSERT_EQ(out.size(), 6u);
+  for (const auto& o : out) {
+    const auto& m = o.result["membership"];
+    ASSERT_TRUE(m.is_object()) << o.result.dump();
+    EXPECT_EQ(m["members"], nlohmann::json({"paris", "lyon", "milan"})) << o.site;
+    if (o.site == "lyon") {
+      const auto& j = m["joined"];
+      ASSERT_TRUE(j.is_object()) << m.dump();
+      EXPECT_EQ(j["donors"], nlohmann::json({"paris", "milan"}));
+      EXPECT_GT(j["chunks"].get<int>(), 4);
+      EXPECT_EQ(o.result["steps"], 3000);
+    } else if (o.rank == 0) {
+      ASSERT_EQ(m["evictions"].size(), 1u) << m.dump();
+      ASSERT_EQ(m["joins"].size(), 1u) << m.dump();
+      EXPECT_EQ(m["joins"][0]["site"], "lyon");
+      EXPECT_GT(m["joins"][0]["bytes_served"].get<uint64_t>(), 0u);
+    }
+  }
+}
+
 // Each round's line of a rank's rounds.r<rank>.jsonl, by round number.
 std::map<uint64_t, nlohmann::json> rounds_of(const TempDir& d, const std::string& site, int rank = 0) {
   std::map<uint64_t, nlohmann::json> out;

@@ -268,25 +268,3 @@ TEST(Shapes, DivergedWeightsAreCaughtPieceByPiece) {
     EXPECT_NE(m.find("milan"), std::string::npos) << m;
   }
 }
-
-// A join fetches each rank's shard from the same rank of the other sites: with sites of
-// different rank counts it is refused before anything connects, naming the way out.
-TEST(Shapes, AJoinIntoSitesOfDifferentSizesIsRefusedClearly) {
-  TempDir d;
-  psk(d);
-  auto cfg =
-      trainer::load_run_config(d.file("c.yaml", base(d.path() / "out", 12) + "outer: {interval: 3, min_sites: 1}\n" +
-                                                    sites({{1, ""}, {2, ""}}) + kTransport));
-  app::RankOptions o;
-  o.site = 0;  // paris, 1 rank: nothing to wait for inside the site
-  o.rank = 0;
-  o.progress = false;
-  o.join = true;
-  try {
-    app::run_rank(cfg, o);
-    ADD_FAILURE() << "the join was not refused";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("paris cannot join the running job"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("--resume"), std::string::npos) << e.what();
-  }
-}

@@ -84,12 +84,6 @@ nlohmann::json run_rank(const trainer::RunConfig& cfg, const RankOptions& o) {
     // The ranks of the other sites this rank exchanges with (its rank when every site has
     // the same rank count; outer_optimizer/exchange_layout.hpp otherwise).
     const outer::ExchangeLayout layout = outer::SitePeers::layout_of(cfg);
-    if (o.join && !layout.uniform())
-      throw ConfigError(fmt::format(
-          "site {} cannot join the running job: its sites have different rank counts, and a join fetches each "
-          "rank's shard from the same rank of the other sites; restart the run from its latest checkpoint instead "
-          "(geoloco launch --resume)",
-          sc.name));
     for (size_t s = 0; s < cfg.sites.size(); ++s) {
       if (static_cast<int>(s) == site) continue;
       const auto& other = cfg.sites[s];

@@ -1,5 +1,6 @@
 // geoloco worker (one rank) and geoloco launch (every rank of every site on this machine).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <climits>
@@ -8,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "trainer/app/launch_selection.hpp"
 #include "trainer/app/rank_runner.hpp"
 #include "trainer/app/commands.hpp"
 #include "trainer/app/run_summary.hpp"
@@ -79,9 +81,11 @@ void run_worker(const WorkerArgs& a) {
 }
 
 struct LaunchArgs : WorkerArgs {
-  bool plain = false;            // --plain: prefixed lines only, even on a terminal
-  int max_restarts = 3;          // --max-restarts: a failed site's processes are started again with --join
-  double restart_backoff_s = 1;  // --restart-backoff-s: the first wait, doubled per restart (at most 30 s)
+  bool plain = false;                   // --plain: prefixed lines only, even on a terminal
+  int max_restarts = 3;                 // --max-restarts: a failed site's processes are started again with --join
+  double restart_backoff_s = 1;         // --restart-backoff-s: the first wait, doubled per restart (at most 30 s)
+  std::vector<std::string> only_sites;  // --site (repeatable): start only these sites' ranks here
+  int node = -1;                        // --node I: only the ranks on that site's I-th node
 };
 
 // The status view needs a terminal on both outputs (lines and block share the screen).
@@ -93,6 +97,7 @@ bool wants_status_view(const LaunchArgs& a) {
 
 void run_launch(const LaunchArgs& a) {
   auto cfg = trainer::load_run_config(a.config, a.sets);
+  const std::vector<LaunchRank> mine = select_launch_ranks(cfg, a.only_sites, a.node);
   if (cfg.world_size() == 1) {
     WorkerArgs w = a;
     w.site = cfg.sites[0].name;
@@ -102,8 +107,11 @@ void run_launch(const LaunchArgs& a) {
   }
   const std::string exe = self_exe();
   std::vector<launch::ProcessSpec> procs;
-  for (const auto& s : cfg.sites) {
-    for (int r = 0; r < s.ranks; ++r) {
+  std::vector<std::string> local_sites;
+  for (const auto& [site, r] : mine) {
+    const auto& s = cfg.sites[static_cast<size_t>(site)];
+    if (local_sites.empty() || local_sites.back() != s.name) local_sites.push_back(s.name);
+    {
       launch::ProcessSpec p;
       p.label = fmt::format("{}/{}", s.name, r);
       p.group = s.name;
@@ -129,7 +137,13 @@ void run_launch(const LaunchArgs& a) {
       procs.push_back(std::move(p));
     }
   }
-  fmt::print(stderr, "geoloco: launching {} ranks over {} sites ({})\n", procs.size(), cfg.sites.size(), a.config);
+  const bool everything = static_cast<int>(procs.size()) == cfg.world_size();
+  if (everything)
+    fmt::print(stderr, "geoloco: launching {} ranks over {} sites ({})\n", procs.size(), cfg.sites.size(), a.config);
+  else
+    fmt::print(stderr, "geoloco: launching {} of the run's {} ranks here: {}{} ({}); the other sites start theirs\n",
+               procs.size(), cfg.world_size(), fmt::join(local_sites, ", "),
+               a.node >= 0 ? fmt::format(" node {}", a.node) : std::string(), a.config);
   launch::LaunchOptions lo;
   // A site is one failure domain: when the run can outlive a site (its quorum is below the
   // number of sites), a failed rank takes only its own site down.
@@ -147,13 +161,24 @@ void run_launch(const LaunchArgs& a) {
     }
   }
   if (wants_status_view(a))
-    for (const auto& s : cfg.sites) lo.status_sites.push_back(s.name);
+    for (const auto& s : local_sites) lo.status_sites.push_back(s);
   int rc = launch::launch(procs, lo);
   if (rc != 0) throw ExitCode{rc};
   const auto path = std::filesystem::path(cfg.run.output_dir) / "summary.json";
   std::ifstream in(path);
   auto summary = nlohmann::json::parse(in, nullptr, false);
-  if (summary.is_discarded()) throw Error(fmt::format("{}: missing or unreadable after the run", path.string()));
+  if (summary.is_discarded()) {
+    // The run's summary is written by the first site still in the run, at its rank 0: when
+    // that one ran elsewhere, this machine has only its own sites' outputs.
+    if (!everything) {
+      fmt::print(stderr,
+                 "geoloco: {} finished; the run's summary.json is written by the first site's rank 0, "
+                 "in run.output_dir on its machine ({} here: sites/<site>/ per site)\n",
+                 fmt::join(local_sites, ", "), cfg.run.output_dir);
+      return;
+    }
+    throw Error(fmt::format("{}: missing or unreadable after the run", path.string()));
+  }
   print_human_summary(cfg, summary);
 }
 
@@ -195,6 +220,12 @@ void add_worker_commands(CLI::App& app) {
                     "times per site (0: never)")
         ->check(CLI::NonNegativeNumber)
         ->capture_default_str();
+    cmd->add_option("--site", a->only_sites,
+                    "start only this site's ranks here (repeatable): each campus launches its own part of the run");
+    cmd->add_option("--node", a->node,
+                    "with one --site whose ranks span nodes (sites[].hosts): only the ranks on its I-th node "
+                    "(the I-th distinct address, in rank order)")
+        ->check(CLI::NonNegativeNumber);
     cmd->add_option("--restart-backoff-s", a->restart_backoff_s,
                     "wait before a site's first restart, doubled for each further one (at most 30 s)")
         ->check(CLI::Range(0.0, 3600.0))
