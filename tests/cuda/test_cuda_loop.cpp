@@ -9,6 +9,8 @@
 // 1-rank sites given a real 1-rank communicator; the 2-rank NCCL site runs only with >= 2 GPUs.
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include <fstream>
 
 #include "../loop/test_util.hpp"
@@ -213,6 +215,46 @@ TEST(CudaLoopDiloco, TwoSitesEndBitIdentical) {
   EXPECT_EQ(hash_of(a), hash_of(b));
   EXPECT_EQ(a["steps"], 12);
   EXPECT_EQ(a["device"]["precision"], "bf16");
+}
+
+// Sites of different sizes and devices (docs/shapes.md): a 1-rank GPU site and a 2-rank CPU
+// site. The GPU site's shard is cut into two pieces, each staged, encoded and exchanged with
+// the CPU rank that owns it; both sites end every round on the same global weights (the outer
+// loop's arithmetic is on the host whatever the device).
+TEST(CudaLoopDiloco, AOneRankGpuSiteAndATwoRankCpuSiteEndBitIdentical) {
+  REQUIRE_GPU_OR_SKIP();
+  TempDir d;
+  d.file("k.psk", "0123456789abcdef-test-key");
+  const int port = fresh_port();
+  const std::string yaml = "run: {name: dl, seed: 3, output_dir: " + (d.path() / "out").string() +
+                           "}\n"
+                           "model: {n_layer: 2, n_head: 4, n_embd: 64, block_size: 32, vocab_size: 64}\n"
+                           "data:\n  train: {kind: synthetic, vocab: 64, branching: 3, seed: 5, tokens: 400000}\n"
+                           "train: {steps: 8, micro_batch: 4, log_every: 4, optimizer: {lr: 3.0e-3}}\n"
+                           "outer: {interval: 4, compression: {codec: int4, block: 64, error_feedback: true}}\n"
+                           "sites:\n  - {name: paris, ranks: 1, device: cuda, port: " +
+                           std::to_string(port) +
+                           "}\n"
+                           "  - {name: lyon, ranks: 2, port: " +
+                           std::to_string(port + 10) +
+                           "}\n"
+                           "transport: {psk_file: k.psk, timeout_s: 30}\n";
+  auto cfg = load(d, "c.yaml", yaml);
+  test::run_ranks(3, [&](int g) {
+    app::RankOptions o;
+    o.site = g == 0 ? 0 : 1;
+    o.rank = g == 0 ? 0 : g - 1;
+    o.progress = false;
+    if (g == 0) o.cuda_device = 0;
+    return app::run_rank(cfg, o);
+  });
+  std::set<std::string> hashes;
+  for (const char* f : {"paris/rank0.json", "lyon/rank0.json", "lyon/rank1.json"}) {
+    const auto j = nlohmann::json::parse(std::ifstream(d.path() / "out" / "sites" / f));
+    hashes.insert(j["global_weights_hash"].get<std::string>());
+    EXPECT_EQ(j["outer_steps"], 2) << f;
+  }
+  EXPECT_EQ(hashes.size(), 1u);
 }
 
 // NCCL inside the loop on one GPU: a 1-rank site given a real 1-rank NCCL communicator runs
