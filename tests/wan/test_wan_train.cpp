@@ -159,6 +159,61 @@ TEST_F(WanTrain, LossyFortyMsRunMatchesLocalHash) {
             << local["wall_s"] << "), sync " << s["sync_seconds"].dump() << ", emulator " << tot.dump() << "\n";
 }
 
+// A site across nodes (docs/shapes.md): each site is two node namespaces on a site LAN behind
+// the WAN router (tools/wan/run --nodes-per-site 2), one rank per node, each rank at its node's
+// address (sites[].hosts). The run ends with the same global weights as the same config on
+// loopback, and each site's collectives really cross between its nodes: the second node's
+// link carried far more than that rank's WAN traffic (a ring all-reduce of the gradient every
+// inner step against a compressed shard every H steps).
+TEST_F(WanTrain, ASiteOfTwoNodesMatchesTheLocalHashAndItsCollectivesCrossTheNodeLink) {
+  const fs::path p = dir_ / "nodes-config.yaml";  // (scenario() writes <name>.yaml)
+  const int port = geoloco::test::fresh_port();
+  const int steps = 20;
+  std::ofstream(p) << "run: {name: wan-nodes-test, seed: 7, output_dir: out}\n"
+                      "model: {n_layer: 2, n_head: 2, n_embd: 64, block_size: 64, vocab_size: 256}\n"
+                      "data:\n  train: {kind: text, path: /usr/share/common-licenses}\n"
+                      "train: {steps: "
+                   << steps
+                   << ", micro_batch: 4, optimizer: {kind: adamw, lr: 2.0e-3}, log_every: 5, eval_batches: 2}\n"
+                      "sites:\n  - {name: west, ranks: 2, port: "
+                   << port << "}\n  - {name: east, ranks: 2, port: " << port + 10
+                   << "}\nouter: {interval: 5, compression: {codec: int8}}\n"
+                      "transport: {psk_file: psk, timeout_s: 30}\n";
+  const json local = local_run(p.string(), "local");
+  ASSERT_TRUE(local.value("completed", false));
+
+  const fs::path out = dir_ / "emu";
+  const Result r = sh(kRoot + "/tools/wan/run --prefix " + kPrefix +
+                          " --no-check --nodes-per-site 2 --ranks-per-site 2 --timeout 120 --output-dir " +
+                          out.string() + " " + scenario("nodes", "{delay_ms: 5, rate_mbit: 1000}") + " " + p.string(),
+                      200);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("[west/1]"), std::string::npos) << r.out;
+  const json res = read_json(out / "wan-result.json");
+  ASSERT_TRUE(res["summary"].is_object()) << res.dump();
+  const json& s = res["summary"];
+  EXPECT_EQ(s["global_weights_hash"], local["global_weights_hash"]);
+  EXPECT_EQ(s["params_hash"], local["params_hash"]);
+  const json& nodes = res["emulator"]["nodes"];
+  ASSERT_EQ(nodes.size(), 4u) << res["emulator"].dump();
+  const int64_t model_bytes = s["params"].get<int64_t>() * 4;
+  for (const auto& n : nodes) {
+    if (n["node"] != 1) continue;
+    const std::string site = n["site_index"] == 0 ? "west" : "east";
+    uint64_t wan = 0;
+    for (const auto& rk : s["ranks"])
+      if (rk["site"] == site && rk["rank"] == 1)
+        wan = rk["wan_bytes_sent"].get<uint64_t>() + rk["wan_bytes_received"].get<uint64_t>();
+    ASSERT_GT(wan, 0u) << site;
+    // At least a quarter of the model each way per inner step beyond the WAN bytes.
+    EXPECT_GT(n["tx_bytes"].get<uint64_t>() + n["rx_bytes"].get<uint64_t>(),
+              wan + static_cast<uint64_t>(steps * model_bytes / 2))
+        << site << " node 1: " << n.dump() << ", WAN bytes " << wan;
+    std::cout << "[measured] " << site << " node 1 link: " << n["tx_bytes"] << " B out, " << n["rx_bytes"]
+              << " B in; its rank's WAN bytes " << wan << "\n";
+  }
+}
+
 // Runs link_cut_run.sh: the router's interface toward east goes down mid-sync for cut_s.
 json cut_run(const std::string& scen, const std::string& cfg, const fs::path& out, int cut_s, int timeout_s) {
   const Result r = sh(kRoot + "/tests/wan/link_cut_run.sh " + kPrefix + " s1 " + scen + " " + cfg + " " + out.string() +
