@@ -214,6 +214,35 @@ TEST_F(WanTrain, ASiteOfTwoNodesMatchesTheLocalHashAndItsCollectivesCrossTheNode
   }
 }
 
+// Sites of different sizes through the emulator (docs/shapes.md): west has 1 rank, east 3;
+// tools/wan/run starts each config site's own rank count, and west's one rank exchanges its
+// pieces with all three of east's over the emulated link. Same weights as on loopback.
+TEST_F(WanTrain, SitesOfDifferentSizesMatchTheLocalHash) {
+  const fs::path p = dir_ / "sizes-config.yaml";
+  const int port = geoloco::test::fresh_port();
+  std::ofstream(p) << "run: {name: wan-sizes-test, seed: 7, output_dir: out}\n"
+                      "model: {n_layer: 2, n_head: 2, n_embd: 64, block_size: 64, vocab_size: 256}\n"
+                      "data:\n  train: {kind: text, path: /usr/share/common-licenses}\n"
+                      "train: {steps: 20, micro_batch: 4, optimizer: {kind: adamw, lr: 2.0e-3}, log_every: 5, "
+                      "eval_batches: 2}\n"
+                      "sites:\n  - {name: west, ranks: 1, port: "
+                   << port << "}\n  - {name: east, ranks: 3, strategy: fsdp, port: " << port + 10
+                   << "}\nouter: {interval: 5, compression: {codec: int4, error_feedback: true}}\n"
+                      "transport: {psk_file: psk, timeout_s: 30}\n";
+  const json local = local_run(p.string(), "local");
+  ASSERT_TRUE(local.value("completed", false));
+  const fs::path out = dir_ / "emu";
+  const Result r = sh(kRoot + "/tools/wan/run --prefix " + kPrefix + " --no-check --timeout 120 --output-dir " +
+                          out.string() + " " + scenario("sizes", "{delay_ms: 10, rate_mbit: 1000}") + " " + p.string(),
+                      200);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("[east/2]"), std::string::npos) << r.out;
+  const json res = read_json(out / "wan-result.json");
+  ASSERT_TRUE(res["summary"].is_object()) << res.dump();
+  EXPECT_EQ(res["summary"]["global_weights_hash"], local["global_weights_hash"]);
+  EXPECT_EQ(res["summary"]["ranks"].size(), 4u);
+}
+
 // Runs link_cut_run.sh: the router's interface toward east goes down mid-sync for cut_s.
 json cut_run(const std::string& scen, const std::string& cfg, const fs::path& out, int cut_s, int timeout_s) {
   const Result r = sh(kRoot + "/tests/wan/link_cut_run.sh " + kPrefix + " s1 " + scen + " " + cfg + " " + out.string() +

@@ -44,7 +44,8 @@ void add_pingpong(CLI::App& app) {
   auto srv = std::make_shared<PingpongServerOptions>();
   auto cli = std::make_shared<PingpongClientOptions>();
   auto listen = std::make_shared<std::string>();
-  auto* c = app.add_subcommand("wan-pingpong", "Application-level TCP ping-pong: --listen (server) or --connect (client, prints RTT JSON)");
+  auto* c = app.add_subcommand(
+      "wan-pingpong", "Application-level TCP ping-pong: --listen (server) or --connect (client, prints RTT JSON)");
   auto* lo = c->add_option("--listen", *listen, "serve on ADDR:PORT");
   auto* co = c->add_option("--connect", cli->connect, "ping ADDR:PORT");
   lo->excludes(co);
@@ -58,7 +59,8 @@ void add_pingpong(CLI::App& app) {
   auto timeout = std::make_shared<double>(30.0);
   c->add_option("--timeout-s", *timeout, "per-echo (client) / idle (server) deadline");
   c->callback([srv, cli, listen, timeout] {
-    if (listen->empty() == cli->connect.empty()) throw InputError("wan-pingpong: give exactly one of --listen, --connect");
+    if (listen->empty() == cli->connect.empty())
+      throw InputError("wan-pingpong: give exactly one of --listen, --connect");
     if (!listen->empty()) {
       srv->listen = *listen;
       srv->timeout_s = *timeout;
@@ -85,8 +87,8 @@ void print_config_mapping(const Scenario& sc, const Plan& plan, const std::strin
   if (!sites || !sites.IsSequence() || sites.size() == 0)
     throw InputError(fmt::format("{}: no 'sites' sequence to map onto the WAN namespaces", config_path));
   if (sites.size() > sc.sites.size())
-    throw InputError(fmt::format("{}: {} sites but scenario '{}' has only {}", config_path, sites.size(), sc.name,
-                                 sc.sites.size()));
+    throw InputError(
+        fmt::format("{}: {} sites but scenario '{}' has only {}", config_path, sites.size(), sc.name, sc.sites.size()));
   std::vector<std::string> names;
   bool by_name = true;
   for (std::size_t i = 0; i < sites.size(); ++i) {
@@ -101,6 +103,17 @@ void print_config_mapping(const Scenario& sc, const Plan& plan, const std::strin
   for (std::size_t i = 0; i < names.size(); ++i) std::cout << (i ? " " : "") << "'" << names[i] << "'";
   std::cout << ")\nWAN_CFG_SITE_IDX=(";
   for (std::size_t i = 0; i < idx.size(); ++i) std::cout << (i ? " " : "") << idx[i];
+  std::cout << ")\nWAN_CFG_RANKS=(";
+  for (std::size_t i = 0; i < sites.size(); ++i) {
+    int ranks = 1;
+    try {
+      if (sites[i]["ranks"]) ranks = sites[i]["ranks"].as<int>();
+    } catch (const YAML::Exception&) {
+      throw InputError(fmt::format("{}: sites[{}].ranks is not an integer", config_path, i));
+    }
+    if (ranks < 1) throw InputError(fmt::format("{}: sites[{}].ranks is {}, expected >= 1", config_path, i, ranks));
+    std::cout << (i ? " " : "") << ranks;
+  }
   std::cout << ")\nWAN_CFG_SETS=(";
   for (std::size_t i = 0; i < idx.size(); ++i)
     std::cout << (i ? " " : "") << "--set sites." << i << ".host=" << plan.sites[idx[i]].addr;
@@ -113,7 +126,8 @@ void add_plan(CLI::App& app) {
   auto format = std::make_shared<std::string>("sh");
   auto sets = std::make_shared<std::vector<std::string>>();
   auto config = std::make_shared<std::string>();
-  auto* c = app.add_subcommand("wan-plan", "Scenario YAML -> namespaces, addresses, queues and rates for tools/wan scripts");
+  auto* c =
+      app.add_subcommand("wan-plan", "Scenario YAML -> namespaces, addresses, queues and rates for tools/wan scripts");
   c->add_option("scenario", *path, "scenario YAML (configs/wan/*.yaml)")->required();
   c->add_option("--prefix", *prefix, "namespace name prefix");
   c->add_option("--format", *format, "sh (eval-able bash) or json")->check(CLI::IsMember({"sh", "json"}));
