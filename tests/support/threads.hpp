@@ -3,6 +3,8 @@
 // failing rank never leaves the others running against freed state.
 #pragma once
 
+#include <spdlog/spdlog.h>
+
 #include <cstddef>
 #include <exception>
 #include <thread>
@@ -20,6 +22,9 @@ auto run_ranks(int n, Fn&& fn) {
   using R = std::invoke_result_t<Fn&, int>;
   static_assert(!std::is_same_v<R, bool>, "std::vector<bool> cannot be written from several threads: return int");
   const size_t count = n > 0 ? static_cast<size_t>(n) : 0;
+  // spdlog's registry is a function-local static inside the (uninstrumented) shared library:
+  // built here, before the threads, so TSan sees it happen-before their first log line.
+  spdlog::default_logger_raw();
   std::vector<std::exception_ptr> errors(count);
   std::vector<std::conditional_t<std::is_void_v<R>, char, R>> out(std::is_void_v<R> ? 0 : count);
   {
