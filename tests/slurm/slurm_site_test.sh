@@ -17,81 +17,17 @@ set -Eeuo pipefail
 # Name the command when `set -e` ends the test on something other than an explicit fail().
 trap 'echo "FAIL: line $LINENO: \"$BASH_COMMAND\" exited with $?" >&2' ERR
 
-skip() { echo "SKIP: $*"; exit 77; }
-fail() { echo "FAIL: $*" >&2; exit 1; }
-
 [[ $# -eq 1 ]] || { echo "usage: $0 path/to/geoloco" >&2; exit 2; }
 geoloco="$(readlink -f "$1")"
 [[ -x "$geoloco" ]] || { echo "$0: $1 is not an executable" >&2; exit 2; }
 
-# Root is needed: slurmd launches tasks as the submitting user via slurmstepd, which must run
-# as root, and munged/slurmctld run here as SlurmUser=root.
-[[ $(id -u) -eq 0 ]] || skip "needs root to run slurmd/slurmstepd (uid $(id -u))"
-
-required=(munged munge slurmctld slurmd srun sinfo scontrol scancel jq ss)
-missing_bins() {
-  local b out=()
-  for b in "${required[@]}"; do
-    command -v "$b" >/dev/null 2>&1 || out+=("$b")
-  done
-  echo "${out[*]}"
-}
-export PATH="$PATH:/usr/sbin:/sbin"   # the daemons live in sbin, absent from some PATHs
-missing="$(missing_bins)"
-if [[ -n "$missing" ]]; then
-  [[ "${GEOLOCO_SLURM_NO_INSTALL:-0}" != 1 ]] || skip "missing $missing (GEOLOCO_SLURM_NO_INSTALL=1)"
-  command -v apt-get >/dev/null 2>&1 || skip "missing $missing and no apt-get to install slurm-wlm/munge"
-  echo "slurm test: missing $missing; trying apt-get install slurm-wlm munge jq iproute2"
-  if ! DEBIAN_FRONTEND=noninteractive timeout 60 apt-get install -y -q --no-install-recommends \
-         slurm-wlm munge jq iproute2 >/dev/null 2>&1; then
-    skip "missing $missing and apt-get install slurm-wlm munge failed"
-  fi
-  missing="$(missing_bins)"
-  [[ -z "$missing" ]] || skip "still missing after install: $missing"
-fi
+# shellcheck source=slurm_lib.sh
+source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/slurm_lib.sh"
+slurm_require
 
 T="$(mktemp -d /tmp/geoloco-slurm.XXXXXX)"
 chmod 700 "$T"
-pids=()          # daemons we started, in start order
-
-# Every process that belongs to this test carries our SLURM_CONF in its initial environment:
-# munged excepted (started before the export, and stopped by pid), the daemons, srun,
-# slurmstepd (forked by slurmd) and the tasks (srun propagates the environment). The sweep in
-# teardown uses that to end stragglers by id without touching anything else on the machine.
-# One grep over every /proc/*/environ (a fork per process is far too slow on a loaded
-# machine); `env -u` keeps grep itself out of its own answer.
-our_stragglers() {
-  env -u SLURM_CONF grep -lszxF "SLURM_CONF=$T/slurm.conf" /proc/[0-9]*/environ 2>/dev/null |
-    sed -n 's|^/proc/\([0-9]*\)/environ$|\1|p' || true
-}
-
-teardown() {
-  local rc=$? pid i
-  set +e
-  trap - EXIT INT TERM ERR
-  if [[ $rc -ne 0 && $rc -ne 77 ]]; then
-    for f in munged.out munged.log slurmctld.out slurmctld.log slurmd.out slurmd.log; do
-      [[ -f "$T/$f" ]] && { echo "---- $f (last 30 lines)"; tail -n 30 "$T/$f"; }
-    done
-  fi
-  # Cancel jobs first so slurmd tears the steps down in order, then stop the daemons.
-  if [[ -f "$T/slurm.conf" ]]; then timeout 5 scancel --quiet --user=root >/dev/null 2>&1; fi
-  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[i]}" 2>/dev/null; done
-  for _ in $(seq 50); do
-    local alive=0
-    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
-    [[ $alive -eq 0 ]] && break
-    sleep 0.1
-  done
-  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; done
-  for pid in $(our_stragglers); do kill -KILL "$pid" 2>/dev/null; done
-  wait 2>/dev/null
-  if [[ "${GEOLOCO_SLURM_KEEP:-0}" == 1 ]]; then echo "slurm test: kept $T"; else rm -rf "$T"; fi
-  exit "$rc"
-}
-trap teardown EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+slurm_install_teardown
 
 # Ports: one block of the tests' port allocator (tests/support/ports.sh: below the ephemeral
 # range, locked for as long as this script and its daemons run), so concurrent tests
@@ -109,20 +45,7 @@ node="$(uname -n)"
 node="${node%%.*}"
 mkdir -p "$T/state" "$T/spool" "$T/out"
 
-# munge: its own key, socket, pid, seed and log, all in the temp dir.
-dd if=/dev/urandom of="$T/munge.key" bs=1024 count=1 status=none
-chmod 400 "$T/munge.key"
-munge_sock="$T/munge.socket"
-munged --foreground --force --socket="$munge_sock" --key-file="$T/munge.key" \
-       --pid-file="$T/munged.pid" --seed-file="$T/munged.seed" --log-file="$T/munged.log" \
-       >"$T/munged.out" 2>&1 &
-pids+=($!)
-for i in $(seq 100); do
-  munge -n -S "$munge_sock" >/dev/null 2>&1 && break
-  kill -0 "${pids[0]}" 2>/dev/null || fail "munged exited: $(cat "$T/munged.out" "$T/munged.log" 2>/dev/null)"
-  sleep 0.1
-  [[ $i -eq 100 ]] && fail "munged did not answer within 10 s"
-done
+slurm_start_munge
 
 # 4 CPUs declared whatever the machine has (config_overrides), so 2 or 3 tasks fit even on a
 # 1-CPU runner; srun also gets --overcommit. Addresses are 127.0.0.1 so the test does not
@@ -133,35 +56,10 @@ SlurmctldHost=${node}(127.0.0.1)
 SlurmctldPort=${ctld_port}
 SlurmdPort=${slurmd_port}
 SrunPortRange=${srun_lo}-$((srun_lo + 7))
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket=${munge_sock}
-StateSaveLocation=$T/state
 SlurmdSpoolDir=$T/spool
-SlurmctldPidFile=$T/slurmctld.pid
 SlurmdPidFile=$T/slurmd.pid
-SlurmctldLogFile=$T/slurmctld.log
 SlurmdLogFile=$T/slurmd.log
-SlurmctldDebug=info
-SlurmdDebug=info
-ProctrackType=proctrack/pgid
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-SchedulerType=sched/builtin
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-MpiDefault=none
-SwitchType=switch/none
-ReturnToService=2
-SlurmdParameters=config_overrides
-KillWait=2
-MinJobAge=2
-InactiveLimit=0
-MailProg=/bin/true
+$(slurm_common_conf)
 NodeName=${node} NodeAddr=127.0.0.1 CPUs=4 State=UNKNOWN
 PartitionName=debug Nodes=${node} Default=YES MaxTime=10 State=UP
 CONF
@@ -169,23 +67,11 @@ export SLURM_CONF="$T/slurm.conf"
 
 slurmctld -D -c >"$T/slurmctld.out" 2>&1 &
 pids+=($!)
-for i in $(seq 150); do
-  timeout 5 scontrol ping 2>/dev/null | grep -q "is UP" && break
-  kill -0 "${pids[1]}" 2>/dev/null || fail "slurmctld exited: $(cat "$T/slurmctld.out")"
-  sleep 0.2
-  [[ $i -eq 150 ]] && fail "slurmctld did not answer scontrol ping within 30 s"
-done
+slurm_wait_ctld
 
 slurmd -D -N "$node" >"$T/slurmd.out" 2>&1 &
 pids+=($!)
-state=""
-for i in $(seq 150); do
-  state="$(timeout 5 sinfo -h -n "$node" -o %t 2>/dev/null || true)"
-  [[ "$state" == idle ]] && break
-  kill -0 "${pids[2]}" 2>/dev/null || fail "slurmd exited: $(cat "$T/slurmd.out")"
-  sleep 0.2
-  [[ $i -eq 150 ]] && fail "node $node not idle within 30 s (state '$state')"
-done
+slurm_wait_idle "$node" "${pids[2]}" "$T/slurmd.out"
 echo "slurm test: node $node idle (slurmctld :$ctld_port, slurmd :$slurmd_port)"
 
 # One site "s" of 2 ranks, synthetic data, 10 steps: a few seconds on 2 cores.
@@ -206,17 +92,6 @@ transport: {psk_file: run.psk, timeout_s: 30}   # bounds the intra-site rendezvo
 YAML
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$T/run.psk"
 chmod 600 "$T/run.psk"
-
-# run_srun SECONDS OUTFILE SRUN_ARGS...: sets rc. srun runs in the background and we `wait`
-# for it, because bash defers INT/TERM traps until a foreground child returns: this way a
-# signal to the test reaches teardown at once.
-run_srun() {
-  local limit=$1 out=$2
-  shift 2
-  timeout "$limit" srun "$@" >"$out" 2>&1 &
-  rc=0
-  wait $! || rc=$?
-}
 
 # --- the run: 2 Slurm tasks = site s, ranks 0 and 1 (from SLURM_PROCID) ---------------------
 run_srun 90 "$T/srun.out" -n 2 --overcommit --kill-on-bad-exit=1 --time=2 -J geoloco-slurm-test \
