@@ -77,6 +77,12 @@ TEST(DataConfig, ErrorsAreLocatedAndSayWhatIsAllowed) {
             std::string::npos);
   EXPECT_NE(config_error("data: {train: {kind: text, pth: x, path: y}}\n").find("data.train.pth: unknown key"),
             std::string::npos);
+  EXPECT_NE(config_error("data: {train: {kind: synthetic}, windows: random}\n")
+                .find("data.windows: random shifts windows within a token stream"),
+            std::string::npos);
+  EXPECT_NE(config_error("data: {train: {kind: text, path: x}, windows: rnd}\n")
+                .find("data.windows: got 'rnd', expected one of aligned | random"),
+            std::string::npos);
   EXPECT_NE(config_error("data: {train: {kind: text, path: x}, tain: 1}\n").find("data.tain: unknown key"),
             std::string::npos);
 }

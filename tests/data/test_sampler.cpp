@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "trainer/core/error.hpp"
@@ -164,7 +165,7 @@ TEST(Sampler, SaveAndRestoreContinuesBitForBit) {
     std::vector<int32_t> in(5 * 4), tg(5 * 4), in2(5 * 4), tg2(5 * 4);
     for (int k = 0; k < saved_after; ++k) a.next_batch(5, 4, in.data(), tg.data());
     const auto blob = a.state().to_bytes();
-    EXPECT_EQ(blob.size(), 48u);
+    EXPECT_EQ(blob.size(), 52u);
     auto b = make(300, 2, 1, 3, 4);
     b.restore(SamplerState::from_bytes(blob, "ckpt/sampler"));
     EXPECT_EQ(b.state(), a.state());
@@ -191,10 +192,10 @@ TEST(Sampler, RestoreRefusesAnotherRunsState) {
   auto a = make(300, 2, 0, 3, 4);
   a.next_indices(5);
   const auto st = a.state();
-  EXPECT_THROW(make(300, 4, 0, 3, 4).restore(st), InputError);   // world
-  EXPECT_THROW(make(300, 2, 0, 4, 4).restore(st), InputError);   // seed
-  EXPECT_THROW(make(301, 2, 0, 3, 4).restore(st), InputError);   // dataset
-  EXPECT_THROW(make(300, 2, 0, 3, 5).restore(st), InputError);   // seq_len
+  EXPECT_THROW(make(300, 4, 0, 3, 4).restore(st), InputError);  // world
+  EXPECT_THROW(make(300, 2, 0, 4, 4).restore(st), InputError);  // seed
+  EXPECT_THROW(make(301, 2, 0, 3, 4).restore(st), InputError);  // dataset
+  EXPECT_THROW(make(300, 2, 0, 3, 5).restore(st), InputError);  // seq_len
   auto bad = st;
   bad.position = 151;
   EXPECT_THROW(make(300, 2, 0, 3, 4).restore(bad), InputError);  // past the epoch
@@ -216,14 +217,17 @@ TEST(Sampler, CorruptStateBlobIsFileError) {
   magic[0] ^= 1;
   EXPECT_THROW(SamplerState::from_bytes(magic, "x"), FileError);
   auto version = blob;
-  version[4] = 2;
+  version[4] = 3;
   try {
     SamplerState::from_bytes(version, "ckpt.safetensors");
     FAIL();
   } catch (const FileError& e) {
     EXPECT_EQ(e.path(), "ckpt.safetensors");
-    EXPECT_NE(std::string(e.what()).find("version 2"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("version 3"), std::string::npos);
   }
+  auto v1_size = blob;  // version 1 says 48 bytes
+  v1_size[4] = 1;
+  EXPECT_THROW(SamplerState::from_bytes(v1_size, "x"), FileError);
   EXPECT_THROW(SamplerState::from_bytes({}, "x"), FileError);
 }
 
@@ -236,6 +240,143 @@ TEST(Sampler, DatasetSmallerThanOneGlobalBatchIsInputError) {
     FAIL();
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("fewer than one global batch of world 4 x micro_batch 3 = 12"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// ---- data.windows: random ------------------------------------------------------------------
+
+namespace {
+
+// Token k of the stream is k: a row's first token is where its window starts.
+class CountingStream final : public TokenStream {
+ public:
+  explicit CountingStream(uint64_t n) : n_(n) {}
+  uint64_t size() const override { return n_; }
+  int vocab_size() const override { return 1 << 30; }
+  void read(uint64_t begin, size_t count, int32_t* out) const override {
+    if (begin + count > n_) throw Error("read past the stream");
+    for (size_t i = 0; i < count; ++i) out[i] = static_cast<int32_t>(begin + i);
+  }
+  std::string describe() const override { return "counting"; }
+
+ private:
+  uint64_t n_;
+};
+
+DistributedSampler make_random(uint64_t tokens, int world, int rank, uint64_t seed = 17, int T = 8) {
+  auto ds = std::make_shared<StreamDataset>(std::make_shared<CountingStream>(tokens));
+  SamplerOptions o{seed, world, rank, T, true};
+  o.random_offsets = true;
+  return DistributedSampler(ds, o);
+}
+
+}  // namespace
+
+// Each sampled window starts at its aligned start plus a shift in [0, T) drawn per (epoch,
+// window): rows stay whole windows of the stream, every shift occurs, the last aligned window
+// (no room to shift) is never drawn, and the same window gets other shifts in other epochs.
+TEST(Sampler, RandomOffsetsShiftEveryWindowInsideTheStream) {
+  const int T = 8;
+  const uint64_t tokens = 8001;  // 1000 aligned windows; 999 drawn
+  auto s = make_random(tokens, 1, 0, 5, T);
+  EXPECT_EQ(s.num_windows(), 999u);
+  std::vector<int32_t> in(10 * T), tg(10 * T);
+  std::set<int> shifts;
+  std::map<size_t, std::set<int>> per_window;
+  for (int step = 0; step < 300; ++step) {  // 99 steps per epoch: three epochs
+    const uint64_t e = s.epoch() + (s.position() + 10 > 999 ? 1 : 0);
+    s.next_batch(10, T, in.data(), tg.data());
+    for (int r = 0; r < 10; ++r) {
+      const int32_t first = in[static_cast<size_t>(r * T)];
+      const size_t w = static_cast<size_t>(first) / T;
+      const int shift = first % T;
+      ASSERT_LT(w, 999u);
+      EXPECT_EQ(shift, s.shift_of(e, w));
+      shifts.insert(shift);
+      per_window[w].insert(shift);
+      for (int t = 0; t < T; ++t) {
+        ASSERT_EQ(in[static_cast<size_t>(r * T + t)], first + t);
+        ASSERT_EQ(tg[static_cast<size_t>(r * T + t)], first + t + 1);
+      }
+      ASSERT_LE(static_cast<uint64_t>(first + T), tokens - 1);
+    }
+  }
+  EXPECT_EQ(shifts.size(), static_cast<size_t>(T));
+  size_t moved = 0;
+  for (const auto& [w, sh] : per_window) moved += sh.size() > 1;
+  EXPECT_GT(moved, per_window.size() / 2) << "epochs should shift a window differently";
+  // Seeded: another seed, other shifts; the same seed, the same.
+  auto a = make_random(tokens, 1, 0, 5, T), b = make_random(tokens, 1, 0, 6, T);
+  int differ = 0;
+  for (size_t w = 0; w < 100; ++w) differ += a.shift_of(0, w) != b.shift_of(0, w);
+  EXPECT_GT(differ, 50);
+  EXPECT_EQ(a.shift_of(2, 7), make_random(tokens, 1, 0, 5, T).shift_of(2, 7));
+}
+
+// The sampler contract holds with random offsets: W ranks together draw the rows one rank with
+// W times the batch draws (shifts depend on the window, not the rank), and a saved state
+// continues bit for bit.
+TEST(Sampler, RandomOffsetsKeepTheUnionAndResumeProperties) {
+  const int W = 3, B = 2, T = 6;
+  const uint64_t tokens = 6001;
+  std::vector<DistributedSampler> ranks;
+  for (int g = 0; g < W; ++g) ranks.push_back(make_random(tokens, W, g, 9, T));
+  auto one = make_random(tokens, 1, 0, 9, T);
+  std::vector<int32_t> in(W * B * T), tg(W * B * T), in_g(B * T), tg_g(B * T);
+  for (int step = 0; step < 400; ++step) {
+    one.next_batch(W * B, T, in.data(), tg.data());
+    for (int g = 0; g < W; ++g) {
+      ranks[static_cast<size_t>(g)].next_batch(B, T, in_g.data(), tg_g.data());
+      for (int r = 0; r < B; ++r)
+        ASSERT_EQ(in_g[static_cast<size_t>(r * T)], in[static_cast<size_t>((g + W * r) * T)])
+            << "step " << step << " rank " << g << " row " << r;
+    }
+  }
+  auto a = make_random(tokens, 2, 1, 3, T);
+  for (int k = 0; k < 37; ++k) a.next_indices(4);
+  const auto blob = a.state().to_bytes();
+  auto b = make_random(tokens, 2, 1, 3, T);
+  b.restore(SamplerState::from_bytes(blob, "ckpt/sampler"));
+  std::vector<int32_t> x(4 * T), y(4 * T), x2(4 * T), y2(4 * T);
+  for (int k = 0; k < 100; ++k) {
+    a.next_batch(4, T, x.data(), y.data());
+    b.next_batch(4, T, x2.data(), y2.data());
+    ASSERT_EQ(x, x2) << "batch " << k << " after restore";
+  }
+}
+
+// A state saved with one window mode does not restore into the other; a version-1 state (from
+// before data.windows) reads as aligned; random windows need a stream.
+TEST(Sampler, RandomOffsetsStateIsCheckedAndNeedsAStream) {
+  auto r = make_random(4001, 1, 0);
+  r.next_indices(4);
+  auto aligned = DistributedSampler(std::make_shared<StreamDataset>(std::make_shared<CountingStream>(4001)),
+                                    SamplerOptions{17, 1, 0, 8, true});
+  try {
+    aligned.restore(r.state());
+    ADD_FAILURE() << "a random-window state restored into an aligned sampler";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("saved with data.windows: random, this run has aligned"), std::string::npos)
+        << e.what();
+  }
+  aligned.next_indices(4);
+  auto v2 = aligned.state().to_bytes();
+  std::vector<uint8_t> v1(v2.begin(), v2.end() - 4);
+  v1[4] = 1;  // version 1: no random_offsets field
+  const auto back = SamplerState::from_bytes(v1, "old/sampler");
+  EXPECT_EQ(back.random_offsets, 0u);
+  EXPECT_EQ(back.position, aligned.state().position);
+  v2[v2.size() - 4] = 7;
+  EXPECT_THROW(SamplerState::from_bytes(v2, "bad/sampler"), FileError);
+  SamplerOptions o{17, 1, 0, 8, true};
+  o.random_offsets = true;
+  try {
+    DistributedSampler(labeled(100), o);
+    ADD_FAILURE() << "random windows over a non-stream dataset";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("data.windows: random needs windows cut from a token stream"),
               std::string::npos)
         << e.what();
   }

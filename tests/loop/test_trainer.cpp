@@ -89,6 +89,64 @@ TEST(Trainer, ResumeAfterStopEqualsUninterruptedRunBitForBit) {
   EXPECT_EQ(0, std::memcmp(whole.data(), resumed.data(), whole.size() * 4));
 }
 
+// data.windows: random (windows at seeded offsets, sampler.hpp): a run stopped at step 9 and
+// resumed ends bit-identical to the uninterrupted one, and the run trains on other windows
+// than the aligned one (different parameters).
+TEST(Trainer, RandomWindowsResumeBitForBitAndDifferFromAligned) {
+  const std::vector<std::string> text = {"data.train={kind: text, path: /usr/share/common-licenses}",
+                                         "model.vocab_size=256"};
+  auto with = [&](std::vector<std::string> extra) {
+    auto v = text;
+    v.insert(v.end(), extra.begin(), extra.end());
+    return v;
+  };
+  TempDir a, b, c;
+  std::vector<float> whole, resumed, aligned;
+  // (The trainer keeps a reference to its config: each one outlives its trainer.)
+  {
+    const auto cfg = load(a, tiny_config(a.path() / "out"), with({"data.windows=random"}));
+    Trainer t(cfg, quiet());
+    t.run();
+    whole = t.parameters();
+  }
+  {
+    auto o = quiet();
+    o.stop_at_step = 9;
+    const auto cfg = load(b, tiny_config(b.path() / "out"), with({"data.windows=random"}));
+    Trainer t(cfg, o);
+    t.run();
+  }
+  {
+    auto o = quiet();
+    o.resume = true;
+    const auto cfg = load(b, tiny_config(b.path() / "out"), with({"data.windows=random"}));
+    Trainer t(cfg, o);
+    t.run();
+    resumed = t.parameters();
+  }
+  {
+    const auto cfg = load(c, tiny_config(c.path() / "out"), with({}));
+    Trainer t(cfg, quiet());
+    t.run();
+    aligned = t.parameters();
+  }
+  ASSERT_EQ(whole.size(), resumed.size());
+  EXPECT_EQ(0, std::memcmp(whole.data(), resumed.data(), whole.size() * 4));
+  EXPECT_NE(whole, aligned);
+  // Resuming a random-window run's checkpoint as aligned is refused, naming both modes.
+  auto o = quiet();
+  o.resume = true;
+  const auto cfg = load(b, tiny_config(b.path() / "out"), with({"data.windows=aligned"}));
+  try {
+    Trainer t(cfg, o);
+    t.run();
+    ADD_FAILURE() << "resumed a random-window checkpoint with aligned windows";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("saved with data.windows: random, this run has aligned"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Trainer, SameSeedSameBits) {
   TempDir a, b;
   auto ca = load(a, tiny_config(a.path() / "out"), {"train.steps=6"});

@@ -48,6 +48,11 @@ DataConfig DataConfig::from_yaml(const config::Node& n) {
     c.val_fraction = n.get_double("val_fraction", c.val_fraction, 0.0, 0.9);
   }
   c.across_sites = n.get_choice("across_sites", c.across_sites, {"disjoint", "identical"});
+  c.windows = n.get_choice("windows", c.windows, {"aligned", "random"});
+  if (c.windows == "random" && c.train.kind == DataSourceConfig::Kind::Synthetic)
+    n.fail("windows",
+           "random shifts windows within a token stream (text or shards); synthetic windows are "
+           "independent draws of the chain already: use aligned");
   n.finish();
   return c;
 }

@@ -24,11 +24,11 @@ namespace geoloco::trainer {
 struct DataSourceConfig {
   enum class Kind { Text, Shards, Synthetic };
   Kind kind = Kind::Text;
-  std::string path;             // text, shards
-  int vocab = 256;              // synthetic: number of symbols
-  int branching = 4;            // synthetic: successors per state
-  uint64_t seed = 1;            // synthetic: chain and stream seed
-  uint64_t tokens = 1ull << 26; // synthetic: nominal length (windows = (tokens - 1) / T)
+  std::string path;              // text, shards
+  int vocab = 256;               // synthetic: number of symbols
+  int branching = 4;             // synthetic: successors per state
+  uint64_t seed = 1;             // synthetic: chain and stream seed
+  uint64_t tokens = 1ull << 26;  // synthetic: nominal length (windows = (tokens - 1) / T)
 
   static DataSourceConfig from_yaml(const config::Node& node);
   bool operator==(const DataSourceConfig&) const = default;
@@ -46,6 +46,11 @@ struct DataConfig {
   // identical: every site replays the same stream (world = the site's ranks): for
   // experiments and tests (N sites on identical data must equal one site).
   std::string across_sites = "disjoint";
+  // aligned: training window i starts at token i*T (llm.c); random: each window of an epoch
+  // starts at i*T plus a seeded offset in [0, T) drawn per (epoch, window), as nanoGPT's
+  // random starts do, under the same sampler contract (sampler.hpp). Streams only (text,
+  // shards): synthetic windows are independent draws already. Validation stays aligned.
+  std::string windows = "aligned";
 
   static DataConfig from_yaml(const config::Node& node);
 };

@@ -16,8 +16,9 @@ static_assert(std::endian::native == std::endian::little, "sampler state blob is
 namespace {
 
 constexpr uint32_t kStateMagic = 0x53534c47;  // "GLSS" read as little-endian bytes
-constexpr uint32_t kStateVersion = 1;
-constexpr size_t kStateBytes = 4 + 4 + 8 * 4 + 4 + 4;
+constexpr uint32_t kStateVersion = 2;
+constexpr size_t kStateBytesV1 = 4 + 4 + 8 * 4 + 4 + 4;
+constexpr size_t kStateBytes = kStateBytesV1 + 4;
 
 template <class T>
 void put(std::vector<uint8_t>& out, T v) {
@@ -47,19 +48,24 @@ std::vector<uint8_t> SamplerState::to_bytes() const {
   put(out, num_windows);
   put(out, world);
   put(out, seq_len);
+  put(out, random_offsets);
   return out;
 }
 
 SamplerState SamplerState::from_bytes(std::span<const uint8_t> bytes, const std::string& source) {
-  if (bytes.size() != kStateBytes)
+  if (bytes.size() < 8)
     throw FileError(source, fmt::format("sampler state is {} bytes, expected {}", bytes.size(), kStateBytes));
   size_t at = 0;
   const auto magic = get<uint32_t>(bytes, at);
   if (magic != kStateMagic) throw FileError(source, fmt::format("sampler state has bad magic {:#010x}", magic));
   const auto version = get<uint32_t>(bytes, at);
-  if (version != kStateVersion)
-    throw FileError(source, fmt::format("sampler state version {} is not supported (expected {})", version,
-                                        kStateVersion));
+  if (version != 1 && version != kStateVersion)
+    throw FileError(
+        source, fmt::format("sampler state version {} is not supported (expected 1 or {})", version, kStateVersion));
+  const size_t want = version == 1 ? kStateBytesV1 : kStateBytes;
+  if (bytes.size() != want)
+    throw FileError(source,
+                    fmt::format("sampler state version {} is {} bytes, expected {}", version, bytes.size(), want));
   SamplerState s;
   s.epoch = get<uint64_t>(bytes, at);
   s.position = get<uint64_t>(bytes, at);
@@ -67,6 +73,9 @@ SamplerState SamplerState::from_bytes(std::span<const uint8_t> bytes, const std:
   s.num_windows = get<uint64_t>(bytes, at);
   s.world = get<int32_t>(bytes, at);
   s.seq_len = get<int32_t>(bytes, at);
+  s.random_offsets = version == 1 ? 0 : get<uint32_t>(bytes, at);
+  if (s.random_offsets > 1)
+    throw FileError(source, fmt::format("sampler state: random_offsets {} (expected 0 or 1)", s.random_offsets));
   return s;
 }
 
@@ -77,6 +86,15 @@ DistributedSampler::DistributedSampler(std::shared_ptr<const TokenDataset> datas
                 opt_.world);
   GEOLOCO_CHECK(opt_.seq_len >= 1, "seq_len {} must be >= 1", opt_.seq_len);
   n_ = dataset_->num_windows(opt_.seq_len);
+  if (opt_.random_offsets) {
+    // The last aligned window has no room to shift: every sampled window has.
+    if (!dataset_->shiftable())
+      throw InputError(
+          fmt::format("data.windows: random needs windows cut from a token stream (text or shards); "
+                      "{} is not one",
+                      dataset_->describe()));
+    n_ = n_ > 0 ? n_ - 1 : 0;
+  }
   if (n_ > UINT32_MAX)
     throw InputError(fmt::format("{}: {} windows of {} tokens exceed the sampler's limit of 2^32-1",
                                  dataset_->describe(), n_, opt_.seq_len + 1));
@@ -115,6 +133,12 @@ size_t DistributedSampler::window_at(uint64_t epoch, uint64_t global_position) c
   return permutation(epoch)[static_cast<size_t>(global_position)];
 }
 
+int DistributedSampler::shift_of(uint64_t epoch, size_t window) const {
+  if (!opt_.random_offsets) return 0;
+  const uint64_t h = mix_seed(mix_seed(mix_seed(opt_.seed, 0x6f666673657473ULL /* "offsets" */), epoch), window);
+  return static_cast<int>(h % static_cast<uint64_t>(opt_.seq_len));
+}
+
 std::vector<size_t> DistributedSampler::next_indices(int micro_batch) {
   const size_t B = static_cast<size_t>(micro_batch);
   if (steps_per_epoch(micro_batch) == 0)
@@ -137,7 +161,10 @@ void DistributedSampler::next_batch(int micro_batch, int T, int32_t* inputs, int
   const auto idx = next_indices(micro_batch);
   const size_t t = static_cast<size_t>(T);
   for (size_t b = 0; b < idx.size(); ++b) {
-    dataset_->window(idx[b], T, row_.data());
+    if (opt_.random_offsets)
+      dataset_->window_shifted(idx[b], T, shift_of(epoch_, idx[b]), row_.data());
+    else
+      dataset_->window(idx[b], T, row_.data());
     std::memcpy(inputs + b * t, row_.data(), t * sizeof(int32_t));
     std::memcpy(targets + b * t, row_.data() + 1, t * sizeof(int32_t));
   }
@@ -151,6 +178,7 @@ SamplerState DistributedSampler::state() const {
   s.num_windows = n_;
   s.world = opt_.world;
   s.seq_len = opt_.seq_len;
+  s.random_offsets = opt_.random_offsets ? 1 : 0;
   return s;
 }
 
@@ -162,6 +190,9 @@ void DistributedSampler::restore(const SamplerState& s) {
   if (s.seed != opt_.seed) mismatch("seed", s.seed, opt_.seed);
   if (s.world != opt_.world) mismatch("world size", s.world, opt_.world);
   if (s.seq_len != opt_.seq_len) mismatch("seq_len", s.seq_len, opt_.seq_len);
+  if ((s.random_offsets != 0) != opt_.random_offsets)
+    throw InputError(fmt::format("cannot resume the data sampler: it was saved with data.windows: {}, this run has {}",
+                                 s.random_offsets ? "random" : "aligned", opt_.random_offsets ? "random" : "aligned"));
   if (s.num_windows != n_) mismatch("window count", s.num_windows, n_);
   if (s.position > samples_per_rank())
     throw InputError(fmt::format("cannot resume the data sampler: position {} is past the {} samples of an epoch",

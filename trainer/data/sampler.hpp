@@ -21,6 +21,10 @@
 //     every rank at a given step, so one saved state restores every rank; restoring it
 //     continues bit-for-bit.
 //   * Limit: N < 2^32 windows (the permutation is stored as uint32).
+//   * Random offsets (random_offsets, data.windows: random): N = dataset.num_windows(T) - 1,
+//     and sample window perm_e[p] starts shift(e, perm_e[p]) in [0, T) tokens after its
+//     aligned start, shift a hash of (seed, e, window): every rank computes the same shifts,
+//     so everything above (disjoint positions, the union property, resumes) holds unchanged.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +43,7 @@ struct SamplerOptions {
   int rank = 0;     // global rank in [0, world)
   int seq_len = 0;  // T: windows are T+1 tokens
   bool shuffle = true;
+  bool random_offsets = false;  // windows start at a seeded offset in [0, T) (above)
 };
 
 // Resumable position. The identity fields (seed, world, seq_len, num_windows) are checked on
@@ -51,8 +56,10 @@ struct SamplerState {
   uint64_t num_windows = 0;
   int32_t world = 1;
   int32_t seq_len = 0;
+  uint32_t random_offsets = 0;  // 1: data.windows random
 
-  // Versioned little-endian blob: magic "GLSS", version 1, then the fields above (48 bytes).
+  // Versioned little-endian blob: magic "GLSS", version 2, then the fields above (52 bytes);
+  // version 1 (48 bytes, before random_offsets) reads as aligned windows.
   std::vector<uint8_t> to_bytes() const;
   // Throws FileError(source, problem) for a wrong size, magic or version.
   static SamplerState from_bytes(std::span<const uint8_t> bytes, const std::string& source);
@@ -84,6 +91,9 @@ class DistributedSampler {
 
   // perm_e[global_position] (for tests and diagnostics).
   size_t window_at(uint64_t epoch, uint64_t global_position) const;
+  // With random_offsets: how many tokens window `window` of epoch `epoch` starts after its
+  // aligned start (0 without).
+  int shift_of(uint64_t epoch, size_t window) const;
 
  private:
   void build_epoch(uint64_t epoch);  // this rank's slice of perm_e

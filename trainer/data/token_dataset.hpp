@@ -27,6 +27,12 @@ class TokenDataset {
   // Writes the T+1 tokens of window `index` (< num_windows(T)) to out[0..T].
   // Throws geoloco::Error on an out-of-range index (a caller bug, not bad input).
   virtual void window(size_t index, int T, int32_t* out) const = 0;
+  // Whether window_shifted() works: windows are cut from one token stream.
+  virtual bool shiftable() const { return false; }
+  // The T+1 tokens starting `shift` (in [0, T)) tokens after window `index`'s start; `index`
+  // < num_windows(T) - 1, so every shift stays inside the data. Throws geoloco::Error when
+  // the dataset is not shiftable() or the index or shift is out of range.
+  virtual void window_shifted(size_t index, int T, int shift, int32_t* out) const;
   // One line for logs: kind, files, token count.
   virtual std::string describe() const = 0;
 };
@@ -52,6 +58,8 @@ class StreamDataset final : public TokenDataset {
   int vocab_size() const override { return stream_->vocab_size(); }
   size_t num_windows(int T) const override;
   void window(size_t index, int T, int32_t* out) const override;
+  bool shiftable() const override { return true; }
+  void window_shifted(size_t index, int T, int shift, int32_t* out) const override;
   std::string describe() const override;
 
   uint64_t begin() const { return begin_; }

@@ -102,6 +102,7 @@ struct Trainer::Impl {
     so.world = identical ? site.ranks : world;
     so.rank = identical ? o.rank : global_rank;
     so.seq_len = T;
+    so.random_offsets = cfg.data.windows == "random";
     sampler = std::make_unique<DistributedSampler>(data.train, so);
     if (sampler->steps_per_epoch(cfg.train.micro_batch) == 0)
       throw InputError(
