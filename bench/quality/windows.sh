@@ -37,7 +37,7 @@ train:
   eval_every: 0
   eval_batches: 100000
 YAML
-port=$((38000 + RANDOM % 1000 * 10))
+port=$((38000 + RANDOM % 900 * 10))  # four sites: port .. port + 31
 cat >"$out/diloco.yaml" <<YAML
 run: {name: windows, seed: 1, output_dir: $out/run}
 model: {n_layer: 2, n_head: 4, n_embd: 128, block_size: 64, vocab_size: 256}
@@ -54,9 +54,9 @@ train:
   eval_batches: 100000
 sites:
   - {name: s0, port: $port}
-  - {name: s1, port: $((port + 10000))}
-  - {name: s2, port: $((port + 20000))}
-  - {name: s3, port: $((port + 30000))}
+  - {name: s1, port: $((port + 10))}
+  - {name: s2, port: $((port + 20))}
+  - {name: s3, port: $((port + 30))}
 outer:
   interval: 50
   optimizer: {kind: nesterov, lr: 0.7, momentum: 0.9}
