@@ -7,6 +7,8 @@
 //       topk: 0.1            # optional: keep ceil(topk * block) largest |values| per block, (0, 1]
 //       error_feedback: true # keep what was dropped and add it to the next outer step
 //                            # (default: true for a lossy pipeline, false for plain fp32)
+//       error_feedback_decay: 1.0  # (0, 1]: the residual is scaled by it before it is added
+//                            # (SparseLoCo's accumulator e = beta e + delta; 1 = classic EF)
 //       zstd_level: 3        # 0 = off, 1..19; zstd is applied per frame only when it shrinks it
 #pragma once
 
@@ -28,7 +30,8 @@ struct PipelineConfig {
   uint32_t block = 128;
   std::optional<double> topk;  // fraction kept per block; absent = dense
   bool error_feedback = false;
-  int zstd_level = 0;          // 0 = off
+  double error_feedback_decay = 1.0;  // (0, 1]: residual scale before it is added (1: classic EF)
+  int zstd_level = 0;                 // 0 = off
 
   static PipelineConfig from_yaml(const config::Node& node);
   // Throws ConfigError naming the field for values from_yaml would reject (for configs built

@@ -60,7 +60,12 @@ FrameInfo Pipeline::encode_impl(std::span<const float> values, float* ef, std::v
   if (ef) {
     corrected_.resize(n);
     const float* r = ef;
-    for (size_t i = 0; i < n; ++i) corrected_[i] = values[i] + r[i];
+    if (config_.error_feedback_decay < 1.0) {
+      const float beta = static_cast<float>(config_.error_feedback_decay);
+      for (size_t i = 0; i < n; ++i) corrected_[i] = values[i] + beta * r[i];
+    } else {
+      for (size_t i = 0; i < n; ++i) corrected_[i] = values[i] + r[i];
+    }
     input = corrected_;
   }
   if (!all_in_range(input.data(), n)) {

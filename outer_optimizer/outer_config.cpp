@@ -7,9 +7,18 @@ namespace geoloco::outer {
 
 OuterOptimizerConfig OuterOptimizerConfig::from_yaml(const config::Node& n) {
   OuterOptimizerConfig c;
-  c.kind = n.get_choice("kind", c.kind, {"sgd", "nesterov", "adam"});
-  c.lr = n.get_double("lr", c.kind == "adam" ? 1e-3 : c.lr, 0.0, 100.0);
-  c.momentum = n.get_double("momentum", c.kind == "sgd" ? 0.0 : c.momentum, 0.0, 0.999999);
+  c.kind = n.get_choice("kind", c.kind, {"sgd", "nesterov", "adam", "sparseloco"});
+  c.lr = n.get_double("lr", c.kind == "adam" ? 1e-3 : c.kind == "sparseloco" ? 1.0 : c.lr, 0.0, 100.0);
+  if (c.kind == "sparseloco") {
+    // SparseLoCo (Sarfi et al. 2025): no outer momentum; the decayed error feedback is it.
+    if (n.has("momentum")) n.fail("momentum", "not used by sparseloco (its error feedback decays by ef_decay)");
+    c.momentum = 0.0;
+    c.ef_decay = n.get_double("ef_decay", c.ef_decay, 0.0, 1.0);
+    if (!(c.ef_decay > 0.0)) n.fail_value("ef_decay", "a number in (0, 1]");
+  } else {
+    if (n.has("ef_decay")) n.fail("ef_decay", "applies only to kind sparseloco");
+    c.momentum = n.get_double("momentum", c.kind == "sgd" ? 0.0 : c.momentum, 0.0, 0.999999);
+  }
   if (n.has("betas")) {
     auto b = n.get<std::vector<double>>("betas", {});
     if (b.size() != 2 || !(b[0] >= 0 && b[0] < 1) || !(b[1] >= 0 && b[1] < 1))
@@ -29,6 +38,18 @@ OuterConfig OuterConfig::from_yaml(const config::Node& n) {
   c.interval = n.get_int("interval", c.interval, 1, int64_t{1} << 40);
   c.optimizer = OuterOptimizerConfig::from_yaml(n.child("optimizer"));
   c.compression = compression::PipelineConfig::from_yaml(n.child("compression"));
+  if (c.optimizer.kind == "sparseloco") {
+    // Its momentum is the error-feedback accumulator of sparsified pseudo-gradients.
+    if (!c.compression.error_feedback || !c.compression.topk)
+      n.child("optimizer")
+          .fail("kind",
+                "sparseloco sends top-k sparsified pseudo-gradients with error feedback "
+                "(its momentum): set outer.compression.topk (e.g. 0.02) and "
+                "error_feedback: true");
+    if (n.child("compression").has("error_feedback_decay"))
+      n.child("compression").fail("error_feedback_decay", "set by outer.optimizer.ef_decay with kind sparseloco");
+    c.compression.error_feedback_decay = c.optimizer.ef_decay;
+  }
   c.weighting = n.get_choice("weighting", c.weighting, {"uniform", "tokens"});
   c.inner_state = n.get_choice("inner_state", c.inner_state, {"keep", "reset"});
   c.check_hash = n.get<bool>("check_hash", c.check_hash);

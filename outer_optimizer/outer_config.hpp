@@ -40,10 +40,13 @@
 namespace geoloco::outer {
 
 struct OuterOptimizerConfig {
-  std::string kind = "nesterov";  // sgd | nesterov | adam
+  std::string kind = "nesterov";  // sgd | nesterov | adam | sparseloco
   double lr = 0.7;
   double momentum = 0.9;                          // sgd (heavy ball when > 0) and nesterov
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam
+  // sparseloco: the error-feedback accumulator's decay (outer.compression.error_feedback_decay)
+  // stands in for the outer momentum; the step is global -= lr * average.
+  double ef_decay = 0.95;
 
   static OuterOptimizerConfig from_yaml(const config::Node& node);
 };

@@ -5,6 +5,8 @@
 //   nesterov  buf = momentum * buf + delta;  global -= lr * (delta + momentum * buf)
 //             (torch.optim.SGD(nesterov=True) semantics; DiLoCo's default: lr 0.7, momentum 0.9)
 //   adam      bias-corrected Adam on delta (an adaptive option), no weight decay
+//   sparseloco  global -= lr * delta, no state: SparseLoCo's outer step, whose momentum is the
+//             decayed error feedback of the sparsified pseudo-gradients (outer_config.hpp)
 //
 // Element-wise and in a fixed order: identical inputs give identical bits on every site.
 #pragma once

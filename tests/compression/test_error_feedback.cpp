@@ -57,9 +57,12 @@ Tracking track(const PipelineConfig& cfg, size_t n, int rounds) {
 TEST(ErrorFeedback, TransmittedSumTracksTheTrueSum) {
   const size_t n = 4096;
   const int rounds = 200;
-  for (const auto& [codec, topk] : std::vector<std::pair<Codec, std::optional<double>>>{
-           {Codec::kInt8, std::nullopt}, {Codec::kInt4, std::nullopt}, {Codec::kInt2, std::nullopt},
-           {Codec::kFp4, std::nullopt}, {Codec::kInt8, 0.1}, {Codec::kFp32, 0.05}}) {
+  for (const auto& [codec, topk] : std::vector<std::pair<Codec, std::optional<double>>>{{Codec::kInt8, std::nullopt},
+                                                                                        {Codec::kInt4, std::nullopt},
+                                                                                        {Codec::kInt2, std::nullopt},
+                                                                                        {Codec::kFp4, std::nullopt},
+                                                                                        {Codec::kInt8, 0.1},
+                                                                                        {Codec::kFp32, 0.05}}) {
     const auto with = track(make_config(codec, 128, topk, true), n, rounds);
     const auto without = track(make_config(codec, 128, topk, false), n, rounds);
     SCOPED_TRACE(make_config(codec, 128, topk, true).describe());
@@ -161,4 +164,45 @@ TEST(ErrorFeedback, CheckpointRoundTripAndCorruption) {
   bad[100] ^= 1;
   expect_file_error(bad, 1000, "checksum mismatch");
   expect_file_error({}, 0, "too short");
+}
+
+// error_feedback_decay (SparseLoCo's accumulator e = beta * e + delta): what is encoded is the
+// pseudo-gradient plus beta times the residual, and the new residual is that minus what the
+// frame decodes to; the encoded part of parts of a shard (encode_with_residual) matches.
+TEST(ErrorFeedback, DecayScalesTheResidualBeforeItIsAdded) {
+  PipelineConfig cfg;
+  cfg.codec = Codec::kFp32;
+  cfg.block = 16;
+  cfg.topk = 0.25;  // 4 of 16 kept: the rest goes to the residual
+  cfg.error_feedback = true;
+  cfg.error_feedback_decay = 0.5;
+  Pipeline p(cfg);
+  const size_t n = 32;
+  ErrorFeedback ef(n);
+  std::vector<float> g(n), out(n);
+  for (size_t i = 0; i < n; ++i) g[i] = static_cast<float>((i % 7) + 1) * (i % 2 ? -0.125f : 0.25f);
+  std::vector<uint8_t> frame;
+  p.encode(g, &ef, frame);  // residual starts at zero: plain top-k
+  const std::vector<float> r1(ef.residual().begin(), ef.residual().end());
+  p.encode(g, &ef, frame);
+  p.decode(frame, n, out);
+  for (size_t i = 0; i < n; ++i) {
+    const float corrected = g[i] + 0.5f * r1[i];
+    EXPECT_EQ(ef.residual()[i], corrected - out[i]) << i;
+    // A kept element is sent exactly (fp32), so its residual is zero; a dropped one keeps it all.
+    EXPECT_TRUE(out[i] == corrected || out[i] == 0.0f) << i;
+  }
+  // The same two rounds over the two halves as parts (encode_with_residual) give the same bytes.
+  Pipeline q(cfg);
+  std::vector<float> res(n, 0.0f);
+  std::vector<uint8_t> fa, fb;
+  for (int round = 0; round < 2; ++round) {
+    q.encode_with_residual(std::span<const float>(g.data(), 16), std::span<float>(res.data(), 16), fa);
+    q.encode_with_residual(std::span<const float>(g.data() + 16, 16), std::span<float>(res.data() + 16, 16), fb);
+  }
+  for (size_t i = 0; i < n; ++i) EXPECT_EQ(res[i], ef.residual()[i]) << i;
+  PipelineConfig bad = cfg;
+  bad.error_feedback_decay = 0.0;
+  EXPECT_THROW(bad.validate(), ConfigError);
+  EXPECT_NE(cfg.describe().find("/ef0.5"), std::string::npos) << cfg.describe();
 }

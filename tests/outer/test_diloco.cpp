@@ -137,6 +137,28 @@ TEST(Diloco, CrossSiteBitIdentityOverManyOuterSteps) {
   EXPECT_EQ(disk["global_weights_hash"], s0["global_weights_hash"]);
 }
 
+// SparseLoCo (outer.optimizer.kind: sparseloco): 2-bit top-k pseudo-gradients with decayed
+// error feedback and a plain outer step; the sites end bit-identical, sending a fraction of
+// what fp32 would.
+TEST(Diloco, SparseLoCoRunsAcrossSitesBitIdentical) {
+  TempDir d;
+  psk(d);
+  auto cfg = trainer::load_run_config(
+      d.file("c.yaml", base(d.path() / "out", 12) +
+                           "outer: {interval: 3, optimizer: {kind: sparseloco, ef_decay: 0.9}, "
+                           "compression: {codec: int2, block: 64, topk: 0.05}}\n" +
+                           sites(2, 1) + "transport: {psk_file: k.psk, timeout_s: 30}\n"));
+  auto out = run_all(cfg);
+  std::set<std::string> params;
+  for (auto& r : out.summaries[0]["ranks"]) params.insert(r["params_hash"].get<std::string>());
+  EXPECT_EQ(params.size(), 1u);
+  EXPECT_EQ(out.summaries[0]["outer_steps"].get<int>(), 4);
+  // 4 of 64 per block at 2 bits with their indices and a scale: about 32x fewer bytes than fp32.
+  EXPECT_GT(out.summaries[0]["compression_ratio"].get<double>(), 25.0);
+  EXPECT_NE(out.summaries[0]["ranks"][0]["compression"].get<std::string>().find("/ef0.9"), std::string::npos)
+      << out.summaries[0]["ranks"][0]["compression"];
+}
+
 // Every strategy syncs its shard: fsdp and zero2 runs stay bit-identical across sites too.
 TEST(Diloco, ShardedStrategiesSyncAcrossSites) {
   for (const char* strategy : {"zero2", "fsdp"}) {

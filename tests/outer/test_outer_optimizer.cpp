@@ -3,6 +3,8 @@
 #include <cmath>
 
 #include "outer_optimizer/outer_optimizer.hpp"
+#include "trainer/core/config_node.hpp"
+#include "trainer/core/error.hpp"
 
 using namespace geoloco::outer;
 
@@ -63,4 +65,51 @@ TEST(OuterOptimizer, AdamFirstStepIsSignTimesLr) {
   EXPECT_NEAR(p[0], -0.01, 1e-6);
   EXPECT_NEAR(p[1], 0.01, 1e-4);
   EXPECT_NEAR(p[2], -0.01, 1e-6);
+}
+
+// SparseLoCo (outer.optimizer.kind: sparseloco): plain descent on the average, no state; its
+// momentum is the compression's decayed error feedback, which the config sets from ef_decay
+// and requires, with top-k.
+TEST(OuterOptimizer, SparseLoCoIsPlainDescentAndItsConfigSetsTheErrorFeedbackDecay) {
+  OuterOptimizerConfig c;
+  c.kind = "sparseloco";
+  c.lr = 1.0;
+  c.momentum = 0.0;
+  OuterOptimizer opt(c, 2);
+  std::vector<float> p = {1.0f, 2.0f}, g = {0.25f, -0.5f};
+  opt.step(p, g);
+  opt.step(p, g);
+  EXPECT_EQ(p, (std::vector<float>{0.5f, 3.0f}));
+  EXPECT_TRUE(opt.state_a().empty());
+  auto outer_from = [](const std::string& yaml) {
+    auto doc = geoloco::config::load_string(yaml, "o.yaml");
+    return OuterConfig::from_yaml(doc.node().child("outer"));
+  };
+  const auto ok = outer_from(
+      "outer: {optimizer: {kind: sparseloco, ef_decay: 0.9}, compression: {codec: int2, topk: 0.02, block: 4096}}\n");
+  EXPECT_EQ(ok.optimizer.lr, 1.0);
+  EXPECT_EQ(ok.optimizer.momentum, 0.0);
+  EXPECT_TRUE(ok.compression.error_feedback);
+  EXPECT_EQ(ok.compression.error_feedback_decay, 0.9);
+  EXPECT_EQ(outer_from("outer: {optimizer: {kind: sparseloco}, compression: {codec: int2, topk: 0.02}}\n")
+                .compression.error_feedback_decay,
+            0.95);
+  auto refused = [&](const std::string& yaml, const std::string& part) {
+    try {
+      outer_from(yaml);
+      ADD_FAILURE() << "accepted: " << yaml;
+    } catch (const geoloco::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  refused("outer: {optimizer: {kind: sparseloco}, compression: {codec: int2}}\n", "set outer.compression.topk");
+  refused("outer: {optimizer: {kind: sparseloco}, compression: {codec: int2, topk: 0.1, error_feedback: false}}\n",
+          "error_feedback: true");
+  refused("outer: {optimizer: {kind: sparseloco, momentum: 0.9}, compression: {topk: 0.1}}\n",
+          "not used by sparseloco");
+  refused("outer: {optimizer: {kind: nesterov, ef_decay: 0.9}}\n", "applies only to kind sparseloco");
+  refused("outer: {optimizer: {kind: sparseloco, ef_decay: 0}, compression: {topk: 0.1}}\n", "ef_decay");
+  refused("outer: {optimizer: {kind: sparseloco}, compression: {topk: 0.1, error_feedback_decay: 0.5}}\n",
+          "set by outer.optimizer.ef_decay");
+  refused("outer: {compression: {codec: fp32, error_feedback_decay: 0.5}}\n", "applies only with error_feedback");
 }
