@@ -71,6 +71,30 @@ TEST(Cli, ValidateOkAndBadConfigExitCodes) {
   EXPECT_EQ(r.code, 2);
 }
 
+// Sites of different shapes: validate says how they exchange and whether their batches differ
+// (and how the pseudo-gradients are then weighed).
+TEST(Cli, ValidateDescribesSitesOfDifferentShapes) {
+  TempDir d;
+  d.file("k.psk", "0123456789abcdef-test-key");
+  const int port = fresh_port();
+  const std::string sites = "sites:\n  - {name: paris, ranks: 2, port: " + std::to_string(port) +
+                            "}\n  - {name: lyon, ranks: 1, port: " + std::to_string(port + 10) +
+                            "}\ntransport: {psk_file: k.psk}\n";
+  auto cfg = d.file("c.yaml", tiny_config(d.path() / "out", "", sites));
+  auto r = run("validate " + cfg);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("the parameters are cut into 2 pieces"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("sites train different batches per inner step (paris 16, lyon 8 sequences); their "
+                       "pseudo-gradients count equally"),
+            std::string::npos)
+      << r.out;
+  r = run("validate " + cfg + " --set outer.weighting=tokens");
+  EXPECT_NE(r.out.find("weighed by the tokens each trained"), std::string::npos) << r.out;
+  r = run("validate " + cfg + " --set sites.1.grad_accum=4");  // 4 x 4 x 1 = 16: even again
+  EXPECT_EQ(r.out.find("different batches"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("lyonx1 (ddp, grad_accum 4)"), std::string::npos) << r.out;
+}
+
 // An error about a key given with --set names the override, not the file it overrides (the
 // key has no line in it): exit 2, one line. Keys from the file keep file:line:col.
 TEST(Cli, SetOverrideErrorsNameTheOverride) {

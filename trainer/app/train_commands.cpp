@@ -9,6 +9,7 @@
 #include "tools/report/cli.hpp"
 #include "tools/probe/cli.hpp"
 #include "tools/wan/cli.hpp"
+#include "outer_optimizer/site_peers.hpp"
 #include "trainer/app/commands.hpp"
 #include "trainer/app/rank_runner.hpp"
 #include "trainer/app/run_summary.hpp"
@@ -49,6 +50,28 @@ void run_validate(const ConfigArgs& a) {
       cfg.seq_len(), data.train->describe(), hex64(cfg.hash));
   if (!cfg.train.init_from.empty())
     fmt::print("  parameters start from {} (train.init_from; checked)\n", cfg.train.init_from);
+  // Sites of different shapes (docs/shapes.md): how they exchange, and whether their batches differ.
+  if (cfg.sites.size() > 1) {
+    const outer::ExchangeLayout layout = outer::SitePeers::layout_of(cfg);
+    if (!layout.uniform())
+      fmt::print(
+          "  sites of different rank counts: the parameters are cut into {} pieces; each rank exchanges every "
+          "piece of its shard with that piece's owner at the other sites\n",
+          layout.pieces().size());
+    std::string batches;
+    bool differ = false;
+    for (size_t i = 0; i < cfg.sites.size(); ++i) {
+      const int64_t b = cfg.site_batch(static_cast<int>(i));
+      differ = differ || b != cfg.site_batch(0);
+      batches += fmt::format("{}{} {}", i ? ", " : "", cfg.sites[i].name, b);
+    }
+    if (differ)
+      fmt::print("  sites train different batches per inner step ({} sequences); {}\n", batches,
+                 cfg.outer.weighting == "tokens"
+                     ? "their pseudo-gradients are weighed by the tokens each trained (outer.weighting: tokens)"
+                     : "their pseudo-gradients count equally (outer.weighting: uniform): outer.weighting: tokens "
+                       "weighs them by tokens, sites[].grad_accum evens the batches");
+  }
 }
 
 struct TrainArgs : ConfigArgs {
