@@ -41,7 +41,7 @@ FrameInfo Pipeline::encode(std::span<const float> values, ErrorFeedback* ef, std
   if (ef)
     GEOLOCO_CHECK(ef->size() == values.size(), "error-feedback residual has {} elements, the shard {}", ef->size(),
                   values.size());
-  return encode_impl(values, ef ? ef->residual().data() : nullptr, frame_out);
+  return encode_impl(values, ef ? ef->residual() : std::span<float>(), ef != nullptr, frame_out);
 }
 
 FrameInfo Pipeline::encode_with_residual(std::span<const float> values, std::span<float> residual,
@@ -49,15 +49,16 @@ FrameInfo Pipeline::encode_with_residual(std::span<const float> values, std::spa
   GEOLOCO_CHECK(config_.error_feedback, "encode_with_residual: error feedback is off in the config");
   GEOLOCO_CHECK(residual.size() == values.size(), "error-feedback residual has {} elements, the part {}",
                 residual.size(), values.size());
-  static float none = 0.0f;  // a part of no elements: any non-null residual
-  return encode_impl(values, residual.empty() ? &none : residual.data(), frame_out);
+  return encode_impl(values, residual, true, frame_out);
 }
 
-FrameInfo Pipeline::encode_impl(std::span<const float> values, float* ef, std::vector<uint8_t>& frame_out) {
+FrameInfo Pipeline::encode_impl(std::span<const float> values, std::span<float> residual, bool with_ef,
+                                std::vector<uint8_t>& frame_out) {
+  float* const ef = with_ef ? residual.data() : nullptr;
   const uint64_t n = values.size();
   if (n > kMaxElements) throw Error(fmt::format("compression: shard of {} elements exceeds 2^40", n));
   std::span<const float> input = values;
-  if (ef) {
+  if (with_ef) {
     corrected_.resize(n);
     const float* r = ef;
     if (config_.error_feedback_decay < 1.0) {
@@ -72,7 +73,7 @@ FrameInfo Pipeline::encode_impl(std::span<const float> values, float* ef, std::v
     for (size_t i = 0; i < n; ++i) {
       if (std::fabs(input[i]) <= kMaxAbsValue) continue;
       const char* what = std::isfinite(input[i]) ? "exceeds 2^64" : "is not finite";
-      if (ef)
+      if (with_ef)
         throw EncodeError(i, fmt::format("pseudo-gradient value {} at index {} plus error-feedback residual {} "
                                          "{}: the site diverged",
                                          values[i], i, ef[i], what));
@@ -109,7 +110,7 @@ FrameInfo Pipeline::encode_impl(std::span<const float> values, float* ef, std::v
   }
   encode_values(h.codec, dense, group, raw + layout.scales_offset, raw + layout.codes_offset, codes_);
 
-  if (ef) {
+  if (with_ef) {
     // The residual is measured against exactly what receivers decode from these bytes
     // (decoded now, while `raw` is certainly valid; committed once the frame is complete).
     decoded_.resize(n);
@@ -135,7 +136,7 @@ FrameInfo Pipeline::encode_impl(std::span<const float> values, float* ef, std::v
   const size_t body = kHeaderBytes + stored;
   bytes::store<uint64_t>(frame_out.data() + body, frame_checksum({frame_out.data(), body}));
 
-  if (ef) {
+  if (with_ef) {
     for (size_t i = 0; i < n; ++i) ef[i] = corrected_[i] - decoded_[i];
   }
   const FrameInfo info = info_of(h);

@@ -89,8 +89,9 @@ class Pipeline {
   const WireTotals& encoded_totals() const { return totals_; }
 
  private:
-  // encode(); `residual` null: no error feedback.
-  FrameInfo encode_impl(std::span<const float> values, float* residual, std::vector<uint8_t>& frame_out);
+  // encode(), with error feedback on `residual` (values.size() elements) when `with_ef`.
+  FrameInfo encode_impl(std::span<const float> values, std::span<float> residual, bool with_ef,
+                        std::vector<uint8_t>& frame_out);
   // Decodes the raw (pre-zstd) payload described by `h` into out.
   void decode_payload(const FrameHeader& h, const uint8_t* payload, std::span<float> out);
 

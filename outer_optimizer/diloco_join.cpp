@@ -79,23 +79,19 @@ void Diloco::serve_joiners(SiteMask joiners, int64_t step, trainer::SiteStrategy
   // the site is here at this step).
   ShardState st = pack_state();
   int64_t have = shard_.offset;  // where st starts in the parameter buffer
-  if (!peers_.layout().uniform()) {
-    auto gather = [&](std::vector<float>& v) {
-      if (v.empty()) return;
-      auto* coll = strategy.collective();
-      if (!coll || strategy.ranks() == 1) return;
+  if (auto* coll = strategy.collective(); !peers_.layout().uniform() && coll && strategy.ranks() > 1) {
+    // Shards tile the buffer in rank order: the ranks' shards, concatenated, are all of it.
+    for (std::vector<float>* v : {&st.global, &st.opt_a, &st.opt_b}) {
+      if (v->empty()) continue;
       std::vector<float> all;
-      for (const auto& b : coll->all_gather_bytes(std::as_bytes(std::span<const float>(v)))) {
+      for (const auto& b : coll->all_gather_bytes(std::as_bytes(std::span<const float>(*v)))) {
         const size_t k = b.size() / sizeof(float);
         all.resize(all.size() + k);
         std::memcpy(all.data() + all.size() - k, b.data(), b.size());
       }
-      v = std::move(all);
-    };
-    gather(st.global);
-    gather(st.opt_a);
-    gather(st.opt_b);
-    if (strategy.collective() && strategy.ranks() > 1) have = 0;
+      *v = std::move(all);
+    }
+    have = 0;
   }
   std::map<std::string, std::string> meta = {{"geoloco_step", std::to_string(step)},
                                              {"geoloco_config_hash", hex64(cfg_.hash)},

@@ -53,22 +53,16 @@ std::vector<Segment> cut_segments(const std::vector<Range>& local, parallel::Sha
     const int64_t b = pieces[pi].begin - shard.offset, e = pieces[pi].end - shard.offset;
     Segment sg;
     sg.piece = pi;
-    size_t k = 0;
-    bool started = false;
+    sg.begin = sg.end = out.empty() ? 0 : out.back().end;  // where it starts even when empty
+    size_t k = 0;                                          // gathered elements before range r
     for (const auto& r : local) {
       const int64_t lo = std::max(r.begin, b), hi = std::min(r.end, e);
-      if (r.end <= b) {
-        k += static_cast<size_t>(r.size());
-        continue;
-      }
       if (lo < hi) {
-        if (!started) sg.begin = k + static_cast<size_t>(lo - r.begin);
-        started = true;
+        if (sg.size() == 0) sg.begin = k + static_cast<size_t>(lo - r.begin);
         sg.end = k + static_cast<size_t>(hi - r.begin);
       }
       k += static_cast<size_t>(r.size());
     }
-    if (!started) sg.begin = sg.end = std::min(k, out.empty() ? size_t{0} : out.back().end);
     out.push_back(sg);
   }
   return out;
@@ -274,7 +268,6 @@ ExchangeResult apply_round(Fragment& f, const ExchangeContext& ctx, SiteMask all
     };
     std::vector<float> weight(static_cast<size_t>(S), 1.0f / static_cast<float>(m.size()));
     if (ocfg.weighting == "tokens") {
-      GEOLOCO_CHECK(K > 0 || f.n == 0, "round {}: token weighting without a segment", round);
       double total = 0;
       for (int s : m) total += static_cast<double>(tokens_of(s));
       if (total <= 0 && K > 0) throw Error(fmt::format("outer round {}: no member site reported any tokens", round));

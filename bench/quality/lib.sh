@@ -6,12 +6,28 @@
 # site ends with (the last step's blocking sync: bit-identical). Loss values do not depend on
 # machine load (the runs are deterministic), so there is no load gate.
 #
+#   quality_args "$@"             --seeds "1 2 3" (default) and --out DIR (default a temp dir):
+#                                 sets quality_seeds and calls quality_init
 #   quality_init OUT_DIR          writes OUT/sync.yaml, OUT/diloco.yaml, OUT/k.psk, OUT/runs.json
 #   quality_row NAME KIND SEED [--set k=v]...   KIND: sync | diloco; appends {row, kind, seed, val_loss}
 #   quality_summary OUT_DIR RESULT_JSON SETTING_TEXT   rows: mean, min, max over seeds
 
 quality_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 quality_bin="${GEOLOCO_BIN:-$quality_root/build/geoloco}"
+
+quality_args() {
+  quality_seeds="1 2 3"
+  local out
+  out="$(mktemp -d /tmp/geoloco-quality.XXXXXX)"
+  while (($#)); do
+    case "$1" in
+      --seeds) quality_seeds="$2"; shift 2 ;;
+      --out) out="$2"; shift 2 ;;
+      *) echo "usage: $0 [--seeds \"1 2 3\"] [--out DIR]" >&2; exit 2 ;;
+    esac
+  done
+  quality_init "$out"
+}
 
 quality_init() {
   quality_out="$1"

@@ -7,17 +7,8 @@
 #   bench/quality/sparseloco.sh [--seeds "1 2 3"] [--out DIR]
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
-seeds="1 2 3"
-out="$(mktemp -d /tmp/geoloco-sparseloco.XXXXXX)"
-while (($#)); do
-  case "$1" in
-    --seeds) seeds="$2"; shift 2 ;;
-    --out) out="$2"; shift 2 ;;
-    *) echo "usage: $0 [--seeds \"1 2 3\"] [--out DIR]" >&2; exit 2 ;;
-  esac
-done
-quality_init "$out"
-for seed in $seeds; do
+quality_args "$@"
+for seed in $quality_seeds; do
   quality_row diloco-fp32 diloco "$seed"
   quality_row diloco-int2-top2-nesterov diloco "$seed" \
     --set "outer.compression={codec: int2, block: 4096, topk: 0.02, error_feedback: true}"
@@ -31,5 +22,5 @@ for seed in $seeds; do
     --set "outer.compression={codec: int2, block: 4096, topk: 0.1}" \
     --set "outer.optimizer={kind: sparseloco, lr: 1.0, ef_decay: 0.95}"
 done
-quality_summary "$out" "$quality_root/bench/quality/results/sparseloco.json" \
+quality_summary "$quality_out" "$quality_root/bench/quality/results/sparseloco.json" \
   "DiLoCo 4 sites x 1 rank, H 50, 2 layers d 128, T 64, bytes, 1000 steps x 32 sequences; fp32+Nesterov 0.7/0.9 vs int2 top-2% EF+Nesterov vs SparseLoCo (int2 top-2%, EF decay 0.95, lr 1); the same two at top-10%"

@@ -6,22 +6,13 @@
 #   bench/quality/windows.sh [--seeds "1 2 3"] [--out DIR]
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
-seeds="1 2 3"
-out="$(mktemp -d /tmp/geoloco-windows.XXXXXX)"
-while (($#)); do
-  case "$1" in
-    --seeds) seeds="$2"; shift 2 ;;
-    --out) out="$2"; shift 2 ;;
-    *) echo "usage: $0 [--seeds \"1 2 3\"] [--out DIR]" >&2; exit 2 ;;
-  esac
-done
-quality_init "$out"
-for seed in $seeds; do
+quality_args "$@"
+for seed in $quality_seeds; do
   for kind in sync diloco; do
     for windows in aligned random; do
       quality_row "$kind-$windows" "$kind" "$seed" --set data.windows="$windows"
     done
   done
 done
-quality_summary "$out" "$quality_root/bench/quality/results/windows.json" \
+quality_summary "$quality_out" "$quality_root/bench/quality/results/windows.json" \
   "2 layers d 128, 4 heads, T 64, bytes, 1000 steps x 32 sequences, AdamW 1e-3; sync: 1 rank x 32; DiLoCo: 4 sites x 1 rank x 8, H 50, Nesterov 0.7/0.9, fp32; data.windows aligned vs random"

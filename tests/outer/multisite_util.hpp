@@ -9,6 +9,7 @@
 
 #include "tests/support/threads.hpp"
 #include "trainer/app/rank_runner.hpp"
+#include "trainer/checkpoint/model_checkpoint.hpp"
 #include "trainer/loop/run_config.hpp"
 
 namespace geoloco::testing {
@@ -59,6 +60,16 @@ inline std::string sites_yaml(int count, int ranks, int port, const std::string&
     s += "  - {name: " + std::string(names[i]) + ", ranks: " + std::to_string(ranks) +
          ", port: " + std::to_string(port + 10 * i) + (strategy.empty() ? "" : ", strategy: " + strategy) + "}\n";
   return s;
+}
+
+// The parameters of a model.safetensors a run wrote (the summary's "checkpoint").
+inline std::vector<float> load_params(const std::string& checkpoint) {
+  auto f = trainer::SafetensorsFile::read(checkpoint);
+  auto mc = trainer::read_model_config(f);
+  trainer::ParamLayout layout(mc);
+  std::vector<float> p(static_cast<size_t>(layout.total()));
+  trainer::load_model(f, layout, p);
+  return p;
 }
 
 }  // namespace geoloco::testing

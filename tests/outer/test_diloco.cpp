@@ -20,6 +20,7 @@
 using namespace geoloco;
 using geoloco::test::fresh_port;
 using geoloco::test::TempDir;
+using geoloco::testing::load_params;
 
 namespace {
 
@@ -39,15 +40,6 @@ struct RunOut {
 };
 
 RunOut run_all(const trainer::RunConfig& cfg) { return {geoloco::testing::run_ranks(cfg)}; }
-
-std::vector<float> load_params(const std::string& checkpoint) {
-  auto f = trainer::SafetensorsFile::read(checkpoint);
-  auto mc = trainer::read_model_config(f);
-  trainer::ParamLayout layout(mc);
-  std::vector<float> p(static_cast<size_t>(layout.total()));
-  trainer::load_model(f, layout, p);
-  return p;
-}
 
 std::string psk(const TempDir& d) { return d.file("k.psk", "0123456789abcdef-test-key"); }
 

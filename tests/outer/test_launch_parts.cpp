@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "../loop/test_util.hpp"
+#include "tests/outer/processes.hpp"
 #include "tests/support/ports.hpp"
 #include "trainer/app/launch_selection.hpp"
 #include "trainer/core/error.hpp"
@@ -21,7 +22,8 @@ using namespace geoloco;
 using app::LaunchRank;
 using geoloco::test::fresh_port;
 using geoloco::test::TempDir;
-using Clock = std::chrono::steady_clock;
+using geoloco::testing::Proc;
+using geoloco::testing::slurp;
 
 namespace {
 
@@ -42,42 +44,6 @@ std::string config_text(const std::filesystem::path& out, int port, int steps) {
          std::to_string(port + 10) +
          "}\n"
          "transport: {psk_file: k.psk, timeout_s: 60}\n";
-}
-
-int run_geoloco(const std::vector<std::string>& args, const std::string& log, pid_t* out_pid) {
-  const pid_t pid = fork();
-  if (pid == 0) {
-    FILE* f = freopen(log.c_str(), "w", stdout);
-    (void)f;
-    dup2(fileno(stdout), 2);
-    std::vector<char*> argv;
-    std::string exe = std::string(GEOLOCO_BINARY_DIR) + "/geoloco";
-    argv.push_back(exe.data());
-    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(exe.c_str(), argv.data());
-    _exit(127);
-  }
-  *out_pid = pid;
-  return 0;
-}
-
-int wait_exit(pid_t pid, std::chrono::seconds limit) {
-  const auto deadline = Clock::now() + limit;
-  while (Clock::now() < deadline) {
-    int status = 0;
-    if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  kill(-pid, SIGKILL);
-  kill(pid, SIGKILL);
-  waitpid(pid, nullptr, 0);
-  return -1;
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 }  // namespace
@@ -120,13 +86,10 @@ TEST(LaunchParts, EachCampusLaunchesItsOwnPartAndTheRunAgrees) {
   const std::vector<std::vector<std::string>> parts = {{"launch", cfg, "--plain", "--site", "lyon", "--node", "1"},
                                                        {"launch", cfg, "--plain", "--site", "paris"},
                                                        {"launch", cfg, "--plain", "--site", "lyon", "--node", "0"}};
-  std::vector<pid_t> pids(parts.size());
+  std::vector<Proc> procs;
   for (size_t i = 0; i < parts.size(); ++i)
-    run_geoloco(parts[i], (d.path() / ("launch" + std::to_string(i) + ".log")).string(), &pids[i]);
-  for (size_t i = 0; i < parts.size(); ++i) {
-    const std::string log = (d.path() / ("launch" + std::to_string(i) + ".log")).string();
-    EXPECT_EQ(wait_exit(pids[i], std::chrono::seconds(240)), 0) << slurp(log);
-  }
+    procs.push_back(geoloco::testing::spawn(parts[i], (d.path() / ("launch" + std::to_string(i) + ".log")).string()));
+  for (auto& p : procs) EXPECT_EQ(geoloco::testing::wait_for(p, std::chrono::seconds(240)), 0) << slurp(p.log);
   const std::string paris_log = slurp((d.path() / "launch1.log").string());
   EXPECT_NE(paris_log.find("launching 1 of the run's 4 ranks here: paris"), std::string::npos) << paris_log;
   const std::string lyon1 = slurp((d.path() / "launch0.log").string());

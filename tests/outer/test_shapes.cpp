@@ -19,6 +19,7 @@
 using namespace geoloco;
 using geoloco::test::fresh_port;
 using geoloco::test::TempDir;
+using geoloco::testing::load_params;
 using outer::ExchangeLayout;
 
 namespace {
@@ -46,15 +47,6 @@ std::string sites(const std::vector<std::pair<int, std::string>>& shape) {
 
 std::string psk(const TempDir& d) { return d.file("k.psk", "0123456789abcdef-test-key"); }
 const char* kTransport = "transport: {psk_file: k.psk, timeout_s: 30}\n";
-
-std::vector<float> load_params(const std::string& checkpoint) {
-  auto f = trainer::SafetensorsFile::read(checkpoint);
-  auto mc = trainer::read_model_config(f);
-  trainer::ParamLayout layout(mc);
-  std::vector<float> p(static_cast<size_t>(layout.total()));
-  trainer::load_model(f, layout, p);
-  return p;
-}
 
 // Every rank of the run ends with one global-weights hash and one parameter hash.
 void expect_one_hash(const nlohmann::json& summary, size_t ranks, const std::string& what) {

@@ -167,3 +167,39 @@ run_srun() {
   rc=0
   wait $! || rc=$?
 }
+
+# slurm_write_run NAME MODEL SITE: $T/run.yaml, one site "s" of 2 ranks (SITE: its mapping's
+# other keys, e.g. "host: 127.0.0.1, port: 29500"), synthetic data, 10 steps, and its key
+# $T/run.psk.
+slurm_write_run() {
+  cat >"$T/run.yaml" <<YAML
+run: {name: $1, seed: 7, output_dir: $T/out}
+model: $2
+data:
+  train: {kind: synthetic, vocab: 64, tokens: 65536}
+train:
+  steps: 10
+  micro_batch: 2
+  optimizer: {kind: adamw, lr: 1.0e-3}
+  log_every: 5
+  eval_batches: 1
+sites:
+  - {name: s, ranks: 2, $3}
+transport: {psk_file: run.psk, timeout_s: 30}   # bounds the intra-site rendezvous too
+YAML
+  head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$T/run.psk"
+  chmod 600 "$T/run.psk"
+}
+
+# slurm_check_site_run: $T/out/summary.json says the run completed, both Slurm tasks became
+# distinct ranks of site s (SLURM_PROCID 0 -> s/0, 1 -> s/1), and the data-parallel replicas
+# ended with identical parameters. Sets `summary`.
+slurm_check_site_run() {
+  summary="$T/out/summary.json"
+  [[ -f "$summary" ]] || fail "no $summary"
+  [[ "$(jq -r '.completed' "$summary")" == true ]] || fail "summary says completed != true"
+  [[ "$(jq -c '[.ranks[] | [.site, .rank]]' "$summary")" == '[["s",0],["s",1]]' ]] ||
+    fail "summary ranks $(jq -c '[.ranks[] | [.site, .rank]]' "$summary"), expected s/0 and s/1"
+  [[ "$(jq -r '.ranks[0].params_hash' "$summary")" == "$(jq -r '.ranks[1].params_hash' "$summary")" ]] ||
+    fail "ranks 0 and 1 ended with different params_hash"
+}

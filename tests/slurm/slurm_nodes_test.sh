@@ -108,24 +108,9 @@ cat "$T/where.out"
 grep -qx "task 0 on gn0" "$T/where.out" || fail "task 0 is not on gn0"
 grep -qx "task 1 on gn1" "$T/where.out" || fail "task 1 is not on gn1"
 
-# One site "s" of 2 ranks, one per node: rank r at node r's address.
-cat >"$T/run.yaml" <<YAML
-run: {name: slurm-nodes, seed: 7, output_dir: $T/out}
-model: {n_layer: 2, n_head: 2, n_embd: 64, block_size: 32, vocab_size: 64}
-data:
-  train: {kind: synthetic, vocab: 64, tokens: 65536}
-train:
-  steps: 10
-  micro_batch: 2
-  optimizer: {kind: adamw, lr: 1.0e-3}
-  log_every: 5
-  eval_batches: 1
-sites:
-  - {name: s, ranks: 2, port: ${site_port}}
-transport: {psk_file: run.psk, timeout_s: 30}   # bounds the intra-site rendezvous too
-YAML
-head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$T/run.psk"
-chmod 600 "$T/run.psk"
+# One site "s" of 2 ranks, one per node: rank r at node r's address (--set below).
+slurm_write_run slurm-nodes "{n_layer: 2, n_head: 2, n_embd: 64, block_size: 32, vocab_size: 64}" \
+  "port: ${site_port}"
 
 before="$(ip -n "$pfx-n1" -s -j link show eth0 | jq '.[0].stats64.tx.bytes + .[0].stats64.rx.bytes')"
 run_srun 90 "$T/srun.out" --nodes=2 --ntasks-per-node=1 -n 2 --overcommit --kill-on-bad-exit=1 --time=2 \
@@ -134,13 +119,7 @@ sed 's/^/  srun| /' "$T/srun.out"
 [[ $rc -eq 0 ]] || fail "srun --nodes=2 exited with $rc"
 after="$(ip -n "$pfx-n1" -s -j link show eth0 | jq '.[0].stats64.tx.bytes + .[0].stats64.rx.bytes')"
 
-summary="$T/out/summary.json"
-[[ -f "$summary" ]] || fail "no $summary"
-[[ "$(jq -r '.completed' "$summary")" == true ]] || fail "summary says completed != true"
-[[ "$(jq -c '[.ranks[] | [.site, .rank]]' "$summary")" == '[["s",0],["s",1]]' ]] ||
-  fail "summary ranks $(jq -c '[.ranks[] | [.site, .rank]]' "$summary"), expected s/0 and s/1"
-[[ "$(jq -r '.ranks[0].params_hash' "$summary")" == "$(jq -r '.ranks[1].params_hash' "$summary")" ]] ||
-  fail "ranks 0 and 1 ended with different params_hash"
+slurm_check_site_run
 # Gloo's all-reduce of the gradient every step crossed gn1's link: at least half the model's
 # fp32 bytes per inner step (10 steps).
 params="$(jq -r '.params' "$summary")"
