@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "trainer/core/rng.hpp"
-#include "trainer/cuda/cuda_adamw.hpp"
+#include "trainer/cuda/cuda_inner_optimizer.hpp"
 #include "trainer/cuda/cuda_gpt.hpp"
 #include "trainer/cuda/device.hpp"
 #include "trainer/cuda/handles.hpp"
@@ -126,8 +126,8 @@ int main(int argc, char** argv) {
     cuda::DeviceBuffer<float> params(host.size(), "parameters"), grads(host.size(), "gradients");
     cuda::check_cuda(cudaMemcpy(params.data(), host.data(), host.size() * 4, cudaMemcpyHostToDevice), "upload params");
     cuda::check_cuda(cudaDeviceSynchronize(), "upload params");  // the model's stream is non-blocking
-    trainer::AdamWConfig ocfg;
-    cuda::CudaAdamW opt(ocfg, layout, 0, layout.total());
+    trainer::OptimizerConfig ocfg;
+    cuda::CudaInnerOptimizer opt(ocfg, layout, 0, layout.total());
     // Random tokens: throughput does not depend on the text.
     const int64_t N = int64_t(batch) * T;
     std::vector<int32_t> x(static_cast<size_t>(N)), y(static_cast<size_t>(N));

@@ -61,8 +61,9 @@ std::string config(const std::filesystem::path& out, const std::string& device, 
          ", strategy: " + strategy + ", device: " + device + "}]\n";
 }
 
-trainer::RunConfig load(TempDir& d, const std::string& name, const std::string& yaml) {
-  return trainer::load_run_config(d.file(name, yaml));
+trainer::RunConfig load(TempDir& d, const std::string& name, const std::string& yaml,
+                        const std::vector<std::string>& sets = {}) {
+  return trainer::load_run_config(d.file(name, yaml), sets);
 }
 
 // One site, ranks as threads. GPU: device 0 shared through ThreadDeviceCollective; CPU: Gloo.
@@ -159,6 +160,37 @@ TEST(CudaLoopStrategies, Zero1EqualsDdpAndShardedEqualWithoutClipping) {
   }
   EXPECT_EQ(unclipped["ddp"], unclipped["zero2"]);
   EXPECT_EQ(unclipped["ddp"], unclipped["fsdp"]);
+}
+
+// Muon (train.optimizer.kind: muon) on the device: a 2-rank sharded site all-gathers the
+// matrices' momentum updates on device buffers, so zero1, zero2 and fsdp end on ddp's bits
+// (clipping off); and the GPU run's loss curve tracks the CPU's Muon run.
+TEST(CudaLoopStrategies, MuonShardedEqualsDdpAndTracksTheCpuRun) {
+  REQUIRE_GPU_OR_SKIP();
+  TempDir d;
+  const std::vector<std::string> muon = {"train.optimizer.kind=muon", "train.grad_clip=0"};
+  std::map<std::string, std::string> hashes;
+  for (const char* s : {"ddp", "zero1", "zero2", "fsdp"}) {
+    auto cfg = load(d, std::string(s) + ".yaml", config(d.path() / s, "cuda", "fp32", s, 2, 4), muon);
+    auto out = run_site(cfg);
+    EXPECT_EQ(hash_of(out[0]), hash_of(out[1])) << s;
+    EXPECT_EQ(out[0]["memory"]["optimizer"], "muon") << s;
+    hashes[s] = hash_of(out[0]);
+  }
+  EXPECT_EQ(hashes["ddp"], hashes["zero1"]);
+  EXPECT_EQ(hashes["ddp"], hashes["zero2"]);
+  EXPECT_EQ(hashes["ddp"], hashes["fsdp"]);
+  auto gcfg = load(d, "g.yaml", config(d.path() / "gpu", "cuda", "fp32", "ddp", 2, 10), muon);
+  auto ccfg = load(d, "c.yaml", config(d.path() / "cpu", "cpu", "fp32", "ddp", 2, 10), muon);
+  run_site(gcfg);
+  run_site(ccfg);
+  const auto gc = loss_curve(gcfg), cc = loss_curve(ccfg);
+  ASSERT_EQ(gc.size(), 10u);
+  const ErrorStats s = compare(gc, cc);
+  std::printf("[loop parity] muon ddp 2 ranks: loss curve rel L2 %.3g (tolerance %.3g)\n", s.rel_l2,
+              tolerance("train.loss", Precision::Fp32));
+  EXPECT_TRUE(within(s, tolerance("train.loss", Precision::Fp32))) << "rel L2 " << s.rel_l2;
+  EXPECT_LT(gc.back(), gc.front() * 0.9f);
 }
 
 // Stop after 5 steps, resume to 10: the same bits as 10 steps in one go (params and loss).

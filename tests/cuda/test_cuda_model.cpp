@@ -1,6 +1,6 @@
 // Whole-model tests of the GPU path: CudaGpt loss, probabilities and gradients against the
 // CPU model (trainer::Gpt, reference kernels), a short AdamW training run whose loss curve
-// must track the CPU run, CudaAdamW against trainer::AdamW, determinism, the gradient-ready
+// must track the CPU run, CudaInnerOptimizer against trainer::AdamW, determinism, the gradient-ready
 // hook, pseudo-gradient staging, and the typed errors (out of memory, bad input, misuse).
 #include <gtest/gtest.h>
 
@@ -8,13 +8,13 @@
 #include <map>
 
 #include "gpu_test_util.hpp"
-#include "trainer/cuda/cuda_adamw.hpp"
+#include "trainer/cuda/cuda_inner_optimizer.hpp"
 #include "trainer/cuda/cuda_gpt.hpp"
 #include "trainer/cuda/grad_overlap.hpp"
 #include "trainer/cuda/op_profile.hpp"
 #include "trainer/cuda/staging.hpp"
 #include "trainer/model/gpt.hpp"
-#include "trainer/optim/adamw.hpp"
+#include "trainer/optim/inner_optimizer.hpp"
 
 namespace geoloco::cuda::testing {
 namespace {
@@ -111,18 +111,18 @@ TEST_P(ModelParity, ShortTrainingRunTracksTheCpuCurve) {
   const Precision p = GetParam().p;
   const auto cfg = small_model();
   const int B = 4, T = 32, N = B * T, steps = 10;
-  trainer::AdamWConfig ocfg;
+  trainer::OptimizerConfig ocfg;
   ocfg.lr = 1e-3;
   trainer::Gpt cpu(cfg, trainer::KernelPath::Fast);
   vector<float> params(size_t(cpu.layout().total())), grads(params.size());
   trainer::Gpt::init_params(cpu.layout(), params, 11);
-  trainer::AdamW cpu_opt(ocfg, cpu.layout(), 0, cpu.layout().total());
+  trainer::InnerOptimizer cpu_opt(ocfg, cpu.layout(), 0, cpu.layout().total());
 
   auto gpu_model = make(cfg);
   CudaGpt& gpu = *gpu_model;
   auto d_params = to_device<float>(params);
   DeviceBuffer<float> d_grads(params.size());
-  CudaAdamW gpu_opt(ocfg, gpu.layout(), 0, gpu.layout().total());
+  CudaInnerOptimizer gpu_opt(ocfg, gpu.layout(), 0, gpu.layout().total());
 
   // Two fixed batches with a learnable rule (target = 7 * input + 3 mod V), repeated: the loss
   // must fall well below its start (on the CPU, the same run goes 4.59 -> 3.58 in 10 steps).
@@ -291,13 +291,13 @@ TEST(CudaAdamWParity, MatchesTheCpuOptimizer) {
   GEOLOCO_REQUIRE_GPU();
   const auto cfg = small_model();
   const trainer::ParamLayout layout(cfg);
-  trainer::AdamWConfig ocfg;
+  trainer::OptimizerConfig ocfg;
   ocfg.lr = 3e-3;
   ocfg.weight_decay = 0.1;
   // A shard that starts and ends inside tensors, so both decay and no-decay ranges are cut.
   const int64_t begin = layout.block(0).begin + 17, end = layout.block(1).end - 5;
-  trainer::AdamW cpu(ocfg, layout, begin, end);
-  CudaAdamW gpu(ocfg, layout, begin, end);
+  trainer::InnerOptimizer cpu(ocfg, layout, begin, end);
+  CudaInnerOptimizer gpu(ocfg, layout, begin, end);
   auto params = random_vec(size_t(layout.total()), 80, 0.05);
   auto d_params = to_device<float>(params);
   Stream s;
@@ -323,6 +323,63 @@ TEST(CudaAdamWParity, MatchesTheCpuOptimizer) {
   EXPECT_TRUE(record_parity("adamw", Precision::Fp32, "v", compare(v, cpu.v())));
   EXPECT_EQ(gpu.steps(), 3);
   EXPECT_THROW(gpu.step_shard(d_params.span(), d_params.span(), 1e-3, s.get()), geoloco::Error);
+}
+
+// Muon (train.optimizer.kind: muon) on the device: the momentum and every AdamW tensor are the
+// CPU optimizer's bits; the matrices' updates (Newton-Schulz through cuBLAS) agree to rounding.
+TEST(CudaMuonParity, MatchesTheCpuOptimizer) {
+  GEOLOCO_REQUIRE_GPU();
+  const auto cfg = small_model();
+  const trainer::ParamLayout layout(cfg);
+  trainer::OptimizerConfig ocfg;
+  ocfg.kind = trainer::OptimizerKind::Muon;
+  ocfg.lr = 3e-3;
+  ocfg.weight_decay = 0.1;
+  const int64_t n = layout.total();
+  trainer::InnerOptimizer cpu(ocfg, layout, 0, n);
+  CudaInnerOptimizer gpu(ocfg, layout, 0, n);
+  const auto start = random_vec(size_t(n), 90, 0.05);
+  auto params = start;
+  auto d_params = to_device<float>(params);
+  Stream s;
+  for (int step = 0; step < 3; ++step) {
+    const auto g = random_vec(params.size(), 91 + step, 0.01);
+    auto d_g = to_device<float>(g);
+    cpu.step(params, g, ocfg.lr * (step + 1));
+    gpu.step(d_params.span(), d_g.span(), ocfg.lr * (step + 1), s.get());
+    s.synchronize("muon test");
+  }
+  const auto got = download(d_params.span());
+  vector<bool> in_matrix(size_t(n), false);
+  for (const auto& mm : trainer::muon_matrices(layout))
+    std::fill(in_matrix.begin() + mm.offset, in_matrix.begin() + mm.end(), true);
+  vector<float> gpu_delta, cpu_delta;
+  size_t adamw_differ = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (in_matrix[i]) {
+      gpu_delta.push_back(got[i] - start[i]);
+      cpu_delta.push_back(params[i] - start[i]);
+    } else {
+      adamw_differ += std::bit_cast<uint32_t>(got[i]) != std::bit_cast<uint32_t>(params[i]);
+    }
+  }
+  EXPECT_EQ(adamw_differ, 0u) << "AdamW elements differ from the CPU's bits";
+  const ErrorStats es = compare(gpu_delta, cpu_delta);
+  EXPECT_TRUE(record_parity("muon", Precision::Fp32, "matrix updates", es)) << "rel_l2 " << es.rel_l2;
+  double moved = 0;
+  for (float d : cpu_delta) moved = std::max(moved, double(std::fabs(d)));
+  EXPECT_GT(moved, 1e-4) << "the matrices did not move";
+  vector<float> m, v;
+  gpu.download(m, v);
+  size_t m_differ = 0;
+  for (size_t i = 0; i < m.size(); ++i)
+    m_differ += std::bit_cast<uint32_t>(m[i]) != std::bit_cast<uint32_t>(cpu.m()[i]);
+  EXPECT_EQ(m_differ, 0u) << "momentum bits differ from the CPU's";
+  EXPECT_GT(gpu.scratch_bytes(), 0u);
+  // A range that cuts a matrix needs the site's gather.
+  CudaInnerOptimizer cut(ocfg, layout, layout.block(0).attn_w + 5, n);
+  EXPECT_TRUE(cut.needs_gather());
+  EXPECT_THROW(cut.step(d_params.span(), d_params.span(), 1e-3, s.get()), geoloco::Error);
 }
 
 TEST(Staging, DownloadAndUploadOnTheCopyStream) {

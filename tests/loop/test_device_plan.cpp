@@ -97,7 +97,7 @@ TEST(DevicePlan, CpuOptimizerStateRoundTrips) {
   ParamLayout layout(mc);
   std::vector<float> init(static_cast<size_t>(layout.total()));
   Gpt::init_params(layout, init, 7);
-  SiteStrategy s(StrategyKind::Ddp, layout, nullptr, AdamWConfig{}, init);
+  SiteStrategy s(StrategyKind::Ddp, layout, nullptr, OptimizerConfig{}, init);
   auto st = s.optimizer_state();
   EXPECT_EQ(st.begin, 0);
   EXPECT_EQ(st.end, layout.total());

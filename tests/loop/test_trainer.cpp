@@ -255,6 +255,51 @@ TEST(Trainer, ResumeRefusesAnotherStrategy) {
       FileError);
 }
 
+// train.optimizer.kind: muon: stopped at step 9 and resumed, bit-identical to the whole run
+// (the momentum is in the checkpoint); a Muon checkpoint resumed as AdamW (and back) is refused
+// naming both, since adamw.m holds Muon's momentum there.
+TEST(Trainer, MuonResumesBitForBitAndRefusesAnotherOptimizer) {
+  TempDir a, b;
+  const std::vector<std::string> muon = {"train.optimizer.kind=muon"};
+  std::vector<float> whole, resumed;
+  {
+    const auto cfg = load(a, tiny_config(a.path() / "out"), muon);
+    Trainer t(cfg, quiet());
+    t.run();
+    whole = t.parameters();
+  }
+  {
+    auto o = quiet();
+    o.stop_at_step = 9;
+    const auto cfg = load(b, tiny_config(b.path() / "out"), muon);
+    Trainer t(cfg, o);
+    t.run();
+  }
+  {
+    auto o = quiet();
+    o.resume = true;
+    const auto cfg = load(b, tiny_config(b.path() / "out"), muon);
+    Trainer t(cfg, o);
+    t.run();
+    resumed = t.parameters();
+  }
+  ASSERT_EQ(whole.size(), resumed.size());
+  EXPECT_EQ(0, std::memcmp(whole.data(), resumed.data(), whole.size() * 4));
+  auto o = quiet();
+  o.resume = true;
+  const auto cfg = load(b, tiny_config(b.path() / "out"), {"train.steps=30"});
+  try {
+    Trainer t(cfg, o);
+    t.run();
+    ADD_FAILURE() << "resumed a Muon checkpoint with AdamW";
+  } catch (const FileError& e) {
+    EXPECT_NE(std::string(e.what()).find("holds the state of a muon inner optimizer; this run's train.optimizer.kind "
+                                         "is adamw"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // Gradient accumulation: k micro-batches of b rows give the gradient of one batch of k*b.
 TEST(Trainer, AccumulationOfKMicroBatchesEqualsOneBigBatch) {
   ModelConfig mc;

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <vector>
 
-#include "trainer/optim/adamw.hpp"
+#include "trainer/optim/inner_optimizer.hpp"
 #include "trainer/optim/grad_clip.hpp"
 
 using namespace geoloco::trainer;
@@ -24,10 +24,10 @@ ModelConfig tiny() {
 // decay p_t = p_0 - t * lr * g / (|g| + eps).
 TEST(AdamW, ConstantGradientClosedForm) {
   ParamLayout layout(tiny());
-  AdamWConfig cfg;
+  OptimizerConfig cfg;
   cfg.weight_decay = 0.0;
   cfg.eps = 1e-8;
-  AdamW opt(cfg, layout, 0, layout.total());
+  InnerOptimizer opt(cfg, layout, 0, layout.total());
   std::vector<float> p(layout.total(), 1.0f), g(layout.total());
   for (size_t i = 0; i < g.size(); ++i) g[i] = (i % 2 ? 0.5f : -2.0f);
   const double lr = 1e-3;
@@ -43,9 +43,9 @@ TEST(AdamW, ConstantGradientClosedForm) {
 // LayerNorm parameters do not move.
 TEST(AdamW, DecoupledWeightDecayOnlyOnWeights) {
   ParamLayout layout(tiny());
-  AdamWConfig cfg;
+  OptimizerConfig cfg;
   cfg.weight_decay = 0.1;
-  AdamW opt(cfg, layout, 0, layout.total());
+  InnerOptimizer opt(cfg, layout, 0, layout.total());
   std::vector<float> p(layout.total(), 2.0f), g(layout.total(), 0.0f);
   const double lr = 0.01;
   for (int t = 0; t < 5; ++t) opt.step(p, g, lr);
@@ -63,13 +63,13 @@ TEST(AdamW, DecoupledWeightDecayOnlyOnWeights) {
 // A shard optimizer over [b, e) touches nothing outside and matches the full optimizer inside.
 TEST(AdamW, ShardMatchesFullOptimizer) {
   ParamLayout layout(tiny());
-  AdamWConfig cfg;
+  OptimizerConfig cfg;
   std::vector<float> g(layout.total());
   for (size_t i = 0; i < g.size(); ++i) g[i] = std::sin(0.37f * i);
   std::vector<float> full(layout.total(), 0.3f), shard(layout.total(), 0.3f);
-  AdamW a(cfg, layout, 0, layout.total());
+  InnerOptimizer a(cfg, layout, 0, layout.total());
   const int64_t b = 7, e = layout.total() - 5;
-  AdamW s(cfg, layout, b, e);
+  InnerOptimizer s(cfg, layout, b, e);
   for (int t = 0; t < 3; ++t) {
     a.step(full, g, 1e-2);
     s.step(shard, g, 1e-2);
@@ -85,7 +85,7 @@ TEST(AdamW, ShardMatchesFullOptimizer) {
 TEST(AdamW, ConfigValidation) {
   auto doc = geoloco::config::load_string("o: {kind: adamw, lr: 1e-3, betas: [0.9, 1.5]}\n", "c.yaml");
   try {
-    AdamWConfig::from_yaml(doc.node().child("o"));
+    OptimizerConfig::from_yaml(doc.node().child("o"));
     FAIL() << "expected error";
   } catch (const geoloco::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("o.betas"), std::string::npos) << e.what();

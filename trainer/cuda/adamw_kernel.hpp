@@ -1,4 +1,4 @@
-// Launcher of the AdamW kernel (internal to CudaAdamW). p, g point at the range's element 0
+// Launcher of the AdamW kernel (internal to CudaInnerOptimizer). p, g point at the range's element 0
 // of the parameter/gradient buffers as seen by m and v; updates local indices [lo, hi).
 #pragma once
 

@@ -1,7 +1,7 @@
 // CudaGpt: trainer::Gpt's forward and backward on one GPU, with the same API shape and the
 // same conventions, over an external flat fp32 parameter buffer in DEVICE memory laid out by
 // trainer::ParamLayout. The caller owns parameters, gradients (fp32, device) and optimizer
-// state (CudaAdamW), so collectives (NCCL), the optimizer and pseudo-gradient staging all see
+// state (CudaInnerOptimizer), so collectives (NCCL), the optimizer and pseudo-gradient staging all see
 // plain device spans exactly as the CPU path sees host spans.
 //
 // Precision (train.precision):

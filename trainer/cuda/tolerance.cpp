@@ -34,7 +34,7 @@ ErrorStats compare(std::span<const float> got, std::span<const float> want) {
 namespace {
 // Backward ops chain more roundings (and the attention backward subtracts nearly equal
 // terms), so they get a little more room than their forward ops.
-constexpr std::array<OpTolerance, 24> kTable{{
+constexpr std::array<OpTolerance, 25> kTable{{
     {"encoder_forward", 1e-6, 8e-3},
     {"encoder_backward", 1e-6, 1e-6},  // fp32 gradient accumulation of exact inputs in both modes
     {"layernorm_forward", 1e-5, 1e-2},
@@ -52,6 +52,9 @@ constexpr std::array<OpTolerance, 24> kTable{{
     {"crossentropy_forward", 1e-5, 1e-2},
     {"crossentropy_backward", 1e-5, 2e-2},
     {"adamw", 1e-6, 1e-6},  // fp32 in both modes; the kernel avoids FMA contraction
+    // Muon's update of the matrices: five fp32 Newton-Schulz iterations through cuBLAS vs
+    // OpenBLAS (another summation order), each of which may amplify a difference ~3x.
+    {"muon", 1e-4, 1e-4},
     {"cast_bf16", 0.0, 0.0},
     {"grad_norm", 1e-5, 1e-5},  // fp32 in both modes
     {"model.loss", 1e-5, 1e-2},

@@ -116,6 +116,15 @@ double CudaSiteStrategy::forward_backward(const NextBatch& next, int B, int T, i
   return loss / K;
 }
 
+cuda::CudaInnerOptimizer::Gather CudaSiteStrategy::device_gather() {
+  auto* coll = collective();
+  if (!coll || kind() == StrategyKind::Ddp) return {};
+  return [this, coll](std::span<float> full) {
+    sync_compute();
+    coll->all_gather(full.subspan(static_cast<size_t>(shard().offset), static_cast<size_t>(shard().count)), full);
+  };
+}
+
 void CudaSiteStrategy::clip(std::span<float> g, StepResult& r, double max_norm) {
   r.clip_scale = 1.0f;
   if (max_norm <= 0.0 || r.grad_norm <= max_norm) return;
@@ -153,7 +162,7 @@ StepResult CudaSiteStrategy::finish_step(double lr, double max_norm) {
       }
       r.grad_norm = std::sqrt(cuda::sum_squares_to_host(o, g.data(), static_cast<int64_t>(g.size())));
       clip(g, r, max_norm);
-      adam_.step(d_params_.span(), g, lr, model_.stream());  // zero1: only the shard's range
+      adam_.step(d_params_.span(), g, lr, model_.stream(), device_gather());  // zero1: only the shard's range
       if (kind() == StrategyKind::Zero1 && coll) {
         sync_compute();
         coll->all_gather(shard_on_device(), d_params_.span());
@@ -180,13 +189,13 @@ StepResult CudaSiteStrategy::finish_step(double lr, double max_norm) {
       r.grad_norm = std::sqrt(sq);
       clip(gs, r, max_norm);
       if (kind() == StrategyKind::Zero2) {
-        adam_.step_shard(shard_on_device(), gs, lr, model_.stream());
+        adam_.step_shard(shard_on_device(), gs, lr, model_.stream(), device_gather());
         if (coll) {
           sync_compute();
           coll->all_gather(shard_on_device(), d_params_.span());
         }
       } else {
-        adam_.step_shard(d_params_.span(), gs, lr, model_.stream());
+        adam_.step_shard(d_params_.span(), gs, lr, model_.stream(), device_gather());
         sync_compute();
         d_gathered_.reset();
       }
@@ -284,6 +293,8 @@ nlohmann::json CudaSiteStrategy::memory_json() const {
   j["shard_elements"] = shard().count;
   j["device"] = device_;
   j["model_device_bytes"] = peak_activation_bytes_;
+  j["optimizer"] = optimizer_kind_name(adam_.config().kind);
+  j["optimizer_scratch_bytes"] = adam_.scratch_bytes();  // Muon: the matrices' update buffer
   return j;
 }
 

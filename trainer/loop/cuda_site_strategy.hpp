@@ -1,7 +1,7 @@
 // CudaSiteStrategy: a site strategy (ddp, zero1, zero2, fsdp) on one GPU per rank, over the
 // site's device collective (NCCL). The same semantics as SiteStrategy (site_strategy.hpp),
 // with device buffers sized by plan_device_buffers() (device_plan.hpp):
-//   * CudaGpt computes forward/backward on the model's stream; CudaAdamW updates on it;
+//   * CudaGpt computes forward/backward on the model's stream; CudaInnerOptimizer updates on it;
 //   * ddp/zero1 on several ranks all-reduce each block's gradient while the backward pass of
 //     the blocks below still runs (OverlappedAllReduce, hook on the last micro-batch);
 //     zero2/fsdp reduce-scatter after the backward pass (shards do not align with blocks);
@@ -20,7 +20,7 @@
 #include <memory>
 #include <vector>
 
-#include "trainer/cuda/cuda_adamw.hpp"
+#include "trainer/cuda/cuda_inner_optimizer.hpp"
 #include "trainer/cuda/cuda_gpt.hpp"
 #include "trainer/cuda/device.hpp"
 #include "trainer/cuda/grad_overlap.hpp"
@@ -71,6 +71,8 @@ class CudaSiteStrategy final : public SiteStrategy, public DeviceSite {
   std::span<const float> full_on_device() const;
   void clip(std::span<float> g, StepResult& r, double max_norm);
   void apply_pending_reset();
+  // The site's all-gather for a sharded Muon step (none under ddp or for one rank).
+  cuda::CudaInnerOptimizer::Gather device_gather();
 
   int device_;
   cuda::DeviceInfo info_;
@@ -84,7 +86,7 @@ class CudaSiteStrategy final : public SiteStrategy, public DeviceSite {
   cuda::StreamBuffer<float> d_grads_, d_gathered_;
   cuda::DeviceBuffer<double> d_scalars_;
   cuda::DeviceBuffer<unsigned char> d_work_;  // scratch of the norm reduction
-  cuda::CudaAdamW adam_;
+  cuda::CudaInnerOptimizer adam_;
   cuda::HostStager mirror_;
   std::unique_ptr<cuda::OverlappedAllReduce> overlap_;
   std::vector<float> host_full_;

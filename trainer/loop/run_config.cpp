@@ -19,7 +19,7 @@ TrainConfig TrainConfig::from_yaml(const config::Node& n) {
   c.micro_batch = static_cast<int>(n.get_int("micro_batch", c.micro_batch, 1, 1 << 20));
   c.grad_accum = static_cast<int>(n.get_int("grad_accum", c.grad_accum, 1, 1 << 20));
   c.seq_len = static_cast<int>(n.get_int("seq_len", c.seq_len, 0, 1 << 20));
-  c.optimizer = AdamWConfig::from_yaml(n.child("optimizer"));
+  c.optimizer = OptimizerConfig::from_yaml(n.child("optimizer"));
   c.schedule = ScheduleConfig::from_yaml(n.child("schedule"));
   {
     auto s = n.child("lr_scaling");

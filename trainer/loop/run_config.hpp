@@ -12,7 +12,7 @@
 #include "transport/transport_config.hpp"
 #include "trainer/data/data_config.hpp"
 #include "trainer/model/model_config.hpp"
-#include "trainer/optim/adamw.hpp"
+#include "trainer/optim/inner_optimizer.hpp"
 #include "trainer/optim/schedule.hpp"
 
 namespace geoloco::trainer {
@@ -38,7 +38,7 @@ struct TrainConfig {
   int micro_batch = 8;   // sequences per forward/backward
   int grad_accum = 1;    // micro-batches per optimizer step
   int seq_len = 0;       // tokens per sequence; 0 = model.block_size
-  AdamWConfig optimizer;
+  OptimizerConfig optimizer;
   ScheduleConfig schedule;
   LrScaling lr_scaling;
   double grad_clip = 1.0;          // max global gradient norm; 0 disables

@@ -28,7 +28,7 @@ const char* strategy_name(StrategyKind k) {
 }
 
 SiteStrategy::SiteStrategy(StrategyKind kind, const ParamLayout& layout, parallel::Collective* coll,
-                           const AdamWConfig& adamw, std::span<const float> initial)
+                           const OptimizerConfig& optimizer, std::span<const float> initial)
     : kind_(kind), layout_(layout), coll_(coll), n_(layout.total()) {
   GEOLOCO_CHECK(static_cast<int64_t>(initial.size()) == n_, "initial params: {} != {}", initial.size(), n_);
   if (coll_ && coll_->size() == 1) coll_ = nullptr;
@@ -39,15 +39,16 @@ SiteStrategy::SiteStrategy(StrategyKind kind, const ParamLayout& layout, paralle
     params_.assign(initial.begin(), initial.end());
   }
   const bool sharded_opt = kind_ != StrategyKind::Ddp;
-  adamw_ = std::make_unique<AdamW>(adamw, layout_, sharded_opt ? shard_.offset : 0, sharded_opt ? shard_.end() : n_);
+  opt_ = std::make_unique<InnerOptimizer>(optimizer, layout_, sharded_opt ? shard_.offset : 0,
+                                          sharded_opt ? shard_.end() : n_);
 }
 
 SiteStrategy::SiteStrategy(StrategyKind kind, const ParamLayout& layout, parallel::Collective* coll,
-                           const AdamWConfig& adamw, NoHostState h)
+                           const OptimizerConfig& optimizer, NoHostState h)
     : kind_(kind), layout_(layout), coll_(coll), n_(layout.total()), host_(false) {
   if (coll_ && coll_->size() == 1 && !h.keep_one_rank_collective) coll_ = nullptr;
   shard_ = parallel::shard_of(n_, rank(), ranks());
-  adamw_ = std::make_unique<AdamW>(adamw, layout_, 0, 0);
+  opt_ = std::make_unique<InnerOptimizer>(optimizer, layout_, 0, 0);
 }
 
 SiteStrategy::~SiteStrategy() = default;
@@ -90,9 +91,9 @@ StepResult SiteStrategy::finish_step(double lr, double max_norm) {
       r.grad_norm = std::sqrt(sum_of_squares(grads_));
       r.clip_scale = clip_to_norm(grads_, r.grad_norm, max_norm);
       if (kind_ == StrategyKind::Ddp) {
-        adamw_->step(params_, grads_, lr);
+        opt_->step(params_, grads_, lr);
       } else {
-        adamw_->step(params_, grads_, lr);  // only the shard's range [offset, end)
+        opt_->step(params_, grads_, lr, site_gather());  // only the shard's range [offset, end)
         if (coll_) {
           auto mine =
               std::span<float>(params_).subspan(static_cast<size_t>(shard_.offset), static_cast<size_t>(shard_.count));
@@ -125,10 +126,10 @@ StepResult SiteStrategy::finish_step(double lr, double max_norm) {
       if (kind_ == StrategyKind::Zero2) {
         auto mine =
             std::span<float>(params_).subspan(static_cast<size_t>(shard_.offset), static_cast<size_t>(shard_.count));
-        adamw_->step_shard(mine, grad_shard_, lr);
+        opt_->step_shard(mine, grad_shard_, lr, site_gather());
         if (coll_) coll_->all_gather(mine, params_);
       } else {
-        adamw_->step_shard(params_, grad_shard_, lr);
+        opt_->step_shard(params_, grad_shard_, lr, site_gather());
         gathered_.clear();
         gathered_.shrink_to_fit();
       }
@@ -136,6 +137,13 @@ StepResult SiteStrategy::finish_step(double lr, double max_norm) {
     }
   }
   return r;
+}
+
+InnerOptimizer::Gather SiteStrategy::site_gather() {
+  if (!coll_) return {};
+  return [this](std::span<float> full) {
+    coll_->all_gather(full.subspan(static_cast<size_t>(shard_.offset), static_cast<size_t>(shard_.count)), full);
+  };
 }
 
 std::span<float> SiteStrategy::shard_params() {
@@ -172,21 +180,21 @@ void SiteStrategy::site_sum(std::span<double> v) {
 OptimizerHostState SiteStrategy::optimizer_state() {
   require_host("optimizer_state");
   OptimizerHostState s;
-  s.begin = adamw_->begin();
-  s.end = adamw_->end();
-  s.steps = adamw_->steps();
-  s.m = adamw_->m();
-  s.v = adamw_->v();
+  s.begin = opt_->begin();
+  s.end = opt_->end();
+  s.steps = opt_->steps();
+  s.m = opt_->m();
+  s.v = opt_->v();
   return s;
 }
 
 void SiteStrategy::load_optimizer(std::span<const float> m, std::span<const float> v, int64_t steps) {
   require_host("load_optimizer");
-  GEOLOCO_CHECK(m.size() == adamw_->m().size() && v.size() == adamw_->v().size(),
-                "optimizer state of {} floats, expected {}", m.size(), adamw_->m().size());
-  std::copy(m.begin(), m.end(), adamw_->m().begin());
-  std::copy(v.begin(), v.end(), adamw_->v().begin());
-  adamw_->set_steps(steps);
+  GEOLOCO_CHECK(m.size() == opt_->m().size() && v.size() == opt_->v().size(),
+                "optimizer state of {} floats, expected {}", m.size(), opt_->m().size());
+  std::copy(m.begin(), m.end(), opt_->m().begin());
+  std::copy(v.begin(), v.end(), opt_->v().begin());
+  opt_->set_steps(steps);
 }
 
 nlohmann::json SiteStrategy::memory_json() const {
@@ -201,7 +209,9 @@ nlohmann::json SiteStrategy::memory_json() const {
   j["param_bytes"] = kind_ == StrategyKind::Fsdp ? shard : full;
   j["grad_bytes"] = (kind_ == StrategyKind::Ddp || kind_ == StrategyKind::Zero1) ? full : 0;
   j["grad_shard_bytes"] = (kind_ == StrategyKind::Zero2 || kind_ == StrategyKind::Fsdp) ? shard : 0;
-  j["optimizer_bytes"] = static_cast<uint64_t>(adamw_->m().size() + adamw_->v().size()) * f;
+  j["optimizer"] = optimizer_kind_name(opt_->config().kind);
+  j["optimizer_bytes"] = static_cast<uint64_t>(opt_->m().size() + opt_->v().size()) * f;
+  j["optimizer_scratch_bytes"] = opt_->scratch_bytes();  // Muon: the matrices' update buffer
   j["peak_transient_bytes"] = peak_transient_bytes_;
   return j;
 }

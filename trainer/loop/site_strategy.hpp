@@ -1,13 +1,17 @@
 // SiteStrategy: how the ranks of one site train one model replica together.
 //
-//   ddp    parameters, gradients and AdamW state replicated; gradients all-reduced in
+//   ddp    parameters, gradients and optimizer state replicated; gradients all-reduced in
 //          buckets; every rank applies the same update.
-//   zero1  gradients all-reduced; AdamW state sharded: rank r updates only its shard of the
+//   zero1  gradients all-reduced; optimizer state sharded: rank r updates only its shard of the
 //          parameters, then the shards are all-gathered.
 //   zero2  gradients reduce-scattered (each rank keeps the reduced gradient of its shard
-//          only), AdamW state sharded, parameters all-gathered after the update.
+//          only), optimizer state sharded, parameters all-gathered after the update.
 //   fsdp   parameters sharded too: the full parameter buffer is gathered for the step and
-//          released after it; gradients reduce-scattered; AdamW on the shard.
+//          released after it; gradients reduce-scattered; the optimizer on the shard.
+//
+// The optimizer is AdamW, or Muon on the block matrices (train.optimizer.kind): a sharded
+// site's Muon step all-gathers the matrices' momentum updates once per step, since a shard
+// may cut a matrix that Newton-Schulz needs whole (trainer/optim/inner_optimizer.hpp).
 //
 // Sharding is parallel::shard_of(num_params, rank, ranks) everywhere, and the outer loop
 // syncs exactly that shard with the same rank of the other sites.
@@ -26,7 +30,7 @@
 #include <vector>
 
 #include "trainer/model/param_layout.hpp"
-#include "trainer/optim/adamw.hpp"
+#include "trainer/optim/inner_optimizer.hpp"
 #include "trainer/parallel/collective.hpp"
 #include "trainer/parallel/shard.hpp"
 
@@ -50,7 +54,7 @@ struct OptimizerHostState {
   std::vector<float> m_copy, v_copy;
 };
 
-// The CPU implementation (host buffers, trainer::AdamW). The outer loop and the trainer see
+// The CPU implementation (host buffers, trainer::InnerOptimizer). The outer loop and the trainer see
 // it through the virtual members below; a device variant (trainer/loop/cuda_site_strategy.hpp,
 // CUDA builds) derives from it, keeps parameters, gradients and optimizer state on the GPU and
 // implements the same contract: shard_params() is then a pinned host mirror staged from the
@@ -59,8 +63,8 @@ class SiteStrategy {
  public:
   // `coll` may be null for a one-rank site. Parameters start as `initial` (full buffer, same
   // on every rank).
-  SiteStrategy(StrategyKind kind, const ParamLayout& layout, parallel::Collective* coll, const AdamWConfig& adamw,
-               std::span<const float> initial);
+  SiteStrategy(StrategyKind kind, const ParamLayout& layout, parallel::Collective* coll,
+               const OptimizerConfig& optimizer, std::span<const float> initial);
   virtual ~SiteStrategy();
   SiteStrategy(const SiteStrategy&) = delete;
   SiteStrategy& operator=(const SiteStrategy&) = delete;
@@ -74,7 +78,7 @@ class SiteStrategy {
   // Full parameter buffer for forward/backward (gathers it under fsdp) and zeroed grads.
   std::span<const float> begin_step();
   std::span<float> grads() { return grads_; }
-  // Reduces gradients across the site, clips to max_norm (0 = off), applies AdamW with
+  // Reduces gradients across the site, clips to max_norm (0 = off), applies the optimizer with
   // `lr`, and leaves parameters consistent (replicated, or sharded under fsdp).
   StepResult finish_step(double lr, double max_norm);
 
@@ -91,7 +95,7 @@ class SiteStrategy {
   // The CPU optimizer. A device strategy returns a host proxy without moments whose reset()
   // (the outer loop's inner_state: reset) is applied to the device optimizer before the next
   // update; use optimizer_state()/load_optimizer() for the moments.
-  AdamW& optimizer() { return *adamw_; }
+  InnerOptimizer& optimizer() { return *opt_; }
   parallel::Collective* collective() { return coll_; }
 
   // The optimizer moments of this rank's range in host memory, and their restore.
@@ -115,13 +119,14 @@ class SiteStrategy {
   struct NoHostState {
     bool keep_one_rank_collective = false;
   };
-  SiteStrategy(StrategyKind kind, const ParamLayout& layout, parallel::Collective* coll, const AdamWConfig& adamw,
-               NoHostState);
+  SiteStrategy(StrategyKind kind, const ParamLayout& layout, parallel::Collective* coll,
+               const OptimizerConfig& optimizer, NoHostState);
   const ParamLayout& layout() const { return layout_; }
   int64_t num_params() const { return n_; }
 
  private:
-  void reduce_full_grads();  // ddp/zero1: bucketed all-reduce, divided by ranks
+  void reduce_full_grads();              // ddp/zero1: bucketed all-reduce, divided by ranks
+  InnerOptimizer::Gather site_gather();  // the site's all-gather of shards (none for one rank)
   void require_host(const char* what) const;
 
   StrategyKind kind_;
@@ -133,7 +138,7 @@ class SiteStrategy {
   std::vector<float> gathered_;    // fsdp: full params during a step, released after
   std::vector<float> grads_;       // full gradient buffer for backward
   std::vector<float> grad_shard_;  // zero2/fsdp: reduced gradient of my shard
-  std::unique_ptr<AdamW> adamw_;
+  std::unique_ptr<InnerOptimizer> opt_;
   int64_t bucket_elems_ = int64_t{1} << 22;  // 16 MiB of fp32 per all-reduce call
   size_t peak_transient_bytes_ = 0;
   bool host_ = true;  // false: a device strategy (no host buffers here)

@@ -219,6 +219,7 @@ struct Trainer::Impl {
     smeta["adamw_steps"] = std::to_string(adam.steps);
     smeta["adamw_begin"] = std::to_string(adam.begin);
     smeta["adamw_end"] = std::to_string(adam.end);
+    smeta["optimizer"] = optimizer_kind_name(cfg.train.optimizer.kind);  // what adamw.m holds
     smeta["strategy"] = site.strategy;
     smeta["ranks"] = std::to_string(site.ranks);
     smeta["rank"] = std::to_string(opt.rank);
@@ -351,6 +352,12 @@ struct Trainer::Impl {
     const OptimizerHostState cur = strategy->optimizer_state();
     if (need("adamw_begin") != std::to_string(cur.begin) || need("adamw_end") != std::to_string(cur.end))
       throw FileError(st.path(), "optimizer shard range differs from this run's (model or rank count changed?)");
+    // Checkpoints written before Muon existed hold AdamW's moments.
+    const std::string kind = st.metadata().count("optimizer") ? need("optimizer") : "adamw";
+    if (kind != optimizer_kind_name(cfg.train.optimizer.kind))
+      throw FileError(
+          st.path(), fmt::format("holds the state of a {} inner optimizer; this run's train.optimizer.kind is {}", kind,
+                                 optimizer_kind_name(cfg.train.optimizer.kind)));
     const std::vector<int64_t> mshape = {cur.end - cur.begin};
     std::vector<float> m(static_cast<size_t>(cur.end - cur.begin)), v(m.size());
     st.copy_f32("adamw.m", mshape, m);

@@ -1,0 +1,84 @@
+// The inner optimizer of a site's ranks (`train.optimizer`).
+//
+// AdamW (Loshchilov & Hutter): decoupled weight decay, bias correction, fp32 moments.
+// Matches torch.optim.AdamW: p *= 1 - lr*wd (decayed tensors only); m, v updated; then
+// p -= lr * m_hat / (sqrt(v_hat) + eps).
+//
+// kind: muon (trainer/optim/muon.hpp): on the transformer blocks' weight matrices,
+// m = mu m + (1 - mu) g, then with lr' = config.muon_lr(lr)
+// p *= 1 - lr' wd;  p -= lr' * scale * NS(nesterov ? (1 - mu) g + mu m : m)
+// and AdamW as above on every other tensor. Muon keeps its momentum in m (v stays zero on
+// its matrices), so the state has AdamW's layout: checkpoints, joins and the outer loop's
+// inner_state: reset treat both kinds alike.
+//
+// The optimizer owns its state for a contiguous range [begin, end) of the flat parameter
+// buffer: the whole model under ddp, this rank's shard under zero1/zero2/fsdp. A Muon matrix
+// cut by the range needs the whole matrix's momentum update: the caller passes `gather`, which
+// completes a full-layout buffer whose [begin, end) this rank wrote (the site's all-gather);
+// every rank of the site then orthogonalizes each matrix its range touches (a cut matrix on
+// both ranks, from the same bits, so to the same bits) and updates its own part.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "trainer/model/param_layout.hpp"
+#include "trainer/optim/muon.hpp"
+#include "trainer/optim/optimizer_config.hpp"
+
+namespace geoloco::trainer {
+
+class InnerOptimizer {
+ public:
+  InnerOptimizer(const OptimizerConfig& cfg, const ParamLayout& layout, int64_t begin, int64_t end);
+
+  // Completes a full-layout buffer from every rank's range (collective: under Muon every rank
+  // of a sharded site calls it at every step).
+  using Gather = std::function<void(std::span<float> full)>;
+
+  // One update of params[begin, end) from grads[begin, end) (full-buffer spans: the
+  // optimizer indexes them with absolute offsets). `lr` is the scheduled rate for this step.
+  void step(std::span<float> params, std::span<const float> grads, double lr, const Gather& gather = {});
+  // The same update on shard-sized buffers: params[i] and grads[i] hold element begin + i.
+  void step_shard(std::span<float> params, std::span<const float> grads, double lr, const Gather& gather = {});
+
+  const OptimizerConfig& config() const { return cfg_; }
+  int64_t begin() const { return begin_; }
+  int64_t end() const { return end_; }
+  int64_t steps() const { return t_; }
+  void set_steps(int64_t t) { t_ = t; }
+  std::span<float> m() { return m_; }
+  std::span<float> v() { return v_; }
+  std::span<const float> m() const { return m_; }
+  std::span<const float> v() const { return v_; }
+  // Zeroes moments and the step count (outer loop option: reset inner state after a sync).
+  void reset();
+  // Under Muon: does the range cut a matrix (so that step needs `gather`)?
+  bool needs_gather() const { return needs_gather_; }
+  // Bytes of scratch the Muon step keeps between steps (the full-layout update buffer and
+  // the Newton-Schulz work space).
+  uint64_t scratch_bytes() const { return (update_.capacity() + ns_scratch_.capacity()) * sizeof(float); }
+
+ private:
+  struct Range {
+    int64_t begin, end;  // absolute offsets
+    bool decay;
+    bool muon;  // inside one of muon_ (kind: muon)
+  };
+  OptimizerConfig cfg_;
+  int64_t begin_, end_, total_;
+  int64_t t_ = 0;
+  std::vector<float> m_, v_;
+  std::vector<Range> ranges_;     // the views intersected with [begin, end)
+  std::vector<MuonMatrix> muon_;  // the Muon matrices that intersect [begin, end)
+  bool needs_gather_ = false;
+  std::vector<float> update_;  // full layout: the momentum updates of the Muon matrices
+  std::vector<float> ns_scratch_;
+
+  // p, g point at element `begin_` of their buffers.
+  void update(float* p, const float* g, double lr, const Gather& gather);
+};
+
+}  // namespace geoloco::trainer
