@@ -252,16 +252,19 @@ TEST(Muon, ShardsWithTheGatherEqualTheWholeRange) {
 
 TEST(Muon, ConfigParsesAndRefuses) {
   const auto ok =
-      parse("{kind: muon, lr: 1.0e-3, muon: {lr: 0.02, momentum: 0.9, nesterov: false, ns_steps: 4, scale: spectral}}");
+      parse("{kind: muon, lr: 1.0e-3, muon: {lr: 0.05, momentum: 0.9, nesterov: false, ns_steps: 4, scale: rms}}");
   EXPECT_EQ(ok.kind, OptimizerKind::Muon);
-  EXPECT_DOUBLE_EQ(ok.muon.lr, 0.02);
+  EXPECT_DOUBLE_EQ(ok.muon.lr, 0.05);
   EXPECT_FALSE(ok.muon.nesterov);
   EXPECT_EQ(ok.muon.ns_steps, 4);
-  EXPECT_EQ(ok.muon.scale, MuonScale::Spectral);
-  EXPECT_DOUBLE_EQ(ok.muon_lr(5e-4), 0.01);  // half the peak: half the matrices' lr
-  const auto plain = parse("{kind: muon, lr: 1.0e-3}");
-  EXPECT_DOUBLE_EQ(plain.muon_lr(5e-4), 5e-4);
-  EXPECT_EQ(plain.muon.scale, MuonScale::Rms);
+  EXPECT_EQ(ok.muon.scale, MuonScale::Rms);
+  EXPECT_DOUBLE_EQ(ok.muon_lr(5e-4), 0.025);             // half the peak: half the matrices' lr
+  const auto plain = parse("{kind: muon, lr: 1.0e-3}");  // the defaults: Keller Jordan's
+  EXPECT_DOUBLE_EQ(plain.muon.lr, 0.02);
+  EXPECT_DOUBLE_EQ(plain.muon.momentum, 0.95);
+  EXPECT_TRUE(plain.muon.nesterov);
+  EXPECT_EQ(plain.muon.ns_steps, 5);
+  EXPECT_EQ(plain.muon.scale, MuonScale::Spectral);
   auto fails = [](const std::string& yaml, const std::string& words) {
     try {
       parse(yaml);
@@ -272,6 +275,7 @@ TEST(Muon, ConfigParsesAndRefuses) {
   };
   fails("{kind: adamw, muon: {lr: 0.02}}", "kind: muon");
   fails("{kind: muon, muon: {ns_steps: 0}}", "ns_steps");
+  fails("{kind: muon, muon: {lr: 0}}", "muon.lr");
   fails("{kind: muon, muon: {momentum: 1.0}}", "momentum");
   fails("{kind: muon, muon: {scale: huge}}", "scale");
   fails("{kind: muon, muon: {beta: 0.9}}", "beta");

@@ -6,10 +6,7 @@ namespace geoloco::trainer {
 
 const char* optimizer_kind_name(OptimizerKind k) { return k == OptimizerKind::Muon ? "muon" : "adamw"; }
 
-double OptimizerConfig::muon_lr(double scheduled) const {
-  if (muon.lr <= 0) return scheduled;
-  return lr > 0 ? scheduled * (muon.lr / lr) : 0.0;
-}
+double OptimizerConfig::muon_lr(double scheduled) const { return lr > 0 ? scheduled * (muon.lr / lr) : 0.0; }
 
 OptimizerConfig OptimizerConfig::from_yaml(const config::Node& n) {
   OptimizerConfig c;
@@ -28,12 +25,12 @@ OptimizerConfig OptimizerConfig::from_yaml(const config::Node& n) {
   if (n.has("muon")) {
     if (c.kind != OptimizerKind::Muon) n.fail("muon", "Muon's settings need `kind: muon` (this optimizer is adamw)");
     const auto m = n.child("muon");
-    c.muon.lr = m.get_double("lr", c.muon.lr, 0.0, 10.0);
+    c.muon.lr = m.get_double("lr", c.muon.lr, 1e-9, 10.0);
     c.muon.momentum = m.get_double("momentum", c.muon.momentum, 0.0, 0.9999);
     c.muon.nesterov = m.get<bool>("nesterov", c.muon.nesterov);
     c.muon.ns_steps = static_cast<int>(m.get_int("ns_steps", c.muon.ns_steps, 1, 20));
-    const std::string scale = m.get_choice("scale", "rms", {"rms", "spectral"});
-    c.muon.scale = scale == "spectral" ? MuonScale::Spectral : MuonScale::Rms;
+    const std::string scale = m.get_choice("scale", "spectral", {"spectral", "rms"});
+    c.muon.scale = scale == "rms" ? MuonScale::Rms : MuonScale::Spectral;
     m.finish();
   }
   n.finish();

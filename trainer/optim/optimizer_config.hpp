@@ -13,17 +13,18 @@ enum class OptimizerKind { AdamW, Muon };
 const char* optimizer_kind_name(OptimizerKind k);
 
 // How Muon scales the orthogonalized update of an [in, out] matrix (stored as HF Conv1D):
+//   spectral  sqrt(max(1, out / in)) (Keller Jordan's reference), with a matrix lr near 0.02
 //   rms       0.2 * sqrt(max(in, out)): the update's RMS is about AdamW's, so AdamW's lr
-//             and schedule carry over (Moonshot, "Muon is scalable for LLM training")
-//   spectral  sqrt(max(1, out / in)) (Keller Jordan's reference), with an lr near 0.02
-enum class MuonScale { Rms, Spectral };
+//             carries over as the matrix lr (Moonshot, "Muon is scalable for LLM training")
+// On the small quality grid spectral at 0.02 beat rms at AdamW's lr by 20% (docs/quality.md).
+enum class MuonScale { Spectral, Rms };
 
 struct MuonConfig {
-  double lr = 0;           // peak lr of the matrices; 0: the optimizer's `lr`
+  double lr = 0.02;        // peak lr of the matrices (the schedule's factor applies, see muon_lr)
   double momentum = 0.95;  // m = momentum * m + (1 - momentum) * g
   bool nesterov = true;    // orthogonalize (1 - momentum) * g + momentum * m instead of m
   int ns_steps = 5;        // Newton-Schulz iterations
-  MuonScale scale = MuonScale::Rms;
+  MuonScale scale = MuonScale::Spectral;
 };
 
 struct OptimizerConfig {
@@ -35,8 +36,8 @@ struct OptimizerConfig {
   double weight_decay = 0.1;  // applied to 2-D weights (embeddings, linear), not to biases or LayerNorm
   MuonConfig muon;            // kind: muon only
 
-  // The matrices' lr at a step whose scheduled AdamW lr is `lr`: the schedule's factor
-  // (lr / this->lr) applied to muon.lr (or `lr` itself when muon.lr is 0).
+  // The matrices' lr at a step whose scheduled lr is `lr`: the schedule's factor
+  // (lr / this->lr, warmup, decay and batch scaling included) applied to muon.lr.
   double muon_lr(double lr) const;
 
   static OptimizerConfig from_yaml(const config::Node& node);
