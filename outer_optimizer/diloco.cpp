@@ -685,6 +685,7 @@ nlohmann::json Diloco::summary() {
   j["wan_bytes_sent"] = sent;
   j["wan_bytes_received"] = recv;
   j["global_weights_hash"] = hex64(site_hash_);
+  j["outer_memory"] = memory_json();
   nlohmann::json ev = nlohmann::json::array();
   for (const auto& e : membership_.evictions())
     ev.push_back(
@@ -696,6 +697,31 @@ nlohmann::json Diloco::summary() {
                      {"tokens", tokens_json()}};
   if (!joined_.is_null()) j["membership"]["joined"] = joined_;
   return j;
+}
+
+nlohmann::json Diloco::memory_json() const {
+  // Host bytes the outer loop holds for this rank's shard, by what they are: kept between
+  // rounds (global weights, the outer optimizer's state, the error-feedback residual) and the
+  // round's own buffers (the shard's snapshot, the pseudo-gradient, the decoded sum, the
+  // average), allocated at a fragment's first round and kept for the next.
+  uint64_t elements = 0, global = 0, optimizer = 0, residual = 0, round_buffers = 0;
+  for (const auto& f : frags_) {
+    elements += f->n;
+    global += f->global.capacity();
+    if (f->opt) optimizer += f->opt->state_size();
+    if (f->ef) residual += f->ef->residual().size();
+    round_buffers += f->snapshot.capacity() + f->delta.capacity() + f->decoded.capacity() + f->avg.capacity();
+  }
+  const uint64_t kept = (global + optimizer + residual) * sizeof(float), round = round_buffers * sizeof(float);
+  const double per = elements ? 1.0 / double(elements) : 0.0;
+  return {{"shard_elements", elements},
+          {"global_bytes", global * sizeof(float)},
+          {"optimizer_bytes", optimizer * sizeof(float)},
+          {"error_feedback_bytes", residual * sizeof(float)},
+          {"round_buffer_bytes", round},
+          {"kept_bytes_per_param", double(kept) * per},
+          {"round_bytes_per_param", double(round) * per},
+          {"bytes_per_param", double(kept + round) * per}};
 }
 
 nlohmann::json Diloco::tokens_json() const {

@@ -81,6 +81,8 @@ class Diloco : public trainer::OuterHook {
   void finish(int64_t step, trainer::SiteStrategy& strategy) override;
   nlohmann::json metrics() override;
   nlohmann::json summary() override;
+  // The outer loop's host bytes for this rank's shard, by part, and per parameter of the shard.
+  nlohmann::json memory_json() const;
   std::vector<nlohmann::json> take_rounds() override;
   State save_state() override;                                        // diloco_state.cpp
   void restore_state(const trainer::SafetensorsFile& file) override;  // diloco_state.cpp

@@ -30,6 +30,7 @@ class OuterOptimizer {
   // Optimizer state for checkpoints (momentum buffer, or Adam's m and v).
   std::span<float> state_a() { return a_; }
   std::span<float> state_b() { return b_; }
+  size_t state_size() const { return a_.size() + b_.size(); }
 
  private:
   OuterOptimizerConfig cfg_;
