@@ -110,9 +110,6 @@ void Diloco::build_fragments(int fragments, std::span<const float> shard) {
     for (const auto& r : f->local) f->n += static_cast<size_t>(r.size());
     f->global.resize(f->n);
     gather_local(*f, shard, f->global);
-    f->delta.resize(f->n);
-    f->decoded.resize(f->n);
-    f->avg.resize(f->n);
     f->pipeline = std::make_unique<compression::Pipeline>(pcfg_);
     if (pcfg_.error_feedback) f->ef = std::make_unique<compression::ErrorFeedback>(f->n);
     f->opt = std::make_unique<OuterOptimizer>(ocfg_.optimizer, f->n);
@@ -375,7 +372,7 @@ void Diloco::sync(Fragment& f, int64_t step, trainer::SiteStrategy& strategy, co
   const auto t0 = Clock::now();
   const uint64_t round = static_cast<uint64_t>(++round_);
   auto shard = strategy.shard_params();
-  f.snapshot.resize(f.n);
+  begin_round_buffers(f);
   gather_local(f, shard, f.snapshot);
   f.attachment = planned_ ? planner_.attachment() : std::vector<uint8_t>{};
   collect_round(f, ctx_, step, round, tokens_since(step, f.last_sync_step), f.snapshot, membership_.active(round),
@@ -415,7 +412,7 @@ void Diloco::launch(Fragment& f, int64_t step, trainer::SiteStrategy& strategy) 
   const uint64_t round = static_cast<uint64_t>(++round_);
   const uint64_t tokens = tokens_since(step, f.last_sync_step);
   // The worker reads a snapshot: the inner loop keeps training the live shard meanwhile.
-  f.snapshot.resize(f.n);
+  begin_round_buffers(f);
   gather_local(f, strategy.shard_params(), f.snapshot);
   f.attachment = planned_ ? planner_.attachment() : std::vector<uint8_t>{};
   f.last_sync_step = step;
@@ -543,8 +540,27 @@ void Diloco::complete(Fragment& f, trainer::SiteStrategy& strategy) {
   finish_round(f, strategy, f.launch_step, f.round, secs, f.result);
 }
 
+void Diloco::begin_round_buffers(Fragment& f) {
+  f.snapshot.resize(f.n);
+  f.delta.resize(f.n);
+  f.decoded.resize(f.n);
+  f.avg.resize(f.n);
+  uint64_t held = 0;
+  for (const auto& g : frags_)
+    held += g->snapshot.capacity() + g->delta.capacity() + g->decoded.capacity() + g->avg.capacity();
+  round_buffer_peak_ = std::max(round_buffer_peak_, held * sizeof(float));
+}
+
+void Diloco::end_round_buffers(Fragment& f) {
+  // With one fragment the next round needs them all again: keep them (no page faults per
+  // round). With several, only the fragments in flight hold theirs.
+  if (frags_.size() <= 1) return;
+  for (auto* v : {&f.snapshot, &f.delta, &f.decoded, &f.avg}) std::vector<float>().swap(*v);
+}
+
 void Diloco::finish_round(Fragment& f, trainer::SiteStrategy& strategy, int64_t step, uint64_t round, double seconds,
                           const ExchangeResult& r) {
+  end_round_buffers(f);
   f.hash = r.hash;
   f.segment_hash = r.segment_hash;
   site_hash_ = combine_site_hash(strategy, piece_hashes());
@@ -701,18 +717,18 @@ nlohmann::json Diloco::summary() {
 
 nlohmann::json Diloco::memory_json() const {
   // Host bytes the outer loop holds for this rank's shard, by what they are: kept between
-  // rounds (global weights, the outer optimizer's state, the error-feedback residual) and the
-  // round's own buffers (the shard's snapshot, the pseudo-gradient, the decoded sum, the
-  // average), allocated at a fragment's first round and kept for the next.
-  uint64_t elements = 0, global = 0, optimizer = 0, residual = 0, round_buffers = 0;
+  // rounds (global weights, the outer optimizer's state, the error-feedback residual) and, at
+  // their peak, the rounds' own buffers (the shard's snapshot, the pseudo-gradient, a decoded
+  // frame, the average: 16 bytes per element of a fragment in flight; with several fragments
+  // only those in flight hold them, begin_round_buffers / end_round_buffers).
+  uint64_t elements = 0, global = 0, optimizer = 0, residual = 0;
   for (const auto& f : frags_) {
     elements += f->n;
     global += f->global.capacity();
     if (f->opt) optimizer += f->opt->state_size();
     if (f->ef) residual += f->ef->residual().size();
-    round_buffers += f->snapshot.capacity() + f->delta.capacity() + f->decoded.capacity() + f->avg.capacity();
   }
-  const uint64_t kept = (global + optimizer + residual) * sizeof(float), round = round_buffers * sizeof(float);
+  const uint64_t kept = (global + optimizer + residual) * sizeof(float), round = round_buffer_peak_;
   const double per = elements ? 1.0 / double(elements) : 0.0;
   return {{"shard_elements", elements},
           {"global_bytes", global * sizeof(float)},

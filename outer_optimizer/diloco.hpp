@@ -111,6 +111,10 @@ class Diloco : public trainer::OuterHook {
   struct ShardState {
     std::vector<float> global, opt_a, opt_b, ef;  // empty: not kept by this optimizer/codec
   };
+  // A fragment's round buffers (snapshot, delta, decoded, avg): sized when its round starts,
+  // released when it is applied if there are several fragments.
+  void begin_round_buffers(Fragment& f);
+  void end_round_buffers(Fragment& f);
   ShardState pack_state() const;
   void unpack_state(const ShardState& st);  // also refreshes each fragment's hash
   // Fragments cut for `fragments`, global weights from `global` (shard layout), fresh state.
@@ -279,6 +283,7 @@ class Diloco : public trainer::OuterHook {
   // Measurements.
   std::vector<double> sync_seconds_;
   uint64_t frame_bytes_total_ = 0, elements_total_ = 0;
+  uint64_t round_buffer_peak_ = 0;  // bytes: the most the rounds' buffers held at once
   double last_sync_s_ = 0;
 };
 

@@ -204,7 +204,7 @@ void Diloco::resumed(int64_t step, trainer::SiteStrategy& strategy) {
     f.voted = false;
     f.awaiting_decision = true;
     f.pending_merge = true;
-    f.snapshot.resize(f.n);
+    begin_round_buffers(f);
     gather_local(f, strategy.shard_params(), f.snapshot);  // (the round's error stats: against these)
     collect_round(f, ctx_, r.step, r.round, 0, f.snapshot, membership_.active(r.round), membership_.deadline_s(),
                   trace_tid(f), &r.mine);

@@ -41,8 +41,22 @@ void print_human_summary(const trainer::RunConfig& cfg, const nlohmann::json& s)
   // A run stopped before its first evaluation has no validation loss yet.
   const double val = num(s, "val_loss");
   const std::string val_text = std::isnan(val) ? "no validation yet" : fmt::format("validation {:.4f}", val);
-  fmt::print("  loss {:.4f} ({}) after {} steps; {} tokens at {} tokens/s\n", num(s, "final_loss"), val_text,
-             s.value("steps", 0), trainer::format_rate(num(s, "tokens")), trainer::format_rate(num(s, "tokens_per_s")));
+  if (s.contains("rehearsal") && s["rehearsal"].is_object()) {
+    const auto& r = s["rehearsal"];
+    fmt::print("  rehearsal: {} stand-in steps of {} s over {} parameters (no model compute, no loss){}\n",
+               s.value("steps", 0), r.value("step_seconds", 0.0), trainer::format_rate(num(s, "params")),
+               r.value("overrun_steps", 0) > 0
+                   ? fmt::format("; {} steps overran (the drift took longer than a step)", r.value("overrun_steps", 0))
+                   : std::string());
+    if (r.contains("predicted"))
+      fmt::print("  plan predicted {:.1f}% compute utilization and {:.3f} s per fragment sync\n",
+                 100.0 * r["predicted"].value("compute_utilization", 0.0),
+                 r["predicted"].value("fragment_sync_s", 0.0));
+  } else {
+    fmt::print("  loss {:.4f} ({}) after {} steps; {} tokens at {} tokens/s\n", num(s, "final_loss"), val_text,
+               s.value("steps", 0), trainer::format_rate(num(s, "tokens")),
+               trainer::format_rate(num(s, "tokens_per_s")));
+  }
   if (s.contains("init_from") && s["init_from"].is_string())
     fmt::print("  started from {} (train.init_from)\n", s["init_from"].get<std::string>());
   if (s.contains("outer_steps")) {

@@ -52,6 +52,7 @@ class CudaSiteStrategy final : public SiteStrategy, public DeviceSite {
   std::span<float> shard_params() override;
   void shard_updated() override;
   std::span<const float> full_params() override;
+  void release_full_params() override { std::vector<float>().swap(host_full_); }
   OptimizerHostState optimizer_state() override;
   void load_optimizer(std::span<const float> m, std::span<const float> v, int64_t steps) override;
   double site_mean(double v) override;

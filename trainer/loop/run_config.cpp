@@ -39,6 +39,7 @@ TrainConfig TrainConfig::from_yaml(const config::Node& n) {
   c.checkpoint_every = n.get_int("checkpoint_every", c.checkpoint_every, 0, kBig);
   c.keep_checkpoints = static_cast<int>(n.get_int("keep_checkpoints", c.keep_checkpoints, 1, 1000));
   c.init_from = n.get<std::string>("init_from", c.init_from);
+  if (n.has("rehearsal")) c.rehearsal = RehearsalConfig::from_yaml(n.child("rehearsal"));
   n.finish();
   return c;
 }
@@ -202,6 +203,13 @@ RunConfig parse_run_config(const config::Document& doc) {
         root.child("train").fail("precision", fmt::format("bf16 needs site.device: cuda, but site '{}' runs on the "
                                                           "CPU (the CPU path is fp32)",
                                                           s.name));
+  if (c.train.rehearsal.enabled)
+    for (const auto& s : c.sites)
+      if (s.device != "cpu")
+        root.child("train").fail("rehearsal",
+                                 fmt::format("a rehearsal's stand-in inner loop runs on the host, but site '{}' has "
+                                             "device: {} (rehearse with device: cpu)",
+                                             s.name, s.device));
   if (c.train.attention == "fused") {
     const std::string why =
         cuda::fused_attention_refusal(cuda::parse_precision(c.train.precision), c.model.n_embd, c.model.n_head);

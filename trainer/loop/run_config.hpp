@@ -12,6 +12,7 @@
 #include "transport/transport_config.hpp"
 #include "trainer/data/data_config.hpp"
 #include "trainer/model/model_config.hpp"
+#include "trainer/loop/rehearsal.hpp"
 #include "trainer/optim/inner_optimizer.hpp"
 #include "trainer/optim/schedule.hpp"
 
@@ -56,6 +57,8 @@ struct TrainConfig {
   // config's directory and checked against the model at load time; empty = seeded init.
   // On --resume the run's own checkpoint wins.
   std::string init_from;
+  // A rehearsal (rehearsal.hpp): the outer loop at real size behind a stand-in inner loop.
+  RehearsalConfig rehearsal;
 
   static TrainConfig from_yaml(const config::Node& node);
 };

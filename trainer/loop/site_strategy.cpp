@@ -28,7 +28,7 @@ const char* strategy_name(StrategyKind k) {
 }
 
 SiteStrategy::SiteStrategy(StrategyKind kind, const ParamLayout& layout, parallel::Collective* coll,
-                           const OptimizerConfig& optimizer, std::span<const float> initial)
+                           const OptimizerConfig& optimizer, std::span<const float> initial, bool optimizer_state)
     : kind_(kind), layout_(layout), coll_(coll), n_(layout.total()) {
   GEOLOCO_CHECK(static_cast<int64_t>(initial.size()) == n_, "initial params: {} != {}", initial.size(), n_);
   if (coll_ && coll_->size() == 1) coll_ = nullptr;
@@ -39,8 +39,9 @@ SiteStrategy::SiteStrategy(StrategyKind kind, const ParamLayout& layout, paralle
     params_.assign(initial.begin(), initial.end());
   }
   const bool sharded_opt = kind_ != StrategyKind::Ddp;
-  opt_ = std::make_unique<InnerOptimizer>(optimizer, layout_, sharded_opt ? shard_.offset : 0,
-                                          sharded_opt ? shard_.end() : n_);
+  const int64_t begin = sharded_opt ? shard_.offset : 0, end = sharded_opt ? shard_.end() : n_;
+  opt_ = optimizer_state ? std::make_unique<InnerOptimizer>(optimizer, layout_, begin, end)
+                         : std::make_unique<InnerOptimizer>(optimizer, layout_, 0, 0);
 }
 
 SiteStrategy::SiteStrategy(StrategyKind kind, const ParamLayout& layout, parallel::Collective* coll,
@@ -164,6 +165,10 @@ std::span<const float> SiteStrategy::full_params() {
   std::copy(params_.begin(), params_.end(), gathered_.begin() + shard_.offset);
   if (coll_) coll_->all_gather(params_, gathered_);
   return gathered_;
+}
+
+void SiteStrategy::release_full_params() {
+  if (kind_ == StrategyKind::Fsdp) std::vector<float>().swap(gathered_);
 }
 
 double SiteStrategy::site_mean(double v) {

@@ -62,9 +62,10 @@ struct OptimizerHostState {
 class SiteStrategy {
  public:
   // `coll` may be null for a one-rank site. Parameters start as `initial` (full buffer, same
-  // on every rank).
+  // on every rank). optimizer_state: false keeps no optimizer moments (an empty range: a
+  // rehearsal's stand-in inner loop never steps the optimizer).
   SiteStrategy(StrategyKind kind, const ParamLayout& layout, parallel::Collective* coll,
-               const OptimizerConfig& optimizer, std::span<const float> initial);
+               const OptimizerConfig& optimizer, std::span<const float> initial, bool optimizer_state = true);
   virtual ~SiteStrategy();
   SiteStrategy(const SiteStrategy&) = delete;
   SiteStrategy& operator=(const SiteStrategy&) = delete;
@@ -91,6 +92,9 @@ class SiteStrategy {
   // Full parameters in host memory (gathers under fsdp; the returned buffer is valid until
   // the next call).
   virtual std::span<const float> full_params();
+  // Frees the buffer full_params() gathered (fsdp; a device strategy's host copy): at real
+  // size it is a whole model per rank, needed only while a checkpoint or a hash reads it.
+  virtual void release_full_params();
 
   // The CPU optimizer. A device strategy returns a host proxy without moments whose reset()
   // (the outer loop's inner_state: reset) is applied to the device optimizer before the next

@@ -62,6 +62,7 @@ struct Trainer::Impl {
   DataSplits data;
   std::unique_ptr<DistributedSampler> sampler;
   std::unique_ptr<SiteStrategy> cpu_strategy;  // site.device: cpu
+  std::unique_ptr<Rehearsal> rehearsal;        // train.rehearsal: the stand-in inner loop
   std::unique_ptr<DeviceSite> device;          // site.device: cuda (it is the strategy too)
   SiteStrategy* strategy = nullptr;
   std::vector<int32_t> inputs, targets;
@@ -128,10 +129,13 @@ struct Trainer::Impl {
       strategy = &device->strategy();
     } else {
       cpu_strategy = std::make_unique<SiteStrategy>(parse_strategy(site.strategy), model.layout(), opt.collective,
-                                                    cfg.train.optimizer, init);
+                                                    cfg.train.optimizer, init, !cfg.train.rehearsal.enabled);
       strategy = cpu_strategy.get();
     }
 
+    if (cfg.train.rehearsal.enabled)
+      rehearsal = std::make_unique<Rehearsal>(cfg.train.rehearsal,
+                                              cfg.run.seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(o.site));
     out_dir = cfg.run.output_dir;
     site_dir = out_dir / "sites" / site.name;
     ckpt_dir = out_dir / "checkpoints" / site.name;
@@ -192,6 +196,8 @@ struct Trainer::Impl {
   }
 
   void save_checkpoint() {
+    // A rehearsal drifts only each rank's own shard: make the replicas whole first (collective).
+    if (rehearsal) strategy->shard_updated();
     const fs::path dir = ckpt_dir / step_dir_name(step);
     fs::create_directories(dir);
     auto full = strategy->full_params();  // collective under fsdp: every rank calls it
@@ -202,6 +208,7 @@ struct Trainer::Impl {
         {"geoloco_config_hash", hex64(cfg.hash)},
     };
     if (opt.rank == 0) save_model_directory(dir.string(), model.layout(), full, meta);  // + config.json (HF)
+    strategy->release_full_params();
 
     // This rank's state: optimizer moments of its range, sampler, counters, outer state.
     // (On a device: moments and shard are downloaded into host copies first.)
@@ -427,7 +434,27 @@ struct Trainer::Impl {
     if (opt.rank == 0) spdlog::info("{}", msg);
   }
 
+  // train.rehearsal: one stand-in inner step (rehearsal.hpp): this rank's shard drifts, the
+  // step takes step_seconds of wall time, all of it counted as compute. No loss (NaN).
+  double rehearse_step() {
+    const auto t0 = Clock::now();
+    const auto sh = strategy->shard();
+    const double d = rehearsal->drift(strategy->shard_params(), sh.offset, step + 1, cfg.outer.interval);
+    const double want = cfg.train.rehearsal.step_seconds;
+    const double left = want - seconds_since(t0);
+    if (left > 0) std::this_thread::sleep_for(std::chrono::duration<double>(left));
+    rehearsal->count_step(d, want);
+    const double dt = seconds_since(t0);
+    compute_seconds += dt;
+    period_compute += dt;
+    ++step;
+    last_lr = scheduled_lr(cfg.train.schedule, cfg.peak_lr(), step, cfg.train.steps);
+    last_grad_norm = 0;
+    return NAN;
+  }
+
   double train_step() {
+    if (rehearsal) return rehearse_step();
     if (device) return train_step_device();
     auto t0 = Clock::now();
     auto params = strategy->begin_step();
@@ -558,7 +585,7 @@ struct Trainer::Impl {
         // Sub-millisecond calls are the hook's bookkeeping on non-sync steps: not worth a span.
         if (outer_step || last || w >= 1e-3) trace.span("wait", TraceRecorder::kMainThread, w0, w1);
       }
-      const bool do_eval = last || (cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0);
+      const bool do_eval = !rehearsal && (last || (cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0));
       // A joiner also logs its first step: its loss and re-warmed lr, at once.
       const bool do_log = do_eval || outer_step || step % cfg.train.log_every == 0 || step == end_step ||
                           (join_step >= 0 && step == join_step + 1);
@@ -692,6 +719,22 @@ struct Trainer::Impl {
     return doc;
   }
 
+  // The rehearsal's settings and counters, what it measured (utilization, sync time) and,
+  // under outer.plan: auto, what the plan predicted for the same inputs.
+  nlohmann::json rehearsal_json(const nlohmann::json& s) const {
+    nlohmann::json j = rehearsal->to_json();
+    j["measured"] = {{"compute_utilization", s["compute_utilization"]},
+                     {"sync_seconds_mean", s.value("sync_seconds_mean", 0.0)},
+                     {"wan_bytes_sent", s.value("wan_bytes_sent", uint64_t{0})}};
+    if (s.contains("plans") && !s["plans"].empty()) {
+      const auto& p = s["plans"].back();
+      j["predicted"] = {{"compute_utilization", p.value("predicted_utilization", 0.0)},
+                        {"fragment_sync_s", p.value("predicted_fragment_sync_s", 0.0)},
+                        {"plan_epoch", p.value("epoch", 0)}};
+    }
+    return j;
+  }
+
   nlohmann::json summary() {
     const double wall = wall_before + seconds_since(start);
     nlohmann::json s;
@@ -726,8 +769,10 @@ struct Trainer::Impl {
       s["site_bytes_per_step"] = 0;
     }
     if (opt.outer) s.update(opt.outer->summary());
+    if (rehearsal) s["rehearsal"] = rehearsal_json(s);
     auto full = strategy->full_params();
     s["params_hash"] = hex64(hash64(full.data(), full.size_bytes()));
+    strategy->release_full_params();
     s["checkpoint"] = (ckpt_dir / step_dir_name(step) / "model.safetensors").string();
     return s;
   }
