@@ -1,6 +1,8 @@
 // outer.plan: auto, the pure parts: the decision, its wire form, recalibration, drift (auto_plan.hpp).
 #include "outer_optimizer/auto_plan.hpp"
 
+#include "outer_optimizer/planner/quality_floor.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -121,7 +123,10 @@ planner::BudgetInput budget_input(const PlanRequest& req) {
   in.ranks = req.ranks;
   in.lanes = req.transport_lanes;
   in.target_utilization = o.target_utilization;
-  in.h_floor = std::max<int64_t>(o.plan_h_min, o.overlap_steps + 1);
+  // The quality floor: plan_h_min, raised when the outer lr is too large for a small H
+  // (planner/quality_floor.hpp).
+  in.h_floor =
+      std::max<int64_t>(planner::quality_h_floor(o.plan_h_min, o.optimizer.kind, o.optimizer.lr), o.overlap_steps + 1);
   in.h_max = o.plan_h_max;
   in.search_bits = o.plan_bits;
   in.search_fragments.clear();

@@ -95,6 +95,29 @@ TEST(Cli, ValidateDescribesSitesOfDifferentShapes) {
   EXPECT_NE(r.out.find("lyonx1 (ddp, grad_accum 4)"), std::string::npos) << r.out;
 }
 
+// validate notes a manual schedule whose outer lr the quality grid measured as harmful at its
+// H (planner/quality_floor.hpp), and says when the run is a rehearsal.
+TEST(Cli, ValidateNotesALargeOuterLrAtASmallHAndARehearsal) {
+  TempDir d;
+  d.file("k.psk", "0123456789abcdef-test-key");
+  const int port = fresh_port();
+  const std::string sites = "sites:\n  - {name: paris, port: " + std::to_string(port) +
+                            "}\n  - {name: lyon, port: " + std::to_string(port + 10) +
+                            "}\ntransport: {psk_file: k.psk}\n";
+  auto cfg = d.file("c.yaml", tiny_config(d.path() / "out", "", sites));
+  auto r = run("validate " + cfg + " --set outer.interval=10 --set outer.optimizer.lr=1.0");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("note: outer lr 1 at H 10"), std::string::npos) << r.out;
+  for (const char* ok : {" --set outer.interval=10 --set outer.optimizer.lr=0.7",
+                         " --set outer.interval=50 --set outer.optimizer.lr=1.0"}) {
+    r = run("validate " + cfg + ok);
+    EXPECT_EQ(r.out.find("note: outer lr"), std::string::npos) << ok << ": " << r.out;
+  }
+  r = run("validate " + cfg + " --set train.rehearsal.step_seconds=0.5");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("rehearsal (train.rehearsal): stand-in inner steps of 0.5 s"), std::string::npos) << r.out;
+}
+
 // An error about a key given with --set names the override, not the file it overrides (the
 // key has no line in it): exit 2, one line. Keys from the file keep file:line:col.
 TEST(Cli, SetOverrideErrorsNameTheOverride) {

@@ -126,6 +126,17 @@ TEST(AutoPlan, ChoosesTheSmallestIntervalThatMeetsTheTarget) {
   EXPECT_LE(outer::choose_plan(request(ov, 100, 1000, 300)).interval, d.interval);
 }
 
+// The quality floor (planner/quality_floor.hpp): on a link fast enough for a small H, an outer
+// lr above 0.7 keeps the plan at H >= 25 (the grid measured lr 1.0 at H 10 far worse).
+TEST(AutoPlan, ALargeOuterLrKeepsHAtTwentyFiveOrMore) {
+  auto gentle = outer_from("outer: {plan: auto, plan_h_min: 1, optimizer: {kind: nesterov, lr: 0.7}}\n");
+  auto large = outer_from("outer: {plan: auto, plan_h_min: 1, optimizer: {kind: nesterov, lr: 1.0}}\n");
+  const auto g = outer::choose_plan(request(gentle, 1, 100000, 300));
+  const auto l = outer::choose_plan(request(large, 1, 100000, 300));
+  EXPECT_LT(g.interval, 25) << g.reason;
+  EXPECT_GE(l.interval, 25) << l.reason;
+}
+
 // The transport's eager size sets the latency per round: a small model's messages fit the
 // default 8 MiB (0.5 RTT); with eager_bytes 0 they pay the rendezvous (1.5 RTT), so the same
 // plan predicts a sync one RTT longer and never needs a smaller H; emulation pins 0.5.

@@ -9,6 +9,7 @@
 #include "tools/report/cli.hpp"
 #include "tools/probe/cli.hpp"
 #include "tools/wan/cli.hpp"
+#include "outer_optimizer/planner/quality_floor.hpp"
 #include "outer_optimizer/site_peers.hpp"
 #include "trainer/app/commands.hpp"
 #include "trainer/app/rank_runner.hpp"
@@ -50,6 +51,14 @@ void run_validate(const ConfigArgs& a) {
       cfg.seq_len(), data.train->describe(), hex64(cfg.hash));
   if (!cfg.train.init_from.empty())
     fmt::print("  parameters start from {} (train.init_from; checked)\n", cfg.train.init_from);
+  if (cfg.train.rehearsal.enabled)
+    fmt::print(
+        "  rehearsal (train.rehearsal): stand-in inner steps of {} s moving each shard by a seeded drift; no "
+        "model compute, no loss; the outer loop runs at the model's full size\n",
+        cfg.train.rehearsal.step_seconds);
+  if (cfg.sites.size() > 1 && !cfg.outer.auto_plan())
+    if (auto note = planner::outer_lr_note(cfg.outer.optimizer.kind, cfg.outer.optimizer.lr, cfg.outer.interval))
+      fmt::print("  note: {}\n", *note);
   // Sites of different shapes (docs/shapes.md): how they exchange, and whether their batches differ.
   if (cfg.sites.size() > 1) {
     const outer::ExchangeLayout layout = outer::SitePeers::layout_of(cfg);

@@ -1,0 +1,25 @@
+// The planner's quality floor (outer_optimizer/planner/quality_floor.hpp): H below 25 only with
+// an outer lr the quality grid found safe there.
+#include <gtest/gtest.h>
+
+#include "outer_optimizer/planner/quality_floor.hpp"
+
+using namespace geoloco::planner;
+
+TEST(QualityFloor, ALargeOuterLrRaisesTheFloorToTwentyFive) {
+  EXPECT_EQ(quality_h_floor(10, "nesterov", 0.7), 10);
+  EXPECT_EQ(quality_h_floor(10, "nesterov", 1.0), 25);
+  EXPECT_EQ(quality_h_floor(10, "sgd", 0.9), 25);
+  EXPECT_EQ(quality_h_floor(40, "nesterov", 1.0), 40);    // a higher configured floor stands
+  EXPECT_EQ(quality_h_floor(10, "sparseloco", 1.0), 10);  // not what the grid measured
+  EXPECT_EQ(quality_h_floor(10, "adam", 1.0), 10);
+}
+
+TEST(QualityFloor, TheNoteNamesTheRiskOnlyWhereTheGridSawIt) {
+  const auto n = outer_lr_note("nesterov", 1.0, 10);
+  ASSERT_TRUE(n.has_value());
+  EXPECT_NE(n->find("2.92 against 2.01"), std::string::npos) << *n;
+  EXPECT_FALSE(outer_lr_note("nesterov", 0.7, 10).has_value());
+  EXPECT_FALSE(outer_lr_note("nesterov", 1.0, 25).has_value());
+  EXPECT_FALSE(outer_lr_note("sparseloco", 1.0, 10).has_value());
+}
