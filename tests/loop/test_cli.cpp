@@ -5,13 +5,16 @@
 
 #include <array>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "test_util.hpp"
 #include "tests/checkpoint/hf_export.hpp"
 #include "tests/support/ports.hpp"
 #include "trainer/checkpoint/model_checkpoint.hpp"
+#include "trainer/loop/device_site.hpp"
 #include "trainer/parallel/gpu.hpp"
 
 using geoloco::test::fresh_port;
@@ -93,6 +96,26 @@ TEST(Cli, ValidateDescribesSitesOfDifferentShapes) {
   r = run("validate " + cfg + " --set sites.1.grad_accum=4");  // 4 x 4 x 1 = 16: even again
   EXPECT_EQ(r.out.find("different batches"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("lyonx1 (ddp, grad_accum 4)"), std::string::npos) << r.out;
+}
+
+// Every example in configs/ validates as shipped (a GPU config where CUDA is built in; without
+// it, refused naming the device).
+TEST(Cli, EveryExampleConfigValidates) {
+  int checked = 0;
+  for (const auto& e : std::filesystem::directory_iterator(std::string(GEOLOCO_SOURCE_DIR) + "/configs")) {
+    if (e.path().extension() != ".yaml") continue;
+    std::ifstream in(e.path());
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const bool gpu = text.find("device: cuda") != std::string::npos;
+    const auto r = run("validate " + e.path().string());
+    if (gpu && !geoloco::trainer::built_with_cuda()) {
+      EXPECT_EQ(r.code, 2) << e.path() << ": " << r.out;
+    } else {
+      EXPECT_EQ(r.code, 0) << e.path() << ": " << r.out;
+    }
+    ++checked;
+  }
+  EXPECT_GE(checked, 10);
 }
 
 // validate notes a manual schedule whose outer lr the quality grid measured as harmful at its
