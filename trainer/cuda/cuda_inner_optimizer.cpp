@@ -15,25 +15,10 @@ CudaInnerOptimizer::CudaInnerOptimizer(const trainer::OptimizerConfig& cfg, cons
   GEOLOCO_CHECK(0 <= begin && begin <= end && end <= layout.total(), "bad range [{}, {})", begin, end);
   m_ = DeviceBuffer<float>(size_t(end - begin), "AdamW m");
   v_ = DeviceBuffer<float>(size_t(end - begin), "AdamW v");
-  if (cfg_.kind == trainer::OptimizerKind::Muon)
-    for (const auto& mm : trainer::muon_matrices(layout))
-      if (mm.offset < end && mm.end() > begin) {
-        muon_.push_back(mm);
-        needs_gather_ = needs_gather_ || mm.offset < begin || mm.end() > end;
-      }
-  auto is_muon = [&](int64_t offset) {
-    return std::any_of(muon_.begin(), muon_.end(), [&](const trainer::MuonMatrix& mm) { return mm.offset == offset; });
-  };
-  for (const auto& view : layout.views()) {
-    const int64_t b = std::max(begin, view.offset), e = std::min(end, view.offset + view.numel);
-    if (b >= e) continue;
-    const bool muon = is_muon(view.offset);
-    if (!ranges_.empty() && ranges_.back().end == b && ranges_.back().decay == view.decay() &&
-        ranges_.back().muon == muon)
-      ranges_.back().end = e;
-    else
-      ranges_.push_back({b, e, view.decay(), muon});
-  }
+  trainer::OptimizerPlan p = trainer::plan_optimizer(cfg_, layout, begin, end);
+  ranges_ = std::move(p.ranges);
+  muon_ = std::move(p.muon);
+  needs_gather_ = p.needs_gather;
   if (end > begin) {
     check_cuda(cudaMemset(m_.data(), 0, m_.size() * sizeof(float)), "AdamW zero m");
     check_cuda(cudaMemset(v_.data(), 0, v_.size() * sizeof(float)), "AdamW zero v");

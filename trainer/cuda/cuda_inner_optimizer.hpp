@@ -56,11 +56,6 @@ class CudaInnerOptimizer {
   void upload(std::span<const float> m, std::span<const float> v);
 
  private:
-  struct Range {
-    int64_t begin, end;
-    bool decay;
-    bool muon;
-  };
   void update(float* p_at_begin, const float* g_at_begin, double lr, cudaStream_t s, const Gather& gather);
   // x (rows x cols, device) <- its Newton-Schulz orthogonalization (muon.hpp), on s.
   void newton_schulz(float* x, int64_t rows, int64_t cols, cudaStream_t s);
@@ -68,7 +63,7 @@ class CudaInnerOptimizer {
   trainer::OptimizerConfig cfg_;
   int64_t begin_, end_, total_, t_ = 0;
   DeviceBuffer<float> m_, v_;
-  std::vector<Range> ranges_;
+  std::vector<trainer::OptimizerRange> ranges_;
   std::vector<trainer::MuonMatrix> muon_;  // the Muon matrices that intersect [begin, end)
   bool needs_gather_ = false;
   DeviceBuffer<float> update_;        // full layout, allocated at the first Muon step

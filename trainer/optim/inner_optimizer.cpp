@@ -7,30 +7,39 @@
 
 namespace geoloco::trainer {
 
-InnerOptimizer::InnerOptimizer(const OptimizerConfig& cfg, const ParamLayout& layout, int64_t begin, int64_t end)
-    : cfg_(cfg), begin_(begin), end_(end), total_(layout.total()) {
+OptimizerPlan plan_optimizer(const OptimizerConfig& cfg, const ParamLayout& layout, int64_t begin, int64_t end) {
   GEOLOCO_CHECK(0 <= begin && begin <= end && end <= layout.total(), "bad range [{}, {})", begin, end);
-  m_.assign(static_cast<size_t>(end - begin), 0.0f);
-  v_.assign(static_cast<size_t>(end - begin), 0.0f);
-  if (cfg_.kind == OptimizerKind::Muon)
+  OptimizerPlan p;
+  if (cfg.kind == OptimizerKind::Muon)
     for (const auto& mm : muon_matrices(layout))
       if (mm.offset < end && mm.end() > begin) {
-        muon_.push_back(mm);
-        needs_gather_ = needs_gather_ || mm.offset < begin || mm.end() > end;
+        p.muon.push_back(mm);
+        p.needs_gather = p.needs_gather || mm.offset < begin || mm.end() > end;
       }
   auto is_muon = [&](int64_t offset) {
-    return std::any_of(muon_.begin(), muon_.end(), [&](const MuonMatrix& mm) { return mm.offset == offset; });
+    return std::any_of(p.muon.begin(), p.muon.end(), [&](const MuonMatrix& mm) { return mm.offset == offset; });
   };
   for (const auto& view : layout.views()) {
-    int64_t b = std::max(begin, view.offset), e = std::min(end, view.offset + view.numel);
+    const int64_t b = std::max(begin, view.offset), e = std::min(end, view.offset + view.numel);
     if (b >= e) continue;
     const bool muon = is_muon(view.offset);
-    if (!ranges_.empty() && ranges_.back().end == b && ranges_.back().decay == view.decay() &&
-        ranges_.back().muon == muon)
-      ranges_.back().end = e;
+    if (!p.ranges.empty() && p.ranges.back().end == b && p.ranges.back().decay == view.decay() &&
+        p.ranges.back().muon == muon)
+      p.ranges.back().end = e;
     else
-      ranges_.push_back({b, e, view.decay(), muon});
+      p.ranges.push_back({b, e, view.decay(), muon});
   }
+  return p;
+}
+
+InnerOptimizer::InnerOptimizer(const OptimizerConfig& cfg, const ParamLayout& layout, int64_t begin, int64_t end)
+    : cfg_(cfg), begin_(begin), end_(end), total_(layout.total()) {
+  OptimizerPlan p = plan_optimizer(cfg, layout, begin, end);
+  ranges_ = std::move(p.ranges);
+  muon_ = std::move(p.muon);
+  needs_gather_ = p.needs_gather;
+  m_.assign(static_cast<size_t>(end - begin), 0.0f);
+  v_.assign(static_cast<size_t>(end - begin), 0.0f);
 }
 
 void InnerOptimizer::reset() {

@@ -30,6 +30,22 @@
 
 namespace geoloco::trainer {
 
+// How an optimizer's range [begin, end) splits: the views intersected with it (merged where
+// neighbours agree), each with AdamW's weight decay or not and whether Muon takes it; the
+// Muon matrices the range touches; whether it cuts one of them (a step then needs a gather).
+// The CPU and the CUDA optimizers share it.
+struct OptimizerRange {
+  int64_t begin, end;  // absolute offsets
+  bool decay;
+  bool muon;
+};
+struct OptimizerPlan {
+  std::vector<OptimizerRange> ranges;
+  std::vector<MuonMatrix> muon;
+  bool needs_gather = false;
+};
+OptimizerPlan plan_optimizer(const OptimizerConfig& cfg, const ParamLayout& layout, int64_t begin, int64_t end);
+
 class InnerOptimizer {
  public:
   InnerOptimizer(const OptimizerConfig& cfg, const ParamLayout& layout, int64_t begin, int64_t end);
@@ -62,17 +78,12 @@ class InnerOptimizer {
   uint64_t scratch_bytes() const { return (update_.capacity() + ns_scratch_.capacity()) * sizeof(float); }
 
  private:
-  struct Range {
-    int64_t begin, end;  // absolute offsets
-    bool decay;
-    bool muon;  // inside one of muon_ (kind: muon)
-  };
   OptimizerConfig cfg_;
   int64_t begin_, end_, total_;
   int64_t t_ = 0;
   std::vector<float> m_, v_;
-  std::vector<Range> ranges_;     // the views intersected with [begin, end)
-  std::vector<MuonMatrix> muon_;  // the Muon matrices that intersect [begin, end)
+  std::vector<OptimizerRange> ranges_;  // the views intersected with [begin, end)
+  std::vector<MuonMatrix> muon_;        // the Muon matrices that intersect [begin, end)
   bool needs_gather_ = false;
   std::vector<float> update_;  // full layout: the momentum updates of the Muon matrices
   std::vector<float> ns_scratch_;
