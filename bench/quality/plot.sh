@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # bench/quality/plot.sh: docs/quality.svg from results/*.json -- the final validation loss of
-# every row (mean, with the seeds' min-max as the error bar), sorted by WAN bytes; gnuplot.
+# every row of 3 seeds or more (mean, with the seeds' min-max as the error bar; tune.json's
+# one-seed rows are left out), sorted by WAN bytes; gnuplot.
 #   bench/quality/plot.sh [OUT.svg]
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -8,7 +9,7 @@ out="${1:-$here/../../docs/quality.svg}"
 data="$(mktemp)"
 trap 'rm -f "$data"' EXIT
 # One line per row: index, label, mean, min, max (rows of every result, DiLoCo first by bytes).
-jq -rs '[.[] | .rows[]] | unique_by(.row) | sort_by(-(.wan_bytes_mean // 0), .row) |
+jq -rs '[.[] | .rows[] | select((.seeds | length) >= 3)] | unique_by(.row) | sort_by(-(.wan_bytes_mean // 0), .row) |
         to_entries[] | "\(.key) \"\(.value.row)\" \(.value.mean) \(.value.min) \(.value.max)"' \
   "$here"/results/*.json >"$data"
 n="$(wc -l <"$data")"
