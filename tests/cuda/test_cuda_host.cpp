@@ -265,6 +265,7 @@ TEST(Tolerance, TableCoversEveryOpAndBf16IsLooser) {
                        "crossentropy_forward",
                        "crossentropy_backward",
                        "adamw",
+                       "muon",
                        "cast_bf16",
                        "grad_norm",
                        "model.loss",

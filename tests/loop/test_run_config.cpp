@@ -74,7 +74,7 @@ TEST(RunConfig, UnknownKeyAnywhereIsAnError) {
       error_of(std::string(kBase) + "train: {stpes: 3}\n"),
       "run.yaml:4:9: train.stpes: unknown key (did you mean 'steps'?); allowed keys: attention, checkpoint_every, "
       "eval_batches, eval_every, grad_accum, grad_clip, init_from, keep_checkpoints, log_every, lr_scaling, "
-      "micro_batch, optimizer, precision, schedule, seq_len, steps, threads");
+      "micro_batch, optimizer, precision, rehearsal, schedule, seq_len, steps, threads");
   EXPECT_NE(error_of(std::string(kBase) + "trian: {steps: 3}\n")
                 .find("run.yaml:4:1: trian: unknown key (did you mean 'train'?)"),
             std::string::npos);
