@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "outer_optimizer/planner/quality_floor.hpp"
+#include "tools/planner/cli.hpp"
 
 using namespace geoloco::planner;
 
@@ -22,4 +23,19 @@ TEST(QualityFloor, TheNoteNamesTheRiskOnlyWhereTheGridSawIt) {
   EXPECT_FALSE(outer_lr_note("nesterov", 0.7, 10).has_value());
   EXPECT_FALSE(outer_lr_note("nesterov", 1.0, 25).has_value());
   EXPECT_FALSE(outer_lr_note("sparseloco", 1.0, 10).has_value());
+}
+
+// geoloco budget --outer-lr applies the same floor as outer.plan: auto.
+TEST(QualityFloor, BudgetTakesTheOuterLr) {
+  geoloco::planner::BudgetFlags f;
+  f.params = "124M";
+  f.rtt_ms = "1";
+  f.rate_gbps = "100";
+  f.step_time = "0.3";
+  f.h_floor = "5";
+  EXPECT_NE(run_budget(f).find("(H >= 5)"), std::string::npos);
+  f.outer_lr = 0.7;
+  EXPECT_NE(run_budget(f).find("(H >= 5)"), std::string::npos);
+  f.outer_lr = 1.0;
+  EXPECT_NE(run_budget(f).find("(H >= 25)"), std::string::npos) << run_budget(f);
 }

@@ -1,5 +1,7 @@
 #include "tools/planner/cli.hpp"
 
+#include "outer_optimizer/planner/quality_floor.hpp"
+
 #include <fmt/format.h>
 
 #include <iostream>
@@ -98,7 +100,11 @@ std::string run_budget(const BudgetFlags& f) {
                                              "<flags>", specs)
                        : config::load_file(f.from, specs);
     if (!f.plot.empty()) (void)plot::format_for(f.plot, "--plot");  // before any work
-    auto report = plan_budget(BudgetInput::from_yaml(doc.node()));
+    BudgetInput in = BudgetInput::from_yaml(doc.node());
+    // The quality floor (outer_optimizer/planner/quality_floor.hpp): an outer lr above 0.7
+    // keeps the search at H >= 25.
+    if (f.outer_lr > 0) in.h_floor = planner::quality_h_floor(in.h_floor, "nesterov", f.outer_lr);
+    auto report = plan_budget(in);
     if (!f.plot.empty()) write_budget_plot(report, f.plot);
     return f.json ? budget_json(report).dump(2) + "\n" : format_budget_table(report);
   } catch (const ConfigError& e) {
@@ -188,6 +194,10 @@ void add_budget_command(CLI::App& app) {
   cmd->add_option("--target", f->target, "target compute utilization for the smallest-H search");
   cmd->add_option("--h-floor", f->h_floor, "smallest H allowed for model quality (default 25)");
   cmd->add_option("--h-max", f->h_max, "largest H searched");
+  cmd->add_option("--outer-lr", f->outer_lr,
+                  "the run's outer (Nesterov) lr: above 0.7 the H floor rises to 25, as outer.plan: auto does "
+                  "(docs/quality.md)")
+      ->check(CLI::PositiveNumber);
   cmd->add_flag("--json", f->json, "print JSON");
   cmd->add_option("--plot", f->plot,
                   "also draw utilization against H and against distance per codec, the plan marked (.svg or .png)");

@@ -22,6 +22,7 @@ struct BudgetFlags {
   std::vector<std::string> sets;
   std::string params, config, bits, bytes_per_value, sites, km, rtt_ms, rate_gbps, links, tcp_rmem_max;
   std::string step_time, H, fragments, overlap, ranks, lanes, pattern, target, h_floor, h_max;
+  double outer_lr = 0;  // > 0: apply the quality floor for this outer lr
   bool slow_start = false;
   bool json = false;
   std::string plot;  // --plot FILE (.svg or .png): the budget as a picture
