@@ -14,13 +14,6 @@ constexpr uint32_t kValueBits = 16;  // 2^16 Student-t values (256 KiB: stays in
 constexpr uint32_t kScaleBits = 12;  // 2^12 log-normal row scales
 constexpr uint32_t kRowBits = 10;    // a row: 1024 consecutive elements share a scale
 
-uint64_t mix(uint64_t x) {  // splitmix64's finalizer
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 // murmur3's 32-bit finalizer: vectorizes (32-bit multiplies), and scatters consecutive
 // elements over the table so the direction has no period a compressor could find.
 inline uint32_t fmix32(uint32_t h) {
@@ -44,12 +37,13 @@ RehearsalConfig RehearsalConfig::from_yaml(const config::Node& n) {
 Rehearsal::Rehearsal(const RehearsalConfig& cfg, uint64_t seed) : cfg_(cfg), seed_(seed) {
   // Student-t (nu 3) values with one scale (row = the whole table), normalized to unit mean
   // magnitude; the per-row log-normal scales come from their own table (E exp(N(0, 1)) = 1.65).
-  values_ = compression::synthetic_pseudo_gradient(size_t{1} << kValueBits, mix(seed), size_t{1} << kValueBits, 1.0);
+  values_ =
+      compression::synthetic_pseudo_gradient(size_t{1} << kValueBits, splitmix64(seed), size_t{1} << kValueBits, 1.0);
   double mean_abs = 0;
   for (float v : values_) mean_abs += std::fabs(v);
   mean_abs /= double(values_.size());
   for (auto& v : values_) v = static_cast<float>(v / mean_abs);
-  Rng rng(mix(seed + 1));
+  Rng rng(splitmix64(seed + 1));
   scales_.resize(size_t{1} << kScaleBits);
   for (auto& s : scales_) s = static_cast<float>(std::exp(rng.normal()));
 }
@@ -63,7 +57,7 @@ double Rehearsal::drift(std::span<float> shard, int64_t offset, int64_t step, in
   const uint64_t period = static_cast<uint64_t>((step - 1) / h);
   // Element i's direction in this period: a value drawn by hashing (i, period), times its
   // row's scale; i is absolute, so an element moves alike whatever the site's sharding.
-  const uint64_t key = mix(seed_ ^ mix(period));
+  const uint64_t key = mix_seed(seed_, period);
   const uint32_t salt = static_cast<uint32_t>(key), row_shift = static_cast<uint32_t>(key >> 32);
   const float s = static_cast<float>(cfg_.drift * static_cast<double>(h));
   const float* vals = values_.data();
@@ -74,9 +68,9 @@ double Rehearsal::drift(std::span<float> shard, int64_t offset, int64_t step, in
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const uint64_t e = static_cast<uint64_t>(offset + i);
-    const uint32_t h = fmix32(static_cast<uint32_t>(e) ^ static_cast<uint32_t>(e >> 32) * 0x9e3779b9u ^ salt);
+    const uint32_t pick = fmix32(static_cast<uint32_t>(e) ^ static_cast<uint32_t>(e >> 32) * 0x9e3779b9u ^ salt);
     const uint32_t row = (static_cast<uint32_t>(e >> kRowBits) + row_shift) & smask;
-    p[i] -= s * rows[row] * vals[h & vmask];
+    p[i] -= s * rows[row] * vals[pick & vmask];
   }
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
