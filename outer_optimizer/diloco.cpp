@@ -5,10 +5,13 @@
 #include "outer_optimizer/membership_driver.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
+#include <cmath>
 #include <numeric>
 #include <utility>
 
@@ -210,14 +213,26 @@ bool Diloco::after_inner_step(int64_t step, trainer::SiteStrategy& strategy) {
   return synced;
 }
 
+bool Diloco::trains_step(int64_t step) {
+  if (!ocfg_.pace_by_time() || !planned_ || peers_.sites() < 2) return true;
+  const bool trains = pace_.trains(step, epoch_start_, interval_);
+  if (!trains) skipped_step_ = step;
+  return trains;
+}
+
 bool Diloco::schedule_step(int64_t step, trainer::SiteStrategy& strategy) {
-  // Inner step time: from the end of the previous call to the start of this one.
+  // Inner step time: from the end of the previous call to the start of this one (a step
+  // outer.pace: time skipped took none: not a sample).
   const auto now = Clock::now();
-  ++trained_steps_;
-  if (last_hook_end_ != Clock::time_point{})
-    step_times_.push_back(std::chrono::duration<double>(now - last_hook_end_).count());
-  else
+  const bool trained = skipped_step_ != step;
+  if (trained) ++trained_steps_;
+  if (last_hook_end_ == Clock::time_point{}) {
     first_step_ = step - 1;  // the step this run (segment) started from
+  } else if (trained) {
+    const double dt = std::chrono::duration<double>(now - last_hook_end_).count();
+    step_times_.push_back(dt);
+    pace_.sample(dt);
+  }
   struct Stamp {
     Clock::time_point& t;
     ~Stamp() { t = Clock::now(); }
@@ -334,6 +349,7 @@ void Diloco::apply_plan(const PlanDecision& d, int64_t step, trainer::SiteStrate
   for (auto& f : frags_) {
     f->opt->set_steps(opt_steps);
     f->last_sync_step = initial ? 0 : step;
+    f->last_sync_trained = initial ? 0 : trained_steps_;
     f->blocking_step = initial ? -1 : step;
   }
   epoch_start_ = step;
@@ -363,6 +379,43 @@ void Diloco::log_plan(const PlanDecision& d, int64_t step) const {
       nlohmann::json({{"format", "geoloco-plan"}, {"version", 1}, {"plans", all}}).dump(2) + "\n");
 }
 
+uint32_t Diloco::agreed_step_us(trainer::SiteStrategy& strategy) {
+  // The site's mean of its ranks' medians, in whole microseconds: integers summed, so every
+  // rank of the site reports the same value (ranks with no sample yet count for none).
+  const uint32_t mine = pace_.take_step_us();
+  std::array<double, 2> v{double(mine), mine > 0 ? 1.0 : 0.0};
+  strategy.site_sum(v);
+  return v[1] > 0 ? static_cast<uint32_t>(std::llround(std::floor(v[0] / v[1]))) : 0;
+}
+
+void Diloco::decide_pace(trainer::SiteStrategy& strategy, uint64_t round, int64_t step, const ExchangeResult& r) {
+  // Every rank holding a contribution computes the same ratio from the same reports; a rank
+  // with no segment holds none and takes its site's (integers summed: exact).
+  const auto mine = Pace::ratio_from(r.step_us, site_, ocfg_.pace_tolerance);
+  std::array<double, 2> v{mine ? double(*mine) : 0.0, mine ? 1.0 : 0.0};
+  strategy.site_sum(v);
+  if (v[1] <= 0) return;
+  const uint32_t ratio = static_cast<uint32_t>(std::llround(std::floor(v[0] / v[1])));
+  if (ratio != pace_.next_ppm()) {
+    pace_history_.push_back({{"round", round}, {"step", step}, {"ratio", double(ratio) / Pace::kWhole}});
+    if (rank_ == 0)
+      spdlog::info(
+          "site {}: outer.pace: time: trains {} of every {} inner steps from the next period "
+          "(step times by site, us: {})",
+          cfg_.sites[static_cast<size_t>(site_)].name, Pace::duty(ratio, interval_), interval_,
+          fmt::join(r.step_us, ", "));
+  }
+  pace_.decide(ratio);
+}
+
+uint64_t Diloco::round_tokens(Fragment& f, int64_t step, trainer::SiteStrategy& strategy) {
+  if (!ocfg_.pace_by_time()) return tokens_since(step, f.last_sync_step);
+  f.step_us = agreed_step_us(strategy);
+  const int64_t trained = std::max<int64_t>(0, trained_steps_ - f.last_sync_trained);
+  f.last_sync_trained = trained_steps_;
+  return tokens_since(trained, 0);
+}
+
 uint64_t Diloco::tokens_since(int64_t step, int64_t since) const {
   return static_cast<uint64_t>(step - since) * static_cast<uint64_t>(cfg_.site_batch(site_)) *
          static_cast<uint64_t>(cfg_.seq_len());
@@ -375,8 +428,9 @@ void Diloco::sync(Fragment& f, int64_t step, trainer::SiteStrategy& strategy, co
   begin_round_buffers(f);
   gather_local(f, shard, f.snapshot);
   f.attachment = planned_ ? planner_.attachment() : std::vector<uint8_t>{};
-  collect_round(f, ctx_, step, round, tokens_since(step, f.last_sync_step), f.snapshot, membership_.active(round),
-                membership_.deadline_s(), trainer::TraceRecorder::kMainThread, again ? &again->mine : nullptr);
+  const uint64_t tokens = round_tokens(f, step, strategy);
+  collect_round(f, ctx_, step, round, tokens, f.snapshot, membership_.active(round), membership_.deadline_s(),
+                trainer::TraceRecorder::kMainThread, again ? &again->mine : nullptr);
   ExchangeResult r;
   try {
     r = decide_and_apply(f, trainer::TraceRecorder::kMainThread, strategy);
@@ -410,7 +464,7 @@ void Diloco::sync(Fragment& f, int64_t step, trainer::SiteStrategy& strategy, co
 
 void Diloco::launch(Fragment& f, int64_t step, trainer::SiteStrategy& strategy) {
   const uint64_t round = static_cast<uint64_t>(++round_);
-  const uint64_t tokens = tokens_since(step, f.last_sync_step);
+  const uint64_t tokens = round_tokens(f, step, strategy);
   // The worker reads a snapshot: the inner loop keeps training the live shard meanwhile.
   begin_round_buffers(f);
   gather_local(f, strategy.shard_params(), f.snapshot);
@@ -577,6 +631,7 @@ void Diloco::finish_round(Fragment& f, trainer::SiteStrategy& strategy, int64_t 
     for (size_t s = 0; s < r.tokens.size() && s < committed_tokens_.size(); ++s)
       committed_tokens_[s] += share * double(r.tokens[s]);
   }
+  if (ocfg_.pace_by_time()) decide_pace(strategy, round, step, r);
   record_round(f, step, round, seconds, r);
   if (rank_ == 0) {
     const std::string frag = frags_.size() > 1 ? fmt::format(" fragment {}/{}", f.index, frags_.size()) : "";
@@ -640,6 +695,10 @@ void Diloco::record_round(const Fragment& f, int64_t step, uint64_t round, doubl
                       {"membership_s", r.membership_s},
                       {"tokens", r.tokens},
                       {"global_hash", hex64(site_hash_)}};
+  if (ocfg_.pace_by_time())
+    j["pace"] = {{"step_us", r.step_us},
+                 {"ratio", double(pace_.next_ppm()) / Pace::kWhole},
+                 {"trains_of_interval", Pace::duty(pace_.next_ppm(), interval_)}};
   if (plan_.predicted_fragment_sync_s > 0) j["predicted_sync_s"] = plan_.predicted_fragment_sync_s;
   if (auto* t = peers_.transport()) {
     nlohmann::json peers = nlohmann::json::array();
@@ -673,6 +732,12 @@ nlohmann::json Diloco::summary() {
     j["replans"] = planner_.replans();
     j["plan_recalibrations"] = planner_.recalibrations();
   }
+  j["outer_pace"] = ocfg_.pace;
+  if (ocfg_.pace_by_time())
+    j["pace"] = {{"trained_steps", trained_steps_},
+                 {"ratio", double(pace_.next_ppm()) / Pace::kWhole},
+                 {"trains_of_interval", Pace::duty(pace_.next_ppm(), interval_)},
+                 {"decisions", pace_history_}};
   j["sync_seconds"] = sync_seconds_;
   j["sync_seconds_mean"] = sync_seconds_.empty() ? 0.0
                                                  : std::accumulate(sync_seconds_.begin(), sync_seconds_.end(), 0.0) /

@@ -49,6 +49,7 @@
 #include "outer_optimizer/fragment_sync.hpp"
 #include "outer_optimizer/outer_config.hpp"
 #include "outer_optimizer/outer_hooks.hpp"
+#include "outer_optimizer/pace.hpp"
 #include "outer_optimizer/plan_coordinator.hpp"
 #include "outer_optimizer/round_membership.hpp"
 #include "outer_optimizer/site_peers.hpp"
@@ -77,6 +78,8 @@ class Diloco : public trainer::OuterHook {
   Diloco(const Diloco&) = delete;
   Diloco& operator=(const Diloco&) = delete;
 
+  // outer.pace: time (pace.hpp): whether this site trains inner step `step`.
+  bool trains_step(int64_t step) override;
   bool after_inner_step(int64_t step, trainer::SiteStrategy& strategy) override;
   void finish(int64_t step, trainer::SiteStrategy& strategy) override;
   nlohmann::json metrics() override;
@@ -147,6 +150,9 @@ class Diloco : public trainer::OuterHook {
   int64_t tau() const;
   int trace_tid(const Fragment& f) const;
   uint64_t tokens_since(int64_t step, int64_t since) const;
+  // The tokens of fragment f's round launched at `step`: since its previous launch (under
+  // outer.pace: time the steps this site trained, and f.step_us set: a collective).
+  uint64_t round_tokens(Fragment& f, int64_t step, trainer::SiteStrategy& strategy);
   void gather_local(const Fragment& f, std::span<const float> shard, std::span<float> out) const;
   // Blocking sync of one fragment (the plain outer loop when F = 1).
   // `again`: the round is one a lost quorum left undecided, exchanged again after --resume.
@@ -207,6 +213,15 @@ class Diloco : public trainer::OuterHook {
   // trained_steps_: the inner steps this site trained (this process and those before it).
   std::vector<double> committed_tokens_;
   int64_t trained_steps_ = 0;
+  // outer.pace: time: the share of each period this site trains; skipped_step_: the latest
+  // step trains_step() said this site skips (it trains every other step).
+  Pace pace_;
+  int64_t skipped_step_ = -1;
+  nlohmann::json pace_history_ = nlohmann::json::array();  // {round, step, ratio} as decided
+  // The site's step time for the next contribution (a collective: every rank at a launch).
+  uint32_t agreed_step_us(trainer::SiteStrategy& strategy);
+  // After a committed round: the site's ratio for the next period (a collective).
+  void decide_pace(trainer::SiteStrategy& strategy, uint64_t round, int64_t step, const ExchangeResult& r);
   int64_t tokens_first_round_ = 0;  // the round the counts start after (a joiner's join round)
   nlohmann::json tokens_json() const;
   void restore_tokens(const trainer::SafetensorsFile& file);  // diloco_state.cpp

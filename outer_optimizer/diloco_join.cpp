@@ -219,7 +219,10 @@ int64_t Diloco::join(trainer::SiteStrategy& strategy) {
   auto shard = strategy.shard_params();
   std::copy(st.global.begin(), st.global.end(), shard.begin());
   strategy.shard_updated();
-  for (auto& f : frags_) f->last_sync_step = std::max(f->last_sync_step, m.step);  // tokens from here
+  for (auto& f : frags_) {  // tokens from here
+    f->last_sync_step = std::max(f->last_sync_step, m.step);
+    f->last_sync_trained = trained_steps_;
+  }
   site_hash_ = combine_site_hash(strategy, piece_hashes());
   if (rank_ == 0)
     spdlog::info(

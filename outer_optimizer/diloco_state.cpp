@@ -64,6 +64,7 @@ Diloco::State Diloco::save_state() {
     }
   }
   s.metadata["fragments"] = std::to_string(frags_.size());
+  if (ocfg_.pace_by_time()) s.metadata["pace"] = pace_.save();
   // Tokens trained and committed (the summary's membership.tokens), carried across --resume.
   s.metadata["tokens.trained_steps"] = std::to_string(trained_steps_);
   s.metadata["tokens.after_round"] = std::to_string(tokens_first_round_);
@@ -83,6 +84,7 @@ Diloco::State Diloco::save_state() {
   for (auto& f : frags_) {
     const std::string p = fmt::format("f{}.", f->index);
     s.metadata[p + "last_sync_step"] = std::to_string(f->last_sync_step);
+    if (ocfg_.pace_by_time()) s.metadata[p + "last_sync_trained"] = std::to_string(f->last_sync_trained);
     s.metadata[p + "blocking_step"] = std::to_string(f->blocking_step);
     s.metadata[p + "opt_steps"] = std::to_string(f->opt->steps());
     if (f->pending_merge && !(lost && retried(f->index))) {
@@ -104,6 +106,11 @@ Diloco::State Diloco::save_state() {
 void Diloco::restore_state(const trainer::SafetensorsFile& file) {
   restore_outer(file, /*joining=*/false);
   restore_tokens(file);
+  if (ocfg_.pace_by_time()) {
+    if (!file.metadata().count("outer.pace"))
+      throw FileError(file.path(), "has no outer.pace: it was written by a run with outer.pace: steps");
+    pace_.restore(file.meta("outer.pace"), file.path());
+  }
   resume_retries_.clear();
   resume_retry_rest_ = false;
   const auto& meta = file.metadata();
@@ -391,6 +398,7 @@ void Diloco::restore_outer(const trainer::SafetensorsFile& file, bool joining) {
   for (auto& f : frags_) {
     const std::string p = fmt::format("outer.f{}.", f->index);
     f->last_sync_step = file.meta_int(p + "last_sync_step", 0);
+    if (ocfg_.pace_by_time() && !joining) f->last_sync_trained = file.meta_int(p + "last_sync_trained", 0);
     f->blocking_step = file.meta_int(p + "blocking_step", -1);
     f->opt->set_steps(file.meta_int(p + "opt_steps", 0));
     f->pending_merge = file.metadata().count(p + "pending_merge_step") > 0;

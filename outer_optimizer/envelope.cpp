@@ -35,7 +35,9 @@ void write_envelope(const Envelope& e, std::vector<uint8_t>& out) {
   put<uint64_t>(out, 24, e.value);
   put<uint64_t>(out, 32, e.body.size());
   put<uint32_t>(out, 40, static_cast<uint32_t>(e.attachment.size()));
-  put<uint32_t>(out, 44, 0);
+  GEOLOCO_CHECK(e.step_us == 0 || e.kind == EnvelopeKind::kPseudoGradient, "a step time on a kind {} envelope",
+                static_cast<int>(e.kind));
+  put<uint32_t>(out, 44, e.step_us);
   if (!e.body.empty()) std::memcpy(out.data() + kEnvelopeBytes, e.body.data(), e.body.size());
   if (!e.attachment.empty())
     std::memcpy(out.data() + kEnvelopeBytes + e.body.size(), e.attachment.data(), e.attachment.size());
@@ -46,7 +48,8 @@ Envelope read_envelope(std::span<const uint8_t> in, EnvelopeKind kind, uint64_t 
   auto fail = [&](const std::string& what) -> Envelope {
     throw EnvelopeError(fmt::format("outer round {}: message from {} rejected: {}", round, who, what));
   };
-  if (in.size() >= 6 && std::memcmp(in.data(), kEnvelopeMagic, 4) == 0 && get<uint16_t>(in, 4) != kEnvelopeVersion)
+  if (in.size() >= 6 && std::memcmp(in.data(), kEnvelopeMagic, 4) == 0 &&
+      (get<uint16_t>(in, 4) < kEnvelopeOldestVersion || get<uint16_t>(in, 4) > kEnvelopeVersion))
     return fail(fmt::format("version {} (expected {}: every site must run the same geoloco)", get<uint16_t>(in, 4),
                             kEnvelopeVersion));
   if (in.size() < kEnvelopeBytes)
@@ -65,7 +68,11 @@ Envelope read_envelope(std::span<const uint8_t> in, EnvelopeKind kind, uint64_t 
   if (e.round != round) return fail(fmt::format("round {} (expected {}: replayed or out of order)", e.round, round));
   if (e.site != site || e.rank != rank)
     return fail(fmt::format("claims site {} rank {} (expected site {} rank {})", e.site, e.rank, site, rank));
-  if (get<uint32_t>(in, 44) != 0) return fail("reserved field not zero");
+  const uint16_t version = get<uint16_t>(in, 4);
+  if (version >= 3 && kind == EnvelopeKind::kPseudoGradient)
+    e.step_us = get<uint32_t>(in, 44);
+  else if (get<uint32_t>(in, 44) != 0)
+    return fail("reserved field not zero");
   if (body > max_body) return fail(fmt::format("body of {} bytes exceeds the {} this round allows", body, max_body));
   if (attachment > kMaxAttachment)
     return fail(fmt::format("attachment of {} bytes exceeds the {} allowed", attachment, kMaxAttachment));

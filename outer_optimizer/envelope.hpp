@@ -4,7 +4,7 @@
 //
 //   off size field
 //     0    4 magic "GLOS"
-//     4    2 version (2)
+//     4    2 version (3; 2 is still read)
 //     6    2 kind: 1 pseudo-gradient, 2 weights hash, 3 rank summary, 4 plan report, 5 plan decision,
 //              6 membership, 7-10 join (request, manifest, fetch, chunk: join_wire.hpp), 11 split status,
 //              12 resume steps
@@ -14,12 +14,14 @@
 //    24    8 tokens the site processed in this round (pseudo-gradient), or the hash
 //    32    8 body bytes that follow
 //    40    4 attachment bytes that follow the body (at most kMaxAttachment)
-//    44    4 reserved, zero
+//    44    4 pseudo-gradient: the site's median inner step time in microseconds under
+//              outer.pace: time (pace.hpp), else zero; every other kind (and version 2): zero
 //    48    . body, then the attachment
 // The attachment rides with a pseudo-gradient: what must reach exactly the sites that hold the
 // contribution (outer.plan: auto's reports and decisions, plan_coordinator.hpp). A contribution
 // is wholly in a round or wholly out, and so is its attachment. Version 1 (no attachment
-// field, 40 bytes) is refused by name.
+// field, 40 bytes) is refused by name; version 2 (the step time field reserved) is read, so a
+// contribution a checkpoint saved before version 3 can still be sent again.
 #pragma once
 
 #include <cstdint>
@@ -32,7 +34,8 @@
 namespace geoloco::outer {
 
 inline constexpr uint8_t kEnvelopeMagic[4] = {'G', 'L', 'O', 'S'};
-inline constexpr uint16_t kEnvelopeVersion = 2;
+inline constexpr uint16_t kEnvelopeVersion = 3;
+inline constexpr uint16_t kEnvelopeOldestVersion = 2;
 inline constexpr size_t kEnvelopeBytes = 48;
 inline constexpr size_t kMaxAttachment = 64 << 10;
 
@@ -59,6 +62,7 @@ struct Envelope {
   uint64_t value = 0;  // tokens or hash
   std::span<const uint8_t> body;
   std::span<const uint8_t> attachment;  // empty but for some pseudo-gradients
+  uint32_t step_us = 0;                 // pseudo-gradients under outer.pace: time; zero otherwise
 };
 
 // A peer sent something that is not what this round expects.

@@ -124,9 +124,15 @@ void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64
         // The attachment rides once per round: with the first segment (rank 0's: piece 0,
         // which rank 0 of every site owns).
         std::vector<uint8_t> mine_bytes;
-        write_envelope({EnvelopeKind::kPseudoGradient, round, static_cast<uint32_t>(self), static_cast<uint32_t>(rank),
-                        tokens, frame, k == 0 ? std::span<const uint8_t>(f.attachment) : std::span<const uint8_t>()},
-                       mine_bytes);
+        Envelope e{EnvelopeKind::kPseudoGradient,
+                   round,
+                   static_cast<uint32_t>(self),
+                   static_cast<uint32_t>(rank),
+                   tokens,
+                   frame,
+                   k == 0 ? std::span<const uint8_t>(f.attachment) : std::span<const uint8_t>()};
+        e.step_us = f.step_us;
+        write_envelope(e, mine_bytes);
         in.mine.push_back(transport::make_payload(std::move(mine_bytes)));
       }
     }
@@ -324,6 +330,10 @@ ExchangeResult apply_round(Fragment& f, const ExchangeContext& ctx, SiteMask all
     r.joiners = joiners;
     r.tokens.assign(static_cast<size_t>(S), 0);
     for (int s : m) r.tokens[static_cast<size_t>(s)] = tokens_of(s);
+    r.step_us.assign(static_cast<size_t>(S), 0);
+    for (int s : m)
+      if (const auto& es = env[static_cast<size_t>(s)]; !es.empty())
+        r.step_us[static_cast<size_t>(s)] = es.front().step_us;
     r.attachments.assign(static_cast<size_t>(S), {});
     for (int s : m) {
       if (env[static_cast<size_t>(s)].empty()) continue;

@@ -35,11 +35,12 @@ struct ExchangeResult {
   // This rank's own contribution as every site decoded it against the pseudo-gradient it
   // encoded: sum of squared errors and of squared values (relative error = sqrt(err2/ref2)).
   double err2 = 0, ref2 = 0;
-  SiteMask members = 0;          // the round's members: contributors and joiners
-  SiteMask joiners = 0;          // members taken in by this round (no contribution)
-  double wait_s = 0;             // this rank: from posting its receives to the last contribution (or the deadline)
-  double membership_s = 0;       // the site's membership decision
-  std::vector<uint64_t> tokens;  // by site: the tokens a contributor's envelope reported (0: not one)
+  SiteMask members = 0;           // the round's members: contributors and joiners
+  SiteMask joiners = 0;           // members taken in by this round (no contribution)
+  double wait_s = 0;              // this rank: from posting its receives to the last contribution (or the deadline)
+  double membership_s = 0;        // the site's membership decision
+  std::vector<uint64_t> tokens;   // by site: the tokens a contributor's envelope reported (0: not one)
+  std::vector<uint32_t> step_us;  // by site: a contributor's step time under outer.pace: time (0: none)
   // By site: the attachment of a contributor's envelope (empty: none, or not a contributor).
   std::vector<std::vector<uint8_t>> attachments;
 };
@@ -82,7 +83,9 @@ struct Fragment {
   // This rank's attachment to its next round's envelope (envelope.hpp; outer.plan: auto's
   // reports and decisions), set before collect_round.
   std::vector<uint8_t> attachment;
+  uint32_t step_us = 0;                // outer.pace: time: the site's step time for its next envelope
   int64_t last_sync_step = 0;          // launch step of its latest round
+  int64_t last_sync_trained = 0;       // outer.pace: time: the rank's trained steps at that launch
   int64_t blocking_step = -1;          // step of its latest blocking sync
   uint64_t hash = 0;                   // hash of `global`
   std::vector<uint64_t> segment_hash;  // by segment: hash of its part of `global`

@@ -51,6 +51,13 @@ OuterConfig OuterConfig::from_yaml(const config::Node& n) {
     c.compression.error_feedback_decay = c.optimizer.ef_decay;
   }
   c.weighting = n.get_choice("weighting", c.weighting, {"uniform", "tokens"});
+  c.pace = n.get_choice("pace", c.pace, {"steps", "time"});
+  c.pace_tolerance = n.get_double("pace_tolerance", c.pace_tolerance, 0.0, 0.9);
+  if (c.pace_by_time() && c.weighting != "tokens")
+    n.fail("pace",
+           "time lets a slower site train fewer inner steps per round, so its pseudo-gradient must "
+           "weigh by the tokens it trained: set outer.weighting: tokens");
+  if (!c.pace_by_time() && n.has("pace_tolerance")) n.fail("pace_tolerance", "only used with pace: time");
   c.inner_state = n.get_choice("inner_state", c.inner_state, {"keep", "reset"});
   c.check_hash = n.get<bool>("check_hash", c.check_hash);
   c.fragments = static_cast<int>(n.get_int("fragments", c.fragments, 1, 1 << 20));

@@ -5,6 +5,8 @@
 //     optimizer: {kind: nesterov, lr: 0.7, momentum: 0.9}   # sgd | nesterov | adam
 //     compression: {codec: int8, block: 128, error_feedback: true, zstd_level: 3}
 //     weighting: uniform            # uniform | tokens (each site weighted by tokens processed)
+//     pace: steps                   # steps | time: a slower site trains fewer steps per round (pace.hpp)
+//     pace_tolerance: 0.05          # pace: time: a site this close to the fastest trains every step
 //     inner_state: keep             # keep | reset (AdamW moments after each outer step)
 //     check_hash: true              # compare global-weight hashes across sites every sync
 //     fragments: 1                  # F: streaming fragments (1 <= F <= n_layer, F <= interval)
@@ -57,6 +59,8 @@ struct OuterConfig {
   OuterOptimizerConfig optimizer;
   compression::PipelineConfig compression;
   std::string weighting = "uniform";
+  std::string pace = "steps";  // steps | time (outer_optimizer/pace.hpp)
+  double pace_tolerance = 0.05;
   std::string inner_state = "keep";
   bool check_hash = true;
   int fragments = 1;          // F: streaming fragments, each synced at its own offset
@@ -84,6 +88,7 @@ struct OuterConfig {
   // a ramp over one period brings a joiner's first pseudo-gradient to the size of the others').
   int64_t join_warmup_steps = -1;
   bool auto_plan() const { return plan == "auto"; }
+  bool pace_by_time() const { return pace == "time"; }
   int quorum(int sites) const { return min_sites > 0 ? min_sites : sites / 2 + 1; }
   bool overlapped() const { return overlap_steps > 0 || delayed_update; }
 

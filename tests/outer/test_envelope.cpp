@@ -35,11 +35,11 @@ TEST(Envelope, RejectsEveryMismatch) {
   EXPECT_NE(reject(bad).find("bad magic"), std::string::npos);
   bad = good;
   bad[4] = 9;
-  EXPECT_NE(reject(bad).find("version 9 (expected 2: every site must run the same geoloco)"), std::string::npos);
+  EXPECT_NE(reject(bad).find("version 9 (expected 3: every site must run the same geoloco)"), std::string::npos);
   bad = good;
   bad[4] = 1;  // a version-1 envelope (40 bytes, no attachment) from an older geoloco
   bad.resize(40);
-  EXPECT_NE(reject(bad).find("version 1 (expected 2"), std::string::npos);
+  EXPECT_NE(reject(bad).find("version 1 (expected 3"), std::string::npos);
   bad = good;
   bad[6] = 2;
   EXPECT_NE(reject(bad).find("kind 2"), std::string::npos);
@@ -65,16 +65,33 @@ TEST(Envelope, AnAttachmentRoundTripsAndIsBoundsChecked) {
   // No attachment: empty.
   auto plain = make(5, 1, 0, {1, 2, 3});
   EXPECT_TRUE(read_envelope(plain, EnvelopeKind::kPseudoGradient, 5, 1, 0, 16, "lyon/0").attachment.empty());
-  // An attachment length past the bytes that arrived, past the cap, a reserved field set.
+  // An attachment length past the bytes that arrived, past the cap.
   auto bad = b;
   bad[40] = 9;
   EXPECT_NE(reject(bad).find("body length 3 and attachment 9 but 5 bytes arrived"), std::string::npos);
   bad = b;
   bad[42] = 0x10;  // 1 MiB
   EXPECT_NE(reject(bad).find("attachment of 1048578 bytes exceeds the 65536 allowed"), std::string::npos);
+  // Version 3: a pseudo-gradient's field at 44 is its site's step time (outer.pace: time);
+  // version 2 (still read: a checkpoint's saved contribution) kept it reserved, zero.
   bad = b;
   bad[44] = 1;
+  EXPECT_EQ(read_envelope(bad, EnvelopeKind::kPseudoGradient, 5, 1, 0, 16, "lyon/0").step_us, 1u);
+  bad[4] = 2;
   EXPECT_NE(reject(bad).find("reserved field not zero"), std::string::npos);
+  bad[44] = 0;
+  EXPECT_EQ(read_envelope(bad, EnvelopeKind::kPseudoGradient, 5, 1, 0, 16, "lyon/0").step_us, 0u);
+  // Any other kind keeps it reserved.
+  std::vector<uint8_t> h;
+  write_envelope({EnvelopeKind::kWeightsHash, 5, 1, 0, 7, {}, {}}, h);
+  h[44] = 1;
+  EXPECT_THROW(read_envelope(h, EnvelopeKind::kWeightsHash, 5, 1, 0, 0, "lyon/0"), EnvelopeError);
+  Envelope timed{EnvelopeKind::kPseudoGradient, 5, 1, 0, 42, body, {}};
+  timed.step_us = 123456;
+  write_envelope(timed, h);
+  EXPECT_EQ(read_envelope(h, EnvelopeKind::kPseudoGradient, 5, 1, 0, 16, "lyon/0").step_us, 123456u);
+  timed.kind = EnvelopeKind::kWeightsHash;
+  EXPECT_THROW(write_envelope(timed, h), geoloco::Error);
   // The writer refuses an attachment over the cap.
   std::vector<uint8_t> big(kMaxAttachment + 1);
   EXPECT_THROW(write_envelope({EnvelopeKind::kPseudoGradient, 5, 1, 0, 42, body, big}, b), geoloco::Error);

@@ -98,6 +98,10 @@ class OuterHook {
   // strategy.shard_params() and must then call strategy.shard_updated(). Returns true when
   // an outer step completed at this inner step (the trainer then logs/evaluates).
   virtual bool after_inner_step(int64_t step, SiteStrategy& strategy) = 0;
+  // Called before inner step `step` (1-based), once per step in order, on every rank of the
+  // site: false when the site skips it (outer.pace: time, a slower site training fewer steps
+  // per period). A skipped step trains nothing and takes no time; after_inner_step still runs.
+  virtual bool trains_step(int64_t /*step*/) { return true; }
   // Called once after the last inner step (flushes in-flight syncs).
   virtual void finish(int64_t step, SiteStrategy& strategy) = 0;
   // Fields merged into each metrics line and into summary.json.

@@ -137,6 +137,7 @@ std::vector<SiteConfig> parse_sites(const config::Node& root) {
     if (s.device == "cuda" && !built_with_cuda()) n.fail("device", kBuiltWithoutCuda);
     // A smaller site may accumulate more micro-batches to train as many tokens per step.
     s.grad_accum = n.has("grad_accum") ? static_cast<int>(n.get_int("grad_accum", 1, 1, 1 << 20)) : 0;
+    s.slowdown = n.get_double("slowdown", 1.0, 1.0, 1000.0);
     n.finish();
     sites.push_back(s);
   }

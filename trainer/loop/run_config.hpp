@@ -72,6 +72,10 @@ struct SiteConfig {
   std::string strategy = "ddp";    // ddp | zero1 | zero2 | fsdp
   std::string device = "cpu";      // cpu | cuda
   int grad_accum = 0;              // micro-batches per optimizer step here (0 in the YAML: train.grad_accum)
+  // Rehearsing slower hardware: each inner step's forward/backward here takes `slowdown`
+  // times its time (the rank sleeps the rest, counted as compute), as on GPUs that many times
+  // slower; a rehearsal's step_seconds is multiplied by it.
+  double slowdown = 1;
 
   const std::string& host_of(int rank) const { return hosts.empty() ? host : hosts.at(static_cast<size_t>(rank)); }
 };

@@ -75,7 +75,9 @@ struct Trainer::Impl {
   std::unique_ptr<MetricsWriter> rounds;       // sites/<site>/rounds.r<rank>.jsonl (every rank with an outer loop)
   std::unique_ptr<ProgressLine> progress;
 
-  int64_t step = 0;               // completed inner steps
+  int64_t step = 0;  // completed inner steps
+  // This process's steps trained and skipped (outer.pace: time: a slower site skips some).
+  int64_t trained_steps = 0, skipped_steps = 0;
   double wall_before = 0;         // wall seconds of earlier segments (resume)
   double compute_seconds = 0;     // time in forward/backward/optimizer
   double outer_wait_seconds = 0;  // inner loop blocked in the outer loop (exposed WAN/sync time)
@@ -440,7 +442,7 @@ struct Trainer::Impl {
     const auto t0 = Clock::now();
     const auto sh = strategy->shard();
     const double d = rehearsal->drift(strategy->shard_params(), sh.offset, step + 1, cfg.outer.interval);
-    const double want = cfg.train.rehearsal.step_seconds;
+    const double want = cfg.train.rehearsal.step_seconds * site.slowdown;
     const double left = want - seconds_since(t0);
     if (left > 0) std::this_thread::sleep_for(std::chrono::duration<double>(left));
     rehearsal->count_step(d, want);
@@ -495,10 +497,17 @@ struct Trainer::Impl {
     // A joiner's fresh AdamW ramps up again from its join step (outer.join_warmup_steps).
     const double rewarm = join_step >= 0 ? rewarm_factor(step, join_step, cfg.outer.join_warmup_steps) : 1.0;
     const double lr = scheduled_lr(cfg.train.schedule, cfg.peak_lr(), step, cfg.train.steps) * rewarm;
+    // sites[].slowdown: rehearsing slower hardware, the forward/backward takes slowdown x its
+    // time (measured before the site's collectives, so a wait for another rank is not scaled).
+    const double forward_backward = seconds_since(t0);
     StepResult r;
     {
       TraceSpan sp(&trace, "optimizer", TraceRecorder::kMainThread);
       r = s.finish_step(lr, cfg.train.grad_clip);
+    }
+    if (site.slowdown > 1) {
+      TraceSpan sp(&trace, "slowdown", TraceRecorder::kMainThread);
+      std::this_thread::sleep_for(std::chrono::duration<double>((site.slowdown - 1) * forward_backward));
     }
     const double dt = seconds_since(t0);
     compute_seconds += dt;
@@ -553,10 +562,17 @@ struct Trainer::Impl {
     double loss_acc = 0;
     int loss_n = 0;
     while (step < end_step) {
-      double loss = train_step();
-      loss_acc += loss;
-      ++loss_n;
-      window_tokens += tokens_per_step_run;
+      // outer.pace: time: a slower site skips some steps of each period (no compute, no data).
+      if (!opt.outer || opt.outer->trains_step(step + 1)) {
+        const double loss = train_step();
+        loss_acc += loss;
+        ++loss_n;
+        ++trained_steps;
+        window_tokens += tokens_per_step_run;
+      } else {
+        ++step;
+        ++skipped_steps;
+      }
       const bool last = step == cfg.train.steps;
       bool outer_step = false;
       if (opt.outer) {
@@ -603,7 +619,7 @@ struct Trainer::Impl {
         period_wait = 0;
       }
       if (do_log) {
-        const double mean_loss = strategy->site_mean(loss_acc / loss_n);
+        const double mean_loss = strategy->site_mean(loss_n > 0 ? loss_acc / loss_n : NAN);
         last_loss = mean_loss;
         const double dt = seconds_since(window_t0);
         const double tps = dt > 0 ? double(window_tokens) / dt : 0;  // whole run: all ranks
@@ -749,7 +765,8 @@ struct Trainer::Impl {
     s["final_loss"] = last_loss;
     s["val_loss"] = last_val_loss;
     s["tokens"] = step * tokens_per_step_run;
-    s["tokens_per_rank"] = step * tokens_per_step_rank;
+    s["tokens_per_rank"] = (step - skipped_steps) * tokens_per_step_rank;
+    s["steps_skipped"] = skipped_steps;  // this process's (outer.pace: time)
     s["wall_s"] = wall;
     s["compute_s"] = compute_seconds;
     s["compute_utilization"] = wall > 0 ? compute_seconds / wall : 0.0;
