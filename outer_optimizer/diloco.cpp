@@ -396,7 +396,7 @@ void Diloco::decide_pace(trainer::SiteStrategy& strategy, uint64_t round, int64_
   strategy.site_sum(v);
   if (v[1] <= 0) return;
   const uint32_t ratio = static_cast<uint32_t>(std::llround(std::floor(v[0] / v[1])));
-  if (ratio != pace_.next_ppm()) {
+  if (Pace::duty(ratio, interval_) != Pace::duty(pace_.next_ppm(), interval_)) {
     pace_history_.push_back({{"round", round}, {"step", step}, {"ratio", double(ratio) / Pace::kWhole}});
     if (rank_ == 0)
       spdlog::info(
