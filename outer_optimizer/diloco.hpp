@@ -39,6 +39,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -119,6 +120,8 @@ class Diloco : public trainer::OuterHook {
   void begin_round_buffers(Fragment& f);
   void end_round_buffers(Fragment& f);
   ShardState pack_state() const;
+  // One vector of every fragment (`get`) as views in shard layout (diloco_state.cpp).
+  std::vector<std::span<const float>> shard_views(const std::function<std::span<const float>(Fragment&)>& get);
   void unpack_state(const ShardState& st);  // also refreshes each fragment's hash
   // Fragments cut for `fragments`, global weights from `global` (shard layout), fresh state.
   void build_fragments(int fragments, std::span<const float> global);

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <iterator>
 #include <limits>
 
@@ -18,6 +19,35 @@
 #include "trainer/core/error.hpp"
 
 namespace geoloco::outer {
+
+std::vector<std::span<const float>> Diloco::shard_views(const std::function<std::span<const float>(Fragment&)>& get) {
+  // Every fragment's ranges, in shard order: pieces of its gathered vector (pack_state's
+  // order, without the copy). The fragments' ranges tile the shard.
+  struct Part {
+    int64_t begin;
+    std::span<const float> values;
+  };
+  std::vector<Part> parts;
+  for (auto& f : frags_) {
+    const std::span<const float> v = get(*f);
+    size_t k = 0;
+    for (const auto& r : f->local) {
+      parts.push_back({r.begin, v.subspan(k, static_cast<size_t>(r.size()))});
+      k += static_cast<size_t>(r.size());
+    }
+  }
+  std::sort(parts.begin(), parts.end(), [](const Part& a, const Part& b) { return a.begin < b.begin; });
+  std::vector<std::span<const float>> out;
+  int64_t at = 0;
+  for (const auto& p : parts) {
+    GEOLOCO_CHECK(p.begin == at, "outer state: the fragments' ranges leave [{}, {}) of the shard uncovered", at,
+                  p.begin);
+    at += static_cast<int64_t>(p.values.size());
+    out.push_back(p.values);
+  }
+  GEOLOCO_CHECK(at == static_cast<int64_t>(n_), "outer state: the fragments' ranges cover {} of {} elements", at, n_);
+  return out;
+}
 
 Diloco::State Diloco::save_state() {
   // Syncs in flight: wait for their results (global weights, outer optimizer and error
@@ -36,12 +66,16 @@ Diloco::State Diloco::save_state() {
   if (!lost) verify_pending_checks();
   // Sites the rounds decided here took in are served what this checkpoint holds.
   if (!lost) serve_admitted(step_, *strategy_);
-  ShardState st = pack_state();
+  // The outer state in shard layout, as views of the fragments' own vectors (no copy: at real
+  // size each is the size of the shard).
   State s;
-  s.tensors["global"] = std::move(st.global);
-  if (!st.opt_a.empty()) s.tensors["opt_a"] = std::move(st.opt_a);
-  if (!st.opt_b.empty()) s.tensors["opt_b"] = std::move(st.opt_b);
-  if (!st.ef.empty()) s.tensors["ef_residual"] = std::move(st.ef);
+  s.views["global"] = shard_views([](Fragment& f) { return std::span<const float>(f.global); });
+  if (!frags_[0]->opt->state_a().empty())
+    s.views["opt_a"] = shard_views([](Fragment& f) { return std::span<const float>(f.opt->state_a()); });
+  if (!frags_[0]->opt->state_b().empty())
+    s.views["opt_b"] = shard_views([](Fragment& f) { return std::span<const float>(f.opt->state_b()); });
+  if (frags_[0]->ef)
+    s.views["ef_residual"] = shard_views([](Fragment& f) { return std::span<const float>(f.ef->residual()); });
   s.metadata["round"] = std::to_string(round_);
   if (lost) {
     // The rounds the quorum was lost in (with overlap: every round then in flight), to

@@ -162,6 +162,33 @@ TEST(Safetensors, RoundTripKeepsEveryBitAndTheMetadata) {
   EXPECT_EQ(slurp(path), encode_safetensors(t, meta));
 }
 
+// A tensor written from parts of several buffers (the outer loop's fragments) is byte for
+// byte the tensor written in one piece: same file, same checksum; a size mismatch is refused.
+TEST(Safetensors, ATensorFromPartsIsTheSameAsFromOneBuffer) {
+  TempDir dir;
+  std::vector<float> whole(1000);
+  for (size_t i = 0; i < whole.size(); ++i) whole[i] = std::cos(static_cast<float>(i));
+  const std::span<const float> w(whole);
+  const std::vector<std::span<const float>> parts = {w.subspan(0, 1), w.subspan(1, 0), w.subspan(1, 600),
+                                                     w.subspan(601, 399)};
+  std::vector<TensorWrite> one = {f32_tensor("x", {1000}, whole)};
+  std::vector<TensorWrite> cut = {f32_parts_tensor("x", parts)};
+  write_safetensors(dir.file("one.safetensors"), one, {{"k", "v"}});
+  write_safetensors(dir.file("cut.safetensors"), cut, {{"k", "v"}});
+  EXPECT_EQ(encode_safetensors(cut, {{"k", "v"}}), encode_safetensors(one, {{"k", "v"}}));
+  auto a = read_safetensors(dir.file("one.safetensors")), b = read_safetensors(dir.file("cut.safetensors"));
+  EXPECT_EQ(a.metadata(), b.metadata());
+  EXPECT_EQ(b.f32("x"), whole);
+  EXPECT_EQ(b.info("x").shape, (std::vector<int64_t>{1000}));
+  // Parts that do not add up to the shape, or bytes and parts both, are refused.
+  TensorWrite bad = f32_parts_tensor("x", parts);
+  bad.shape = {999};
+  EXPECT_THROW(encode_safetensors(std::vector<TensorWrite>{bad}, {}), Error);
+  bad = f32_parts_tensor("x", parts);
+  bad.bytes = one[0].bytes;
+  EXPECT_THROW(encode_safetensors(std::vector<TensorWrite>{bad}, {}), Error);
+}
+
 TEST(Safetensors, TypedAccessChecksDtypeShapeAndName) {
   TempDir dir;
   const int64_t v[2] = {1, 2};

@@ -91,18 +91,52 @@ uint64_t TensorInfo::numel() const {
 }
 
 TensorWrite f32_tensor(std::string name, std::vector<int64_t> shape, std::span<const float> data) {
-  return {std::move(name), Dtype::F32, std::move(shape),
-          std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(data.data()), data.size_bytes())};
+  return {std::move(name),
+          Dtype::F32,
+          std::move(shape),
+          std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(data.data()), data.size_bytes()),
+          {}};
 }
 TensorWrite i64_tensor(std::string name, std::vector<int64_t> shape, std::span<const int64_t> data) {
-  return {std::move(name), Dtype::I64, std::move(shape),
-          std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(data.data()), data.size_bytes())};
+  return {std::move(name),
+          Dtype::I64,
+          std::move(shape),
+          std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(data.data()), data.size_bytes()),
+          {}};
 }
 TensorWrite u8_tensor(std::string name, std::vector<int64_t> shape, std::span<const uint8_t> data) {
-  return {std::move(name), Dtype::U8, std::move(shape), data};
+  return {std::move(name), Dtype::U8, std::move(shape), data, {}};
+}
+
+size_t TensorWrite::size() const {
+  if (parts.empty()) return bytes.size();
+  size_t n = 0;
+  for (const auto& p : parts) n += p.size();
+  return n;
+}
+
+TensorWrite f32_parts_tensor(std::string name, const std::vector<std::span<const float>>& parts) {
+  TensorWrite t{std::move(name), Dtype::F32, {0}, {}, {}};
+  int64_t n = 0;
+  for (const auto& p : parts) {
+    t.parts.emplace_back(reinterpret_cast<const uint8_t*>(p.data()), p.size_bytes());
+    n += static_cast<int64_t>(p.size());
+  }
+  t.shape = {n};
+  return t;
 }
 
 namespace {
+
+// The tensor's bytes in order, part by part.
+template <class F>
+void for_each_part(const TensorWrite& t, F f) {
+  if (t.parts.empty()) {
+    f(t.bytes);
+    return;
+  }
+  for (const auto& p : t.parts) f(p);
+}
 
 // Header bytes (JSON padded with spaces to a multiple of 8) for tensors packed in order.
 std::string encode_header(std::span<const TensorWrite> tensors, const std::map<std::string, std::string>& metadata) {
@@ -111,7 +145,9 @@ std::string encode_header(std::span<const TensorWrite> tensors, const std::map<s
   std::string sums;
   for (const auto& t : tensors) {
     if (!sums.empty()) sums.push_back(',');
-    sums.append(hex64(hash64(t.bytes.data(), t.bytes.size())));
+    Hasher hs;  // XXH3 streamed: the same digest as hash64 of the bytes in one piece
+    for_each_part(t, [&](std::span<const uint8_t> b) { hs.update(b.data(), b.size()); });
+    sums.append(hex64(hs.digest()));
   }
   if (!metadata.empty() || !tensors.empty()) {
     ordered_json m = ordered_json::object();
@@ -128,8 +164,9 @@ std::string encode_header(std::span<const TensorWrite> tensors, const std::map<s
     uint64_t want = 0;
     GEOLOCO_CHECK(byte_size(t.shape, dtype_size(t.dtype), &want), "tensor '{}' has an invalid shape {}", t.name,
                   shape_string(t.shape));
-    GEOLOCO_CHECK(want == t.bytes.size(), "tensor '{}': shape {} of {} needs {} bytes, got {}", t.name,
-                  shape_string(t.shape), dtype_name(t.dtype), want, t.bytes.size());
+    GEOLOCO_CHECK(want == t.size(), "tensor '{}': shape {} of {} needs {} bytes, got {}", t.name, shape_string(t.shape),
+                  dtype_name(t.dtype), want, t.size());
+    GEOLOCO_CHECK(t.parts.empty() || t.bytes.empty(), "tensor '{}': both bytes and parts", t.name);
     ordered_json e = ordered_json::object();
     e["dtype"] = dtype_name(t.dtype);
     e["shape"] = t.shape;
@@ -155,15 +192,16 @@ std::vector<uint8_t> encode_safetensors(std::span<const TensorWrite> tensors,
                                         const std::map<std::string, std::string>& metadata) {
   const std::string header = encode_header(tensors, metadata);
   size_t total = 8 + header.size();
-  for (const auto& t : tensors) total += t.bytes.size();
+  for (const auto& t : tensors) total += t.size();
   std::vector<uint8_t> out(total);
   put_u64(out.data(), header.size());
   std::memcpy(out.data() + 8, header.data(), header.size());
   size_t at = 8 + header.size();
-  for (const auto& t : tensors) {
-    if (!t.bytes.empty()) std::memcpy(out.data() + at, t.bytes.data(), t.bytes.size());
-    at += t.bytes.size();
-  }
+  for (const auto& t : tensors)
+    for_each_part(t, [&](std::span<const uint8_t> b) {
+      if (!b.empty()) std::memcpy(out.data() + at, b.data(), b.size());
+      at += b.size();
+    });
   return out;
 }
 
@@ -176,7 +214,7 @@ void write_safetensors(const std::string& path, std::span<const TensorWrite> ten
   AtomicFileWriter w(path);
   w.write(len, 8);
   w.write(header.data(), header.size());
-  for (const auto& t : tensors) w.write(t.bytes);
+  for (const auto& t : tensors) for_each_part(t, [&](std::span<const uint8_t> b) { w.write(b); });
   w.commit();
 }
 

@@ -42,18 +42,24 @@ const char* dtype_name(Dtype d);  // "F32", ...
 size_t dtype_size(Dtype d);       // bytes per element
 bool parse_dtype(const std::string& name, Dtype* out);
 
-// A tensor to write: `bytes` must hold exactly numel(shape) * dtype_size(dtype) bytes.
+// A tensor to write: `bytes` must hold exactly numel(shape) * dtype_size(dtype) bytes; or,
+// when `parts` is not empty, the parts in order do (a tensor laid out across several buffers
+// written without gathering it first: the outer loop's fragments).
 struct TensorWrite {
   std::string name;
   Dtype dtype = Dtype::F32;
   std::vector<int64_t> shape;
   std::span<const uint8_t> bytes;
+  std::vector<std::span<const uint8_t>> parts;
+  size_t size() const;
 };
 
 // Helpers that view typed data as a TensorWrite (the span must outlive the write call).
 TensorWrite f32_tensor(std::string name, std::vector<int64_t> shape, std::span<const float> data);
 TensorWrite i64_tensor(std::string name, std::vector<int64_t> shape, std::span<const int64_t> data);
 TensorWrite u8_tensor(std::string name, std::vector<int64_t> shape, std::span<const uint8_t> data);
+// A 1-D f32 tensor of `parts` in order.
+TensorWrite f32_parts_tensor(std::string name, const std::vector<std::span<const float>>& parts);
 
 // Serializes to memory (used by write_safetensors; exposed for byte-level tests).
 std::vector<uint8_t> encode_safetensors(std::span<const TensorWrite> tensors,

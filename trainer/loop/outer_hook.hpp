@@ -113,6 +113,9 @@ class OuterHook {
   // Checkpoint: this rank's outer state as extra tensors/metadata (owned buffers).
   struct State {
     std::map<std::string, std::vector<float>> tensors;
+    // f32 tensors as parts of the hook's own buffers, in order (no copy at real size); valid
+    // until the next call into the hook. A name is in `tensors` or here, not both.
+    std::map<std::string, std::vector<std::span<const float>>> views;
     std::map<std::string, std::vector<uint8_t>> bytes;
     std::map<std::string, std::string> metadata;
   };

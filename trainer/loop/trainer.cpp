@@ -215,8 +215,8 @@ struct Trainer::Impl {
     // This rank's state: optimizer moments of its range, sampler, counters, outer state.
     // (On a device: moments and shard are downloaded into host copies first.)
     const OptimizerHostState adam = strategy->optimizer_state();
-    const auto shard_view = strategy->shard_params();
-    std::vector<float> shard(shard_view.begin(), shard_view.end());
+    // Views, not copies: at real size each is the size of the shard (written as they stand).
+    const auto shard = strategy->shard_params();
     auto sampler_bytes = sampler->state().to_bytes();
     std::vector<TensorWrite> tensors = {
         f32_tensor("adamw.m", {static_cast<int64_t>(adam.m.size())}, adam.m),
@@ -242,6 +242,7 @@ struct Trainer::Impl {
       for (auto& [k, v] : outer_state.metadata) smeta["outer." + k] = v;
       for (auto& [k, v] : outer_state.tensors)
         tensors.push_back(f32_tensor("outer." + k, {static_cast<int64_t>(v.size())}, v));
+      for (auto& [k, parts] : outer_state.views) tensors.push_back(f32_parts_tensor("outer." + k, parts));
       for (auto& [k, v] : outer_state.bytes)
         tensors.push_back(u8_tensor("outer." + k, {static_cast<int64_t>(v.size())}, v));
     }
