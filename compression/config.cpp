@@ -26,6 +26,7 @@ PipelineConfig PipelineConfig::from_yaml(const config::Node& node) {
     if (!c.error_feedback) node.fail("error_feedback_decay", "applies only with error_feedback: true");
   }
   c.zstd_level = static_cast<int>(node.get_int("zstd_level", 0, 0, kMaxZstdLevel));
+  c.threads = static_cast<int>(node.get_int("threads", c.threads, 1, kMaxCodecThreads));
   node.finish();
   return c;
 }
@@ -44,6 +45,9 @@ void PipelineConfig::validate() const {
   if (zstd_level < 0 || zstd_level > kMaxZstdLevel)
     throw ConfigError(
         fmt::format("compression.zstd_level: got {}, expected an integer in [0, {}]", zstd_level, kMaxZstdLevel));
+  if (threads < 1 || threads > kMaxCodecThreads)
+    throw ConfigError(
+        fmt::format("compression.threads: got {}, expected an integer in [1, {}]", threads, kMaxCodecThreads));
 }
 
 uint32_t PipelineConfig::topk_per_block() const {

@@ -10,6 +10,8 @@
 //       error_feedback_decay: 1.0  # (0, 1]: the residual is scaled by it before it is added
 //                            # (SparseLoCo's accumulator e = beta e + delta; 1 = classic EF)
 //       zstd_level: 3        # 0 = off, 1..19; zstd is applied per frame only when it shrinks it
+//       threads: 1           # encode/decode a frame on this many threads (1..64); the bytes
+//                            # do not depend on it (compression/parallel.hpp)
 #pragma once
 
 #include <cstdint>
@@ -24,6 +26,7 @@ namespace geoloco::compression {
 inline constexpr uint32_t kMinBlock = 16;
 inline constexpr uint32_t kMaxBlock = 65536;
 inline constexpr int kMaxZstdLevel = 19;
+inline constexpr int kMaxCodecThreads = 64;
 
 struct PipelineConfig {
   Codec codec = Codec::kFp32;
@@ -32,6 +35,7 @@ struct PipelineConfig {
   bool error_feedback = false;
   double error_feedback_decay = 1.0;  // (0, 1]: residual scale before it is added (1: classic EF)
   int zstd_level = 0;                 // 0 = off
+  int threads = 1;                    // encode/decode threads per frame (the bytes do not depend on it)
 
   static PipelineConfig from_yaml(const config::Node& node);
   // Throws ConfigError naming the field for values from_yaml would reject (for configs built

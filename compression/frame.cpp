@@ -14,8 +14,7 @@ namespace geoloco::compression {
 
 namespace {
 constexpr std::array<std::string_view, 12> kFaultNames = {
-    "truncated", "magic", "version", "codec", "flags",   "block",
-    "topk",      "count", "size",    "checksum", "zstd", "payload"};
+    "truncated", "magic", "version", "codec", "flags", "block", "topk", "count", "size", "checksum", "zstd", "payload"};
 
 uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 }  // namespace
@@ -23,8 +22,7 @@ uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 std::string_view fault_name(FrameFault f) { return kFaultNames.at(static_cast<size_t>(f)); }
 
 FrameError::FrameError(FrameFault fault, const std::string& detail)
-    : Error(fmt::format("malformed compressed frame ({}): {}", fault_name(fault), detail)),
-      fault_(fault) {}
+    : Error(fmt::format("malformed compressed frame ({}): {}", fault_name(fault), detail)), fault_(fault) {}
 
 PayloadLayout payload_layout(Codec codec, uint32_t block, uint32_t topk_k, uint64_t n) {
   PayloadLayout l;
@@ -77,12 +75,14 @@ FrameHeader parse_header(std::span<const uint8_t> frame, uint64_t expected_eleme
     throw FrameError(FrameFault::kTruncated,
                      fmt::format("{} bytes, a frame has at least {}", frame.size(), kHeaderBytes + kTrailerBytes));
   if (std::memcmp(p, kFrameMagic, 4) != 0)
-    throw FrameError(FrameFault::kMagic, fmt::format("magic {:02x}{:02x}{:02x}{:02x}, expected 'GLCF'", p[0],
-                                                     p[1], p[2], p[3]));
+    throw FrameError(FrameFault::kMagic,
+                     fmt::format("magic {:02x}{:02x}{:02x}{:02x}, expected 'GLCF'", p[0], p[1], p[2], p[3]));
   const uint16_t version = bytes::load<uint16_t>(p + 4);
-  if (version != kFrameVersion)
-    throw FrameError(FrameFault::kVersion, fmt::format("version {}, this build reads {}", version, kFrameVersion));
+  if (version < kOldestFrameVersion || version > kFrameVersion)
+    throw FrameError(FrameFault::kVersion,
+                     fmt::format("version {}, this build reads {} to {}", version, kOldestFrameVersion, kFrameVersion));
   FrameHeader h;
+  h.version = version;
   const auto codec = codec_from_id(p[6]);
   if (!codec) throw FrameError(FrameFault::kCodec, fmt::format("unknown codec id {}", p[6]));
   h.codec = *codec;
@@ -95,8 +95,8 @@ FrameHeader parse_header(std::span<const uint8_t> frame, uint64_t expected_eleme
                      fmt::format("block {}, expected a multiple of 8 in [{}, {}]", h.block, kMinBlock, kMaxBlock));
   h.topk_k = bytes::load<uint32_t>(p + 12);
   if (h.topk() ? (h.topk_k < 1 || h.topk_k > h.block) : h.topk_k != 0)
-    throw FrameError(FrameFault::kTopk, fmt::format("topk_k {} with block {} and top-k {}", h.topk_k, h.block,
-                                                    h.topk() ? "on" : "off"));
+    throw FrameError(FrameFault::kTopk,
+                     fmt::format("topk_k {} with block {} and top-k {}", h.topk_k, h.block, h.topk() ? "on" : "off"));
   h.elements = bytes::load<uint64_t>(p + 16);
   if (h.elements != expected_elements)
     throw FrameError(FrameFault::kElementCount,
@@ -108,14 +108,13 @@ FrameHeader parse_header(std::span<const uint8_t> frame, uint64_t expected_eleme
   h.stored_bytes = bytes::load<uint64_t>(p + 32);
   const PayloadLayout layout = payload_layout(h.codec, h.block, h.topk_k, h.elements);
   if (h.raw_bytes != layout.total)
-    throw FrameError(FrameFault::kSize,
-                     fmt::format("raw_bytes {}, the layout of {} {} elements needs {}", h.raw_bytes,
-                                 codec_name(h.codec), h.elements, layout.total));
+    throw FrameError(FrameFault::kSize, fmt::format("raw_bytes {}, the layout of {} {} elements needs {}", h.raw_bytes,
+                                                    codec_name(h.codec), h.elements, layout.total));
   if (h.zstd()) {
     // The encoder only keeps zstd output that is smaller than the raw payload.
     if (h.stored_bytes == 0 || h.stored_bytes >= h.raw_bytes)
-      throw FrameError(FrameFault::kSize, fmt::format("zstd stored_bytes {} not in [1, raw_bytes {})",
-                                                      h.stored_bytes, h.raw_bytes));
+      throw FrameError(FrameFault::kSize,
+                       fmt::format("zstd stored_bytes {} not in [1, raw_bytes {})", h.stored_bytes, h.raw_bytes));
   } else if (h.stored_bytes != h.raw_bytes) {
     throw FrameError(FrameFault::kSize,
                      fmt::format("stored_bytes {} != raw_bytes {} without zstd", h.stored_bytes, h.raw_bytes));
@@ -125,8 +124,8 @@ FrameHeader parse_header(std::span<const uint8_t> frame, uint64_t expected_eleme
     throw FrameError(FrameFault::kTruncated,
                      fmt::format("{} bytes, the header declares {}", frame.size(), h.frame_bytes()));
   if (frame.size() > h.frame_bytes())
-    throw FrameError(FrameFault::kSize, fmt::format("{} bytes, the header declares {} (trailing bytes)",
-                                                    frame.size(), h.frame_bytes()));
+    throw FrameError(FrameFault::kSize,
+                     fmt::format("{} bytes, the header declares {} (trailing bytes)", frame.size(), h.frame_bytes()));
   return h;
 }
 

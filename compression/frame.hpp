@@ -3,7 +3,7 @@
 //
 //   off size field
 //     0    4 magic "GLCF"
-//     4    2 version (1)
+//     4    2 version (2; 1 is still read)
 //     6    1 codec id (compression/codec.hpp)
 //     7    1 flags: bit 0 top-k, bit 1 zstd; other bits must be 0
 //     8    4 block: elements per scale / top-k block (16..65536, multiple of 8)
@@ -11,7 +11,9 @@
 //    16    8 elements: values in the shard
 //    24    8 raw_bytes: payload size before zstd (must equal the size the layout implies)
 //    32    8 stored_bytes: payload size on the wire (== raw_bytes without zstd)
-//    40    . payload (stored_bytes)
+//    40    . payload (stored_bytes); with zstd (version 2), the raw payload cut in chunks of
+//              kZstdChunkBytes (the last shorter), each its own zstd frame, back to back
+//              (version 1: one zstd frame), so chunks compress and decompress in parallel
 //     .    8 checksum: XXH3-64 (seed kChecksumSeed) of every byte before it
 //
 // The decoder trusts nothing: parse_header checks every field and every size against the
@@ -30,7 +32,10 @@
 namespace geoloco::compression {
 
 inline constexpr uint8_t kFrameMagic[4] = {'G', 'L', 'C', 'F'};
-inline constexpr uint16_t kFrameVersion = 1;
+inline constexpr uint16_t kFrameVersion = 2;
+inline constexpr uint16_t kOldestFrameVersion = 1;
+// Raw payload bytes per zstd chunk (version 2). Part of the format: never change it.
+inline constexpr uint64_t kZstdChunkBytes = uint64_t{1} << 20;
 inline constexpr size_t kHeaderBytes = 40;
 inline constexpr size_t kTrailerBytes = 8;
 inline constexpr uint64_t kChecksumSeed = 0x474c4346'00000001ULL;
@@ -41,7 +46,7 @@ inline constexpr uint64_t kMaxElements = uint64_t{1} << 40;
 
 // What was wrong with a frame. Stable names (fault_name) are used by the fuzz corpus.
 enum class FrameFault : uint8_t {
-  kTruncated,     // shorter than its header or than the sizes it declares
+  kTruncated,  // shorter than its header or than the sizes it declares
   kMagic,
   kVersion,
   kCodec,         // unknown codec id
@@ -51,8 +56,8 @@ enum class FrameFault : uint8_t {
   kElementCount,  // element count differs from what the shard expects
   kSize,          // raw/stored sizes inconsistent with the layout or the frame length
   kChecksum,
-  kZstd,          // zstd payload malformed or not of the declared size
-  kPayload,       // invalid code, scale, index or padding inside the payload
+  kZstd,     // zstd payload malformed or not of the declared size
+  kPayload,  // invalid code, scale, index or padding inside the payload
 };
 std::string_view fault_name(FrameFault f);
 
@@ -66,6 +71,7 @@ class FrameError : public Error {
 };
 
 struct FrameHeader {
+  uint16_t version = kFrameVersion;
   Codec codec = Codec::kFp32;
   uint8_t flags = 0;
   uint32_t block = 0;

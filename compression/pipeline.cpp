@@ -2,10 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "compression/bytes.hpp"
+#include "compression/parallel.hpp"
 #include "compression/topk.hpp"
 #include "compression/values.hpp"
 
@@ -27,11 +29,108 @@ bool all_in_range(const float* x, size_t n) {
   return top <= std::bit_cast<uint32_t>(kMaxAbsValue);
 }
 
+// Elements per chunk of the dense codecs' work (rounded down to whole blocks): 1 MiB of fp32.
+constexpr size_t kElementChunk = size_t{1} << 18;
+
 }  // namespace
 
 Pipeline::Pipeline(const PipelineConfig& config) : config_(config) {
   config_.validate();
-  if (config_.zstd_level > 0) zc_ = std::make_unique<ZstdCompressor>(config_.zstd_level);
+  threads_ = config_.threads;
+  if (config_.zstd_level > 0)
+    for (int t = 0; t < threads_; ++t) zc_.push_back(std::make_unique<ZstdCompressor>(config_.zstd_level));
+  zd_.resize(static_cast<size_t>(threads_));
+  codes_.resize(static_cast<size_t>(threads_));
+}
+
+std::vector<std::pair<size_t, size_t>> Pipeline::element_chunks(size_t n, size_t group) const {
+  std::vector<std::pair<size_t, size_t>> out;
+  const size_t step = std::max<size_t>(group, kElementChunk / group * group);
+  for (size_t b = 0; b < n; b += step) out.emplace_back(b, std::min(n, b + step));
+  return out;
+}
+
+void Pipeline::encode_dense(std::span<const float> x, const PayloadLayout& layout, uint8_t* raw) {
+  const size_t group = config_.block;
+  const int bits = codec_bits(config_.codec);
+  const bool scaled = codec_has_scales(config_.codec);
+  const auto chunks = element_chunks(x.size(), group);
+  // Chunks start at whole blocks, and a block is a multiple of 8 elements: each chunk's codes
+  // start on a byte and its scales at its first block, so the chunks write disjoint bytes.
+  parallel_for(chunks.size(), threads_, [&](size_t c, int w) {
+    const auto [b, e] = chunks[c];
+    encode_values(config_.codec, x.subspan(b, e - b), group, raw + layout.scales_offset + (scaled ? b / group * 4 : 0),
+                  raw + layout.codes_offset + b * static_cast<size_t>(bits) / 8, codes_[static_cast<size_t>(w)]);
+  });
+}
+
+void Pipeline::decode_dense(const FrameHeader& h, const PayloadLayout& layout, const uint8_t* payload,
+                            std::span<float> out) {
+  const size_t group = h.block;
+  const int bits = codec_bits(h.codec);
+  const bool scaled = codec_has_scales(h.codec);
+  const auto chunks = element_chunks(h.elements, group);
+  parallel_for(chunks.size(), threads_, [&](size_t c, int w) {
+    const auto [b, e] = chunks[c];
+    decode_values(h.codec, payload + layout.scales_offset + (scaled ? b / group * 4 : 0),
+                  payload + layout.codes_offset + b * static_cast<size_t>(bits) / 8, e - b, group, out.data() + b,
+                  codes_[static_cast<size_t>(w)]);
+  });
+}
+
+size_t Pipeline::compress_chunks(std::span<const uint8_t> raw, std::span<uint8_t> out) {
+  const size_t n = (raw.size() + kZstdChunkBytes - 1) / kZstdChunkBytes;
+  if (zchunks_.size() < n) zchunks_.resize(n);
+  std::vector<size_t> sizes(n);
+  parallel_for(n, threads_, [&](size_t c, int w) {
+    const size_t b = c * kZstdChunkBytes, len = std::min<size_t>(kZstdChunkBytes, raw.size() - b);
+    auto& buf = zchunks_[c];
+    buf.resize(zstd_bound(len));
+    // A chunk that does not shrink is still sent compressed (zstd stores it raw inside its
+    // frame); only the whole payload falls back to raw.
+    sizes[c] = zc_[static_cast<size_t>(w)]->compress_frame(raw.subspan(b, len), buf);
+  });
+  size_t total = 0;
+  for (size_t z : sizes) total += z;
+  if (total >= raw.size() || total > out.size()) return 0;
+  size_t at = 0;
+  for (size_t c = 0; c < n; ++c) {
+    std::memcpy(out.data() + at, zchunks_[c].data(), sizes[c]);
+    at += sizes[c];
+  }
+  return total;
+}
+
+void Pipeline::decompress_payload(const FrameHeader& h, std::span<const uint8_t> stored, std::span<uint8_t> out) {
+  if (h.version < 2) {  // one zstd frame
+    if (!zd_[0]) zd_[0] = std::make_unique<ZstdDecompressor>();
+    zd_[0]->decompress(stored, out);
+    return;
+  }
+  // Find every chunk's frame first (sizes only), then decompress them in parallel.
+  const size_t n = (out.size() + kZstdChunkBytes - 1) / kZstdChunkBytes;
+  std::vector<std::pair<size_t, size_t>> at(n);  // offset, size in `stored`
+  size_t off = 0;
+  for (size_t c = 0; c < n; ++c) {
+    if (off >= stored.size())
+      throw FrameError(FrameFault::kZstd, fmt::format("zstd payload ends after {} of {} chunks", c, n));
+    const size_t z = zstd_frame_size(stored.subspan(off));
+    at[c] = {off, z};
+    off += z;
+  }
+  if (off != stored.size())
+    throw FrameError(FrameFault::kZstd, fmt::format("zstd payload: {} chunks take {} of its {} bytes (trailing data)",
+                                                    n, off, stored.size()));
+  parallel_for(n, threads_, [&](size_t c, int w) {
+    auto& zd = zd_[static_cast<size_t>(w)];
+    if (!zd) zd = std::make_unique<ZstdDecompressor>();
+    const size_t b = c * kZstdChunkBytes, len = std::min<size_t>(kZstdChunkBytes, out.size() - b);
+    try {
+      zd->decompress(stored.subspan(at[c].first, at[c].second), out.subspan(b, len));
+    } catch (const FrameError& e) {
+      throw FrameError(e.fault(), fmt::format("zstd chunk {} of {}: {}", c, n, e.what()));
+    }
+  });
 }
 
 FrameInfo Pipeline::encode(std::span<const float> values, ErrorFeedback* ef, std::vector<uint8_t>& frame_out) {
@@ -61,15 +160,28 @@ FrameInfo Pipeline::encode_impl(std::span<const float> values, std::span<float> 
   if (with_ef) {
     corrected_.resize(n);
     const float* r = ef;
-    if (config_.error_feedback_decay < 1.0) {
-      const float beta = static_cast<float>(config_.error_feedback_decay);
-      for (size_t i = 0; i < n; ++i) corrected_[i] = values[i] + beta * r[i];
-    } else {
-      for (size_t i = 0; i < n; ++i) corrected_[i] = values[i] + r[i];
-    }
+    const auto chunks = element_chunks(n, 8);
+    parallel_for(chunks.size(), threads_, [&](size_t c, int) {
+      const auto [b, e] = chunks[c];
+      if (config_.error_feedback_decay < 1.0) {
+        const float beta = static_cast<float>(config_.error_feedback_decay);
+        for (size_t i = b; i < e; ++i) corrected_[i] = values[i] + beta * r[i];
+      } else {
+        for (size_t i = b; i < e; ++i) corrected_[i] = values[i] + r[i];
+      }
+    });
     input = corrected_;
   }
-  if (!all_in_range(input.data(), n)) {
+  bool in_range = true;
+  {
+    const auto chunks = element_chunks(n, 8);
+    std::vector<char> ok(chunks.size(), 1);
+    parallel_for(chunks.size(), threads_, [&](size_t c, int) {
+      ok[c] = all_in_range(input.data() + chunks[c].first, chunks[c].second - chunks[c].first);
+    });
+    for (char o : ok) in_range = in_range && o;
+  }
+  if (!in_range) {
     for (size_t i = 0; i < n; ++i) {
       if (std::fabs(input[i]) <= kMaxAbsValue) continue;
       const char* what = std::isfinite(input[i]) ? "exceeds 2^64" : "is not finite";
@@ -93,7 +205,7 @@ FrameInfo Pipeline::encode_impl(std::span<const float> values, std::span<float> 
 
   // Without zstd the payload is built in place in the frame; with it, in raw_ first.
   uint8_t* raw;
-  if (zc_) {
+  if (!zc_.empty()) {
     raw_.resize(layout.total);
     raw = raw_.data();
   } else {
@@ -107,8 +219,10 @@ FrameInfo Pipeline::encode_impl(std::span<const float> values, std::span<float> 
     topk_select(input, layout, h.block, raw + layout.index_offset, kept_.data(), topk_scratch_);
     dense = kept_;
     group = layout.kept_full;
+    encode_values(h.codec, dense, group, raw + layout.scales_offset, raw + layout.codes_offset, codes_[0]);
+  } else {
+    encode_dense(dense, layout, raw);
   }
-  encode_values(h.codec, dense, group, raw + layout.scales_offset, raw + layout.codes_offset, codes_);
 
   if (with_ef) {
     // The residual is measured against exactly what receivers decode from these bytes
@@ -118,16 +232,16 @@ FrameInfo Pipeline::encode_impl(std::span<const float> values, std::span<float> 
   }
 
   size_t stored = layout.total;
-  if (zc_ && layout.total > 0) {
+  if (!zc_.empty() && layout.total > 0) {
     frame_out.resize(kHeaderBytes + layout.total + kTrailerBytes);
-    const size_t z = zc_->compress({raw, layout.total}, {frame_out.data() + kHeaderBytes, layout.total - 1});
+    const size_t z = compress_chunks({raw, layout.total}, {frame_out.data() + kHeaderBytes, layout.total - 1});
     if (z > 0) {
       stored = z;
       h.flags |= kFlagZstd;
     } else {
       std::memcpy(frame_out.data() + kHeaderBytes, raw, layout.total);
     }
-  } else if (zc_) {
+  } else if (!zc_.empty()) {
     frame_out.resize(kHeaderBytes + kTrailerBytes);
   }
   h.stored_bytes = stored;
@@ -137,7 +251,10 @@ FrameInfo Pipeline::encode_impl(std::span<const float> values, std::span<float> 
   bytes::store<uint64_t>(frame_out.data() + body, frame_checksum({frame_out.data(), body}));
 
   if (with_ef) {
-    for (size_t i = 0; i < n; ++i) ef[i] = corrected_[i] - decoded_[i];
+    const auto chunks = element_chunks(n, 8);
+    parallel_for(chunks.size(), threads_, [&](size_t c, int) {
+      for (size_t i = chunks[c].first; i < chunks[c].second; ++i) ef[i] = corrected_[i] - decoded_[i];
+    });
   }
   const FrameInfo info = info_of(h);
   totals_.add(info);
@@ -147,13 +264,12 @@ FrameInfo Pipeline::encode_impl(std::span<const float> values, std::span<float> 
 void Pipeline::decode_payload(const FrameHeader& h, const uint8_t* payload, std::span<float> out) {
   const PayloadLayout layout = payload_layout(h.codec, h.block, h.topk_k, h.elements);
   if (!h.topk()) {
-    decode_values(h.codec, payload + layout.scales_offset, payload + layout.codes_offset, h.elements, h.block,
-                  out.data(), codes_);
+    decode_dense(h, layout, payload, out);
     return;
   }
   kept_.resize(layout.kept);
   decode_values(h.codec, payload + layout.scales_offset, payload + layout.codes_offset, layout.kept, layout.kept_full,
-                kept_.data(), codes_);
+                kept_.data(), codes_[0]);
   topk_scatter(payload + layout.index_offset, layout, h.block, kept_.data(), out);
 }
 
@@ -170,9 +286,8 @@ FrameInfo Pipeline::decode(std::span<const uint8_t> frame, uint64_t expected_ele
   const uint8_t* payload = frame.data() + kHeaderBytes;
   if (h.zstd()) {
     // raw_bytes was checked against the layout of expected_elements: a bounded allocation.
-    if (!zd_) zd_ = std::make_unique<ZstdDecompressor>();
     raw_.resize(h.raw_bytes);
-    zd_->decompress(frame.subspan(kHeaderBytes, h.stored_bytes), raw_);
+    decompress_payload(h, frame.subspan(kHeaderBytes, h.stored_bytes), raw_);
     payload = raw_.data();
   }
   decode_payload(h, payload, out);
@@ -186,7 +301,10 @@ FrameInfo Pipeline::decode_add(std::span<const uint8_t> frame, uint64_t expected
   const FrameInfo info = decode(frame, expected_elements, decoded_);
   float* s = sum.data();
   const float* d = decoded_.data();
-  for (size_t i = 0; i < expected_elements; ++i) s[i] += d[i];
+  const auto chunks = element_chunks(expected_elements, 8);
+  parallel_for(chunks.size(), threads_, [&](size_t c, int) {
+    for (size_t i = chunks[c].first; i < chunks[c].second; ++i) s[i] += d[i];
+  });
   return info;
 }
 

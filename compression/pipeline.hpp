@@ -8,7 +8,10 @@
 // all sites hold bit-identical sums (docs/compression.md explains this choice). A site must
 // add the decoded form of its own frame, not its raw values.
 //
-// Pipeline objects hold scratch buffers and zstd contexts: one per thread, not shared.
+// Pipeline objects hold scratch buffers and zstd contexts: one per thread, not shared. With
+// config().threads > 1 a Pipeline runs each frame's work on that many threads of its own
+// (parallel.hpp): element chunks of the dense codecs, zstd chunks; top-k selection stays on
+// the caller's thread. A frame's bytes do not depend on the thread count.
 #pragma once
 
 #include <cstddef>
@@ -95,16 +98,29 @@ class Pipeline {
   // Decodes the raw (pre-zstd) payload described by `h` into out.
   void decode_payload(const FrameHeader& h, const uint8_t* payload, std::span<float> out);
 
+  // Dense codecs: the values in element chunks (whole blocks) on the pipeline's threads.
+  void encode_dense(std::span<const float> x, const PayloadLayout& layout, uint8_t* raw);
+  void decode_dense(const FrameHeader& h, const PayloadLayout& layout, const uint8_t* payload, std::span<float> out);
+  // zstd over the raw payload in kZstdChunkBytes chunks into `out` (capacity raw.size() - 1);
+  // 0 when the chunks together would not be smaller than the raw payload.
+  size_t compress_chunks(std::span<const uint8_t> raw, std::span<uint8_t> out);
+  // A version-2 payload's chunks back into `out` (raw_bytes); version 1: one zstd frame.
+  void decompress_payload(const FrameHeader& h, std::span<const uint8_t> stored, std::span<uint8_t> out);
+  // [begin, end) element ranges of about kElementChunk elements, cut at multiples of `group`.
+  std::vector<std::pair<size_t, size_t>> element_chunks(size_t n, size_t group) const;
+
   PipelineConfig config_;
-  std::unique_ptr<ZstdCompressor> zc_;
-  std::unique_ptr<ZstdDecompressor> zd_;
+  int threads_ = 1;
+  std::vector<std::unique_ptr<ZstdCompressor>> zc_;    // one per thread (zstd on)
+  std::vector<std::unique_ptr<ZstdDecompressor>> zd_;  // one per thread, made when needed
   WireTotals totals_;
   // Scratch, reused across calls.
   std::vector<float> corrected_;
   std::vector<float> kept_;
   std::vector<float> decoded_;
   std::vector<uint8_t> raw_;
-  std::vector<uint8_t> codes_;
+  std::vector<std::vector<uint8_t>> codes_;    // per thread
+  std::vector<std::vector<uint8_t>> zchunks_;  // per zstd chunk: its compressed bytes
   std::vector<uint32_t> topk_scratch_;
 };
 

@@ -13,6 +13,12 @@ void ZstdDecompressor::Free::operator()(ZSTD_DCtx_s* c) const { ZSTD_freeDCtx(c)
 
 size_t zstd_bound(size_t raw) { return ZSTD_compressBound(raw); }
 
+size_t zstd_frame_size(std::span<const uint8_t> in) {
+  const size_t n = ZSTD_findFrameCompressedSize(in.data(), in.size());
+  if (ZSTD_isError(n)) throw FrameError(FrameFault::kZstd, fmt::format("zstd frame: {}", ZSTD_getErrorName(n)));
+  return n;
+}
+
 ZstdCompressor::ZstdCompressor(int level) : ctx_(ZSTD_createCCtx()), level_(level) {
   if (!ctx_) throw Error("zstd: cannot create a compression context (out of memory)");
   // Pin everything that could vary between machines or library defaults so every site emits
@@ -32,6 +38,13 @@ size_t ZstdCompressor::compress(std::span<const uint8_t> in, std::span<uint8_t> 
   return rc < in.size() ? rc : 0;
 }
 
+size_t ZstdCompressor::compress_frame(std::span<const uint8_t> in, std::span<uint8_t> out) {
+  const size_t rc = ZSTD_compress2(ctx_.get(), out.data(), out.size(), in.data(), in.size());
+  if (ZSTD_isError(rc))
+    throw Error(fmt::format("zstd: compressing {} bytes at level {}: {}", in.size(), level_, ZSTD_getErrorName(rc)));
+  return rc;
+}
+
 ZstdDecompressor::ZstdDecompressor() : ctx_(ZSTD_createDCtx()) {
   if (!ctx_) throw Error("zstd: cannot create a decompression context (out of memory)");
   // Bound the window a hostile frame can make us allocate: payloads are at most a shard, and
@@ -42,8 +55,7 @@ ZstdDecompressor::ZstdDecompressor() : ctx_(ZSTD_createDCtx()) {
 
 void ZstdDecompressor::decompress(std::span<const uint8_t> in, std::span<uint8_t> out) {
   const unsigned long long declared = ZSTD_getFrameContentSize(in.data(), in.size());
-  if (declared == ZSTD_CONTENTSIZE_ERROR)
-    throw FrameError(FrameFault::kZstd, "payload is not a zstd frame");
+  if (declared == ZSTD_CONTENTSIZE_ERROR) throw FrameError(FrameFault::kZstd, "payload is not a zstd frame");
   if (declared == ZSTD_CONTENTSIZE_UNKNOWN)
     throw FrameError(FrameFault::kZstd, "zstd frame does not declare its content size");
   if (declared != out.size())

@@ -18,6 +18,9 @@ class ZstdCompressor {
   // Compresses `in` into `out` (capacity out.size()). Returns the compressed size, or 0 when
   // the result would not be smaller than `in` (the caller then sends the raw payload).
   size_t compress(std::span<const uint8_t> in, std::span<uint8_t> out);
+  // Compresses `in` into one zstd frame in `out` (capacity at least zstd_bound(in.size())),
+  // whatever its size; returns it.
+  size_t compress_frame(std::span<const uint8_t> in, std::span<uint8_t> out);
   int level() const { return level_; }
 
  private:
@@ -45,5 +48,8 @@ class ZstdDecompressor {
 
 // Worst-case compressed size of `raw` bytes (ZSTD_compressBound).
 size_t zstd_bound(size_t raw);
+// The size of the zstd frame that starts `in` (it may be followed by others); FrameError(kZstd)
+// when `in` does not start with a whole zstd frame.
+size_t zstd_frame_size(std::span<const uint8_t> in);
 
 }  // namespace geoloco::compression

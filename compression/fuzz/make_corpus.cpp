@@ -75,15 +75,15 @@ int main(int argc, char** argv) {
   const size_t P = kHeaderBytes;
   const auto i8 = encode(Codec::kInt8, 64, std::nullopt, 0, x);  // 5 blocks: scales at P..P+20
   const auto i4 = encode(Codec::kInt4, 64, std::nullopt, 0, std::vector<float>(301, 0.5f));
-  const auto tk = encode(Codec::kFp32, 128, 0.05, 0, x);         // k = 7: packed 7-bit indices, 7 bytes/block
-  const auto bm = encode(Codec::kFp32, 16, 0.5, 0, x);           // bitmaps, 2 bytes/block
+  const auto tk = encode(Codec::kFp32, 128, 0.05, 0, x);  // k = 7: packed 7-bit indices, 7 bytes/block
+  const auto bm = encode(Codec::kFp32, 16, 0.5, 0, x);    // bitmaps, 2 bytes/block
   const auto zs = encode(Codec::kFp32, 32, std::nullopt, 3, flat);
   auto m = [&](const char* name, const std::vector<uint8_t>& f) { write(dir / "malformed" / name, f); };
   m("truncated-empty.bin", {});
   m("truncated-half-header.bin", std::vector<uint8_t>(i8.begin(), i8.begin() + 20));
   m("truncated-payload.bin", std::vector<uint8_t>(i8.begin(), i8.end() - 9));
   m("magic-png.bin", patch<uint32_t>(i8, 0, 0x474e5089, false));
-  m("version-2.bin", patch<uint16_t>(i8, 4, 2, false));
+  m("version-3.bin", patch<uint16_t>(i8, 4, 3, false));
   m("codec-200.bin", patch<uint8_t>(i8, 6, 200, false));
   m("flags-high-bit.bin", patch<uint8_t>(i8, 7, 0x80, false));
   m("block-zero.bin", patch<uint32_t>(i8, 8, 0, false));

@@ -53,18 +53,19 @@ TEST(Frame, HeaderFieldsAreValidated) {
   const auto f = encode(make_config(Codec::kInt8, 64), kData);
   EXPECT_EQ(decode_fault(f, 200), std::nullopt);
   EXPECT_EQ(decode_fault(patched<uint8_t>(f, 0, 'X'), 200), FrameFault::kMagic);
-  EXPECT_EQ(decode_fault(patched<uint16_t>(f, 4, 2), 200), FrameFault::kVersion);
+  EXPECT_EQ(decode_fault(patched<uint16_t>(f, 4, 3), 200), FrameFault::kVersion);
+  EXPECT_EQ(decode_fault(patched<uint16_t>(f, 4, 0), 200), FrameFault::kVersion);
   EXPECT_EQ(decode_fault(patched<uint8_t>(f, 6, 7), 200), FrameFault::kCodec);
   EXPECT_EQ(decode_fault(patched<uint8_t>(f, 7, 4), 200), FrameFault::kFlags);
   EXPECT_EQ(decode_fault(patched<uint32_t>(f, 8, 8), 200), FrameFault::kBlock);
   EXPECT_EQ(decode_fault(patched<uint32_t>(f, 8, 68), 200), FrameFault::kBlock);
   EXPECT_EQ(decode_fault(patched<uint32_t>(f, 8, 65544), 200), FrameFault::kBlock);
-  EXPECT_EQ(decode_fault(patched<uint32_t>(f, 12, 3), 200), FrameFault::kTopk);      // k without the flag
+  EXPECT_EQ(decode_fault(patched<uint32_t>(f, 12, 3), 200), FrameFault::kTopk);        // k without the flag
   EXPECT_EQ(decode_fault(patched<uint8_t>(f, 7, kFlagTopk), 200), FrameFault::kTopk);  // flag without k
   auto g = patched<uint8_t>(f, 7, kFlagTopk);
-  EXPECT_EQ(decode_fault(patched<uint32_t>(g, 12, 65), 200), FrameFault::kTopk);     // k > block
-  EXPECT_EQ(decode_fault(patched<uint64_t>(f, 24, 1), 200), FrameFault::kSize);      // raw_bytes
-  EXPECT_EQ(decode_fault(patched<uint64_t>(f, 32, 1), 200), FrameFault::kSize);      // stored != raw
+  EXPECT_EQ(decode_fault(patched<uint32_t>(g, 12, 65), 200), FrameFault::kTopk);  // k > block
+  EXPECT_EQ(decode_fault(patched<uint64_t>(f, 24, 1), 200), FrameFault::kSize);   // raw_bytes
+  EXPECT_EQ(decode_fault(patched<uint64_t>(f, 32, 1), 200), FrameFault::kSize);   // stored != raw
   EXPECT_EQ(decode_fault(patched<uint8_t>(f, f.size() - 1, f.back() ^ 1), 200), FrameFault::kChecksum);
   EXPECT_EQ(decode_fault(patched<uint8_t>(f, 100, f[100] ^ 0x10), 200), FrameFault::kChecksum);
 }
@@ -114,7 +115,7 @@ TEST(Frame, InvalidCodesAndScalesInsideAResealedPayload) {
   const size_t P = kHeaderBytes;
   // int8: 4 scales (200 / 64 -> 4 blocks) then codes.
   const auto f8 = encode(make_config(Codec::kInt8, 64), kData);
-  EXPECT_EQ(decode_fault(patched<uint8_t>(f8, P + 16 + 10, 0x80, true), 200), FrameFault::kPayload);   // -128
+  EXPECT_EQ(decode_fault(patched<uint8_t>(f8, P + 16 + 10, 0x80, true), 200), FrameFault::kPayload);  // -128
   EXPECT_EQ(decode_fault(patched<float>(f8, P + 4, -1.0f, true), 200), FrameFault::kPayload);
   EXPECT_EQ(decode_fault(patched<float>(f8, P + 4, -0.0f, true), 200), FrameFault::kPayload);
   EXPECT_EQ(decode_fault(patched<float>(f8, P + 4, std::numeric_limits<float>::quiet_NaN(), true), 200),
