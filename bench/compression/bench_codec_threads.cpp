@@ -3,6 +3,10 @@
 // rank's share of the WAN link: the frames it emits per second over the link's bytes per
 // second per rank (goal >= 10x: encoding a shard takes a tenth of sending it, or less).
 //
+// Both readings of "keeps up" are printed: input_vs_link_x, fp32 input GB/s over the link
+// share (the time to encode a shard against the time the link takes for the same bytes
+// uncompressed), and keeps_up_x, frames out per second over the link share.
+//
 // Per config (int8 + zstd 1, int4 + error feedback + zstd 3, int2 + error feedback + zstd 3, by
 // default) and thread count: encode (with error feedback where the config has it) and decode
 // of --mib MiB of synthetic pseudo-gradients, thread counts alternated in every repetition,
@@ -134,6 +138,7 @@ int main(int argc, char** argv) {
                         {"ratio_vs_fp32", ratio},
                         {"frame_out_gbps", frame_gbps},
                         {"link_share_gbps", share_gbps},
+                        {"input_vs_link_x", e["median"].get<double>() / share_gbps},
                         {"keeps_up_x", frame_gbps / share_gbps},
                         {"encode_vs_one_thread", e["median"].get<double>() / spread(enc[0])["median"].get<double>()}});
         std::cerr << rows.back().dump() << "\n";
