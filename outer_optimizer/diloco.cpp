@@ -426,10 +426,10 @@ void Diloco::sync(Fragment& f, int64_t step, trainer::SiteStrategy& strategy, co
   const uint64_t round = static_cast<uint64_t>(++round_);
   auto shard = strategy.shard_params();
   begin_round_buffers(f);
-  gather_local(f, shard, f.snapshot);
+  gather_local(f, shard, f.delta);  // the pseudo-gradient is computed in place
   f.attachment = planned_ ? planner_.attachment() : std::vector<uint8_t>{};
   const uint64_t tokens = round_tokens(f, step, strategy);
-  collect_round(f, ctx_, step, round, tokens, f.snapshot, membership_.active(round), membership_.deadline_s(),
+  collect_round(f, ctx_, step, round, tokens, f.delta, membership_.active(round), membership_.deadline_s(),
                 trainer::TraceRecorder::kMainThread, again ? &again->mine : nullptr);
   ExchangeResult r;
   try {
@@ -465,9 +465,10 @@ void Diloco::sync(Fragment& f, int64_t step, trainer::SiteStrategy& strategy, co
 void Diloco::launch(Fragment& f, int64_t step, trainer::SiteStrategy& strategy) {
   const uint64_t round = static_cast<uint64_t>(++round_);
   const uint64_t tokens = round_tokens(f, step, strategy);
-  // The worker reads a snapshot: the inner loop keeps training the live shard meanwhile.
+  // The worker reads a snapshot (f.delta, turned into the pseudo-gradient in place): the inner
+  // loop keeps training the live shard meanwhile.
   begin_round_buffers(f);
-  gather_local(f, strategy.shard_params(), f.snapshot);
+  gather_local(f, strategy.shard_params(), f.delta);
   f.attachment = planned_ ? planner_.attachment() : std::vector<uint8_t>{};
   f.last_sync_step = step;
   f.launch_step = step;
@@ -595,13 +596,11 @@ void Diloco::complete(Fragment& f, trainer::SiteStrategy& strategy) {
 }
 
 void Diloco::begin_round_buffers(Fragment& f) {
-  f.snapshot.resize(f.n);
   f.delta.resize(f.n);
   f.decoded.resize(f.n);
   f.avg.resize(f.n);
   uint64_t held = 0;
-  for (const auto& g : frags_)
-    held += g->snapshot.capacity() + g->delta.capacity() + g->decoded.capacity() + g->avg.capacity();
+  for (const auto& g : frags_) held += g->delta.capacity() + g->decoded.capacity() + g->avg.capacity();
   round_buffer_peak_ = std::max(round_buffer_peak_, held * sizeof(float));
 }
 
@@ -609,7 +608,7 @@ void Diloco::end_round_buffers(Fragment& f) {
   // With one fragment the next round needs them all again: keep them (no page faults per
   // round). With several, only the fragments in flight hold theirs.
   if (frags_.size() <= 1) return;
-  for (auto* v : {&f.snapshot, &f.delta, &f.decoded, &f.avg}) std::vector<float>().swap(*v);
+  for (auto* v : {&f.delta, &f.decoded, &f.avg}) std::vector<float>().swap(*v);
 }
 
 void Diloco::finish_round(Fragment& f, trainer::SiteStrategy& strategy, int64_t step, uint64_t round, double seconds,
@@ -783,8 +782,8 @@ nlohmann::json Diloco::summary() {
 nlohmann::json Diloco::memory_json() const {
   // Host bytes the outer loop holds for this rank's shard, by what they are: kept between
   // rounds (global weights, the outer optimizer's state, the error-feedback residual) and, at
-  // their peak, the rounds' own buffers (the shard's snapshot, the pseudo-gradient, a decoded
-  // frame, the average: 16 bytes per element of a fragment in flight; with several fragments
+  // their peak, the rounds' own buffers (the shard's snapshot, turned into the pseudo-gradient
+  // in place, a decoded frame, the average: 12 bytes per element of a fragment in flight; with several fragments
   // only those in flight hold them, begin_round_buffers / end_round_buffers).
   uint64_t elements = 0, global = 0, optimizer = 0, residual = 0;
   for (const auto& f : frags_) {

@@ -115,7 +115,7 @@ class Diloco : public trainer::OuterHook {
   struct ShardState {
     std::vector<float> global, opt_a, opt_b, ef;  // empty: not kept by this optimizer/codec
   };
-  // A fragment's round buffers (snapshot, delta, decoded, avg): sized when its round starts,
+  // A fragment's round buffers (delta: the snapshot, then the pseudo-gradient; decoded, avg): sized when its round starts,
   // released when it is applied if there are several fragments.
   void begin_round_buffers(Fragment& f);
   void end_round_buffers(Fragment& f);

@@ -246,8 +246,8 @@ void Diloco::resumed(int64_t step, trainer::SiteStrategy& strategy) {
     f.awaiting_decision = true;
     f.pending_merge = true;
     begin_round_buffers(f);
-    gather_local(f, strategy.shard_params(), f.snapshot);  // (the round's error stats: against these)
-    collect_round(f, ctx_, r.step, r.round, 0, f.snapshot, membership_.active(r.round), membership_.deadline_s(),
+    gather_local(f, strategy.shard_params(), f.delta);  // (the round's error stats: against these)
+    collect_round(f, ctx_, r.step, r.round, 0, f.delta, membership_.active(r.round), membership_.deadline_s(),
                   trace_tid(f), &r.mine);
   }
   // (A quorum lost again keeps them as the first time did, in the step's merges or not.)

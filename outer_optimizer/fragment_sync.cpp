@@ -97,6 +97,7 @@ void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64
     in.missing.assign(static_cast<size_t>(S), {});
 
     // 1. Pseudo-gradient of this shard.
+    // `local` may be f.delta itself (the snapshot: computed in place).
     for (size_t i = 0; i < n; ++i) f.delta[i] = f.global[i] - local[i];
     if (!ctx.hooks.capture_dir.empty() && !again) {
       const std::string path = fmt::format("{}/pseudograd.{}.r{}.round{}.safetensors", ctx.hooks.capture_dir,
@@ -355,7 +356,7 @@ void launch_worker(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64
   const ExchangeContext* c = &ctx;
   f.worker = std::thread([fp, c, step, round, tokens, active, deadline_s, tid] {
     try {
-      collect_round(*fp, *c, step, round, tokens, fp->snapshot, active, deadline_s, tid);
+      collect_round(*fp, *c, step, round, tokens, fp->delta, active, deadline_s, tid);
     } catch (...) {
       fp->error = std::current_exception();  // rethrown by the inner loop at the join
     }

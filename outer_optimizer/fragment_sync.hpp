@@ -76,7 +76,8 @@ struct Fragment {
   size_t n = 0;                   // elements on this rank (may be 0)
   std::vector<Segment> segments;  // one per piece of this rank's shard, in order (some may be empty)
   std::vector<float> global;      // the fragment's global weights, gathered in range order
-  std::vector<float> delta, decoded, avg, snapshot;
+  // delta: the snapshot of the local values at launch, then (in place) the pseudo-gradient.
+  std::vector<float> delta, decoded, avg;
   std::unique_ptr<compression::Pipeline> pipeline;
   std::unique_ptr<compression::ErrorFeedback> ef;
   std::unique_ptr<OuterOptimizer> opt;
@@ -92,7 +93,7 @@ struct Fragment {
   // The cross-site check of this fragment's latest round, posted and not yet verified
   // (verified before the fragment's next round, a checkpoint, a re-plan and the run's end).
   std::optional<HashCheck> check;
-  // Overlap: the worker owns global/delta/decoded/avg/snapshot/pipeline/ef/opt while
+  // Overlap: the worker owns global/delta/decoded/avg/pipeline/ef/opt while
   // in_flight; the inner loop touches them only after join().
   std::thread worker;
   bool in_flight = false, pending_merge = false, joined = false;
@@ -152,7 +153,7 @@ void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64
 // round commits. Runs on the inner loop's thread.
 ExchangeResult apply_round(Fragment& f, const ExchangeContext& ctx, SiteMask members, SiteMask joiners, int tid);
 
-// Overlap: runs collect_round() on the fragment's worker thread from f.snapshot;
+// Overlap: runs collect_round() on the fragment's worker thread from f.delta (the snapshot);
 // join_worker() rethrows its error on the inner loop's thread.
 void launch_worker(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64_t round, uint64_t tokens,
                    SiteMask active, double deadline_s, int tid);
