@@ -41,6 +41,15 @@ PathMeasurement PathMeasurement::worst(const PathMeasurement& a, const PathMeasu
   return w;
 }
 
+namespace {
+// {"4": seconds, ...}: JSON keys are strings.
+nlohmann::json local_json(const std::map<int, double>& m) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [b, s] : m) j[std::to_string(b)] = s;
+  return j;
+}
+}  // namespace
+
 nlohmann::json PlanDecision::to_json() const {
   return {{"epoch", epoch},
           {"interval", interval},
@@ -54,7 +63,8 @@ nlohmann::json PlanDecision::to_json() const {
           {"capacity_scale", capacity_scale},
           {"target_met", target_met},
           {"reason", reason},
-          {"path", path.to_json()}};
+          {"path", path.to_json()},
+          {"local_sync_s", local_json(local_sync_s)}};
 }
 
 PlanDecision PlanDecision::from_json(const nlohmann::json& j, const std::string& source) {
@@ -73,6 +83,15 @@ PlanDecision PlanDecision::from_json(const nlohmann::json& j, const std::string&
     d.target_met = j.at("target_met").get<bool>();
     d.reason = j.at("reason").get<std::string>();
     d.path = PathMeasurement::from_json(j.at("path"));
+    if (j.contains("local_sync_s"))  // absent in plans written before it was measured
+      for (const auto& [k, v] : j.at("local_sync_s").items()) {
+        int b = 0;
+        for (int w : {2, 4, 8, 16, 32})
+          if (k == std::to_string(w)) b = w;
+        const double sec = v.get<double>();
+        if (b == 0 || !(sec >= 0) || !std::isfinite(sec)) throw Error("local_sync_s out of range");
+        d.local_sync_s[b] = sec;
+      }
     if (d.epoch < 0 || d.interval < 1 || d.fragments < 1 || d.fragments > d.interval || d.lanes < 1 ||
         !compression::codec_from_name(d.codec))
       throw Error("values out of range");
@@ -115,6 +134,7 @@ planner::BudgetInput budget_input(const PlanRequest& req) {
   in.measured_connections = req.path.connections;
   in.step_time_s = req.step_time_s;
   in.step_time_source = "measured";
+  in.local_sync_s_by_bits = req.local_sync_s;
   // The weight-hash check is verified a round later, off the sync path: no latency term.
   in.check_rtts = 0.0;
   in.eager_bytes = req.eager_bytes;
@@ -167,6 +187,7 @@ PlanDecision choose_plan(const PlanRequest& req) {
   d.capacity_scale = req.capacity_scale;
   d.target_met = s.found;
   d.path = req.path;
+  d.local_sync_s = req.local_sync_s;
   // What more lanes would buy, for the reason (the transport's lanes are fixed at start-up).
   std::string lanes_note;
   if (!s.found || e.H > in.h_floor) {
@@ -177,18 +198,25 @@ PlanDecision choose_plan(const PlanRequest& req) {
       lanes_note =
           fmt::format(" With transport.lanes: {} the same target would need H = {}.", more.search_lanes[0], m.best.H);
   }
+  std::string local;
+  for (const auto& [b, sec] : req.local_sync_s)
+    local += fmt::format("{}{} bits {:.0f} ms", local.empty() ? ", the outer loop's own time per sync (" : ", ", b,
+                         sec * 1e3);
+  if (!local.empty()) local += ")";
   d.reason = fmt::format(
       "Measured: RTT {:.2f} ms (p99 {:.2f} ms), {:.0f} Mbit/s on one connection, {:.0f} Mbit/s on {} lanes{}, inner "
       "step "
-      "{:.1f} ms (slowest site), {:.3g}M parameters, {} sites x {} ranks. Chose H = {}, {} fragment(s), {} ({} bits), "
+      "{:.1f} ms (slowest site){}, {:.3g}M parameters, {} sites x {} ranks. Chose H = {}, {} fragment(s), {} ({} "
+      "bits), "
       "{} lane(s), overlap {} steps: one fragment sync is predicted at {:.1f} ms against {:.1f} ms of compute per "
       "period, utilization {:.4f} {} target {:.3f}{}.{}",
       req.path.rtt_s * 1e3, req.path.rtt_p99_s * 1e3, req.path.per_connection_Bps * 8 / 1e6,
       req.path.path_Bps * 8 / 1e6, req.path.connections,
       req.capacity_scale != 1.0 ? fmt::format(" (recalibrated x{:.3f} to the measured syncs)", req.capacity_scale) : "",
-      req.step_time_s * 1e3, req.params / 1e6, req.sites, req.ranks, d.interval, d.fragments, d.codec, d.bits, d.lanes,
-      o.delayed_update ? "H (delayed update)" : std::to_string(o.overlap_steps), d.predicted_fragment_sync_s * 1e3,
-      double(d.interval) * req.step_time_s * 1e3, d.predicted_utilization, s.found ? ">=" : "<", o.target_utilization,
+      req.step_time_s * 1e3, local, req.params / 1e6, req.sites, req.ranks, d.interval, d.fragments, d.codec, d.bits,
+      d.lanes, o.delayed_update ? "H (delayed update)" : std::to_string(o.overlap_steps),
+      d.predicted_fragment_sync_s * 1e3, double(d.interval) * req.step_time_s * 1e3, d.predicted_utilization,
+      s.found ? ">=" : "<", o.target_utilization,
       s.found ? " (the smallest H that reaches it; more bits preferred at equal H)" : fmt::format(" ({})", s.reason),
       lanes_note);
   return d;
@@ -197,7 +225,7 @@ PlanDecision choose_plan(const PlanRequest& req) {
 double calibrated_capacity_scale(const PlanRequest& req, const PlanDecision& plan, double measured_s) {
   planner::BudgetInput in = budget_input(req);
   const double bpv = in.bytes_per_value_for_bits(plan.bits);
-  const planner::SyncCost c = planner::sync_cost(in, bpv, plan.fragments, req.transport_lanes);
+  const planner::SyncCost c = planner::sync_cost(in, bpv, plan.fragments, req.transport_lanes, plan.bits);
   const double fixed = c.latency_s + c.slow_start_s + c.local_s;
   // Bandwidth term scales as 1 / rate: the rate that gives `measured_s`.
   const double want = std::max(measured_s - fixed, 1e-6);

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -51,8 +52,11 @@ struct PlanRequest {
   double rtts_per_round = -1;            // < 0: from eager_bytes; transport.emulate: 0.5 (no TCP handshakes)
   int n_layer = 1;                       // fragments <= n_layer
   PathMeasurement path;
-  double step_time_s = 0;              // slowest site's inner step
-  double capacity_scale = 1.0;         // recalibration: measured / modelled WAN rate
+  double step_time_s = 0;       // slowest site's inner step
+  double capacity_scale = 1.0;  // recalibration: measured / modelled WAN rate
+  // The outer loop's own time per sync of a rank's shard, by bit width (local_cost.hpp; the
+  // slowest rank of the slowest site); empty: not modelled.
+  std::map<int, double> local_sync_s;
   const OuterConfig* outer = nullptr;  // tau, delayed update, target, H range, bits, block
 };
 
@@ -70,6 +74,7 @@ struct PlanDecision {
   bool target_met = false;
   std::string reason;  // one paragraph: inputs, choice, why
   PathMeasurement path;
+  std::map<int, double> local_sync_s;  // what the plan was made with (PlanRequest), kept for re-plans
 
   bool same_schedule(const PlanDecision& o) const {
     return interval == o.interval && fragments == o.fragments && codec == o.codec;

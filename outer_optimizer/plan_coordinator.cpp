@@ -1,5 +1,6 @@
 // The outer.plan: auto protocol between sites: start-up plan, period boundaries (plan_coordinator.hpp).
 #include "outer_optimizer/plan_coordinator.hpp"
+#include "outer_optimizer/local_cost.hpp"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -64,8 +65,10 @@ PlanCoordinator::~PlanCoordinator() {
   if (probe_thread_.joinable()) probe_thread_.join();
 }
 
-PlanRequest PlanCoordinator::request(const PathMeasurement& path, double step_time_s, double capacity_scale) const {
+PlanRequest PlanCoordinator::request(const PathMeasurement& path, double step_time_s, double capacity_scale,
+                                     const std::map<int, double>& local_sync_s) const {
   PlanRequest r;
+  r.local_sync_s = local_sync_s;
   r.params = static_cast<double>(layout_.total());
   r.sites = static_cast<int>(cfg_.sites.size());
   // Rank pairs that carry the exchange in parallel: the smallest site's rank count (each of its
@@ -142,6 +145,30 @@ PlanDecision PlanCoordinator::initial(trainer::SiteStrategy& strategy, const std
       step_s = std::max(step_s, v);
     }
   }
+  // The outer loop's own cost per sync of this rank's shard, by codec width (local_cost.hpp),
+  // then the site's slowest rank's.
+  const auto measured = measure_local_sync_s(ocfg_.compression, ocfg_.plan_bits, S, strategy.shard_params().size());
+  std::vector<double> local_v;
+  for (int b : ocfg_.plan_bits) local_v.push_back(measured.at(b));
+  if (auto* coll = strategy.collective(); coll && strategy.ranks() > 1) {
+    auto all = coll->all_gather_bytes(std::as_bytes(std::span<const double>(local_v)));
+    for (auto& bytes : all) {
+      GEOLOCO_CHECK(bytes.size() == local_v.size() * sizeof(double), "outer plan: a rank's local costs of {} bytes",
+                    bytes.size());
+      for (size_t i = 0; i < local_v.size(); ++i) {
+        double v = 0;
+        std::memcpy(&v, bytes.data() + i * sizeof(double), sizeof v);
+        local_v[i] = std::max(local_v[i], v);
+      }
+    }
+  }
+  std::map<int, double> local;
+  for (size_t i = 0; i < local_v.size(); ++i) local[ocfg_.plan_bits[i]] = local_v[i];
+  auto local_json = [](const std::map<int, double>& m) {
+    nlohmann::json j = nlohmann::json::object();
+    for (const auto& [b, sec] : m) j[std::to_string(b)] = sec;
+    return j;
+  };
   std::vector<uint8_t> plan_bytes;
   if (peers_.rank() == 0) {
     // 2. The probe ran on its own thread during the measured steps.
@@ -161,11 +188,16 @@ PlanDecision PlanCoordinator::initial(trainer::SiteStrategy& strategy, const std
         try {
           max_step = std::max(max_step, j.at("step_time_s").get<double>());
           path = PathMeasurement::worst(path, PathMeasurement::from_json(j.at("path")));
+          for (const auto& [k, v] : j.at("local_sync_s").items()) {
+            const auto it =
+                std::find_if(local.begin(), local.end(), [&](const auto& e) { return std::to_string(e.first) == k; });
+            if (it != local.end()) it->second = std::max(it->second, v.get<double>());
+          }
         } catch (const nlohmann::json::exception& x) {
           throw Error(fmt::format("outer plan: malformed report from {}: {}", peers_.name(s), x.what()));
         }
       }
-      PlanDecision d = choose_plan(request(path, max_step, 1.0));
+      PlanDecision d = choose_plan(request(path, max_step, 1.0, local));
       d.epoch = 1;
       const std::string body = d.to_json().dump();
       std::vector<transport::SendHandle> sends;
@@ -174,7 +206,8 @@ PlanDecision PlanCoordinator::initial(trainer::SiteStrategy& strategy, const std
       for (auto& op : sends) op.wait();
       plan_bytes.assign(body.begin(), body.end());
     } else {
-      const nlohmann::json report = {{"step_time_s", step_s}, {"path", worst.to_json()}};
+      const nlohmann::json report = {
+          {"step_time_s", step_s}, {"path", worst.to_json()}, {"local_sync_s", local_json(local)}};
       auto sent = peers_.send(0, EnvelopeKind::kPlanReport, 0, kStartReportShard, 0, text_bytes(report.dump()));
       auto got = peers_.post_recv(0, 0, kStartPlanShard);
       sent.wait();
@@ -335,9 +368,9 @@ std::optional<PlanDecision> PlanCoordinator::decide(const std::vector<nlohmann::
     return std::nullopt;
   }
   if (!any_drift || max_step <= 0) return std::nullopt;
-  PlanRequest req = request(plan.path, max_step, plan.capacity_scale);
+  PlanRequest req = request(plan.path, max_step, plan.capacity_scale, plan.local_sync_s);
   const double scale = min_sync > 0 ? calibrated_capacity_scale(req, plan, min_sync) : plan.capacity_scale;
-  PlanDecision n = choose_plan(request(plan.path, max_step, scale));
+  PlanDecision n = choose_plan(request(plan.path, max_step, scale, plan.local_sync_s));
   n.epoch = n.same_schedule(plan) ? plan.epoch : plan.epoch + 1;
   // A recalibration that moves the prediction by less than half the threshold is noise.
   const bool minor =

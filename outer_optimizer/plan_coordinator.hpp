@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <exception>
+#include <map>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -81,7 +82,8 @@ class PlanCoordinator {
 
  private:
   PathMeasurement probe_sites();
-  PlanRequest request(const PathMeasurement& path, double step_time_s, double capacity_scale) const;
+  PlanRequest request(const PathMeasurement& path, double step_time_s, double capacity_scale,
+                      const std::map<int, double>& local_sync_s) const;
   // The decider's choice from the reports of boundary `index` (none: keep the plan).
   std::optional<PlanDecision> decide(const std::vector<nlohmann::json>& reports, int64_t index,
                                      const PlanDecision& plan) const;

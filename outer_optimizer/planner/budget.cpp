@@ -216,7 +216,7 @@ void BudgetInput::validate() const {
   (void)bytes_per_value();
 }
 
-SyncCost sync_cost(const BudgetInput& in, double bpv, int fragments, int lanes) {
+SyncCost sync_cost(const BudgetInput& in, double bpv, int fragments, int lanes, int bits) {
   SyncCost c;
   const double S = in.sites;
   c.payload_bytes = in.params * bpv / fragments;
@@ -242,7 +242,7 @@ SyncCost sync_cost(const BudgetInput& in, double bpv, int fragments, int lanes) 
                     static_cast<double>(in.pattern == Pattern::AllToAll ? (in.sites - 1) * in.ranks : in.ranks);
   c.rtts_per_round = in.rtts_per_round >= 0 ? in.rtts_per_round : (c.message_bytes <= in.eager_bytes ? 0.5 : 1.5);
   c.latency_s = static_cast<double>(c.rounds) * c.rtts_per_round * in.rtt_s + c.check_s;
-  c.local_s = in.local_sync_s / fragments;
+  c.local_s = in.local_sync_for(bits) / fragments;
   if (in.slow_start) {
     // Connections idle between syncs restart from the initial window (Linux default
     // tcp_slow_start_after_idle=1). A ring's rounds run back to back, so each connection
@@ -276,7 +276,7 @@ Evaluation evaluate(const BudgetInput& in, int64_t H, int bits, double bpv, int 
   e.bytes_per_value = bpv;
   e.fragments = fragments;
   e.lanes = lanes;
-  e.fragment_sync = sync_cost(in, bpv, fragments, lanes);
+  e.fragment_sync = sync_cost(in, bpv, fragments, lanes, bits);
   e.compute_s = static_cast<double>(H) * in.step_time_s;
   e.hide_window_s = static_cast<double>(in.overlap_steps) * in.step_time_s;
   e.exposed_s = exposed_wait_s(H, in.step_time_s, fragments, in.overlap_steps, e.fragment_sync.total_s);

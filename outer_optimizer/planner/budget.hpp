@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -92,6 +93,13 @@ struct BudgetInput {
   // site's frame, outer step, copies (measured: a sync over a zero-latency, unlimited link).
   // A fragment sync pays local_sync_s / F. 0: not modelled.
   double local_sync_s = 0;
+  // Measured per codec bit width (outer.plan: auto, local_cost.hpp): overrides local_sync_s
+  // for the widths it holds.
+  std::map<int, double> local_sync_s_by_bits;
+  double local_sync_for(int bits) const {
+    const auto it = local_sync_s_by_bits.find(bits);
+    return it != local_sync_s_by_bits.end() ? it->second : local_sync_s;
+  }
   bool slow_start = false;
   double initial_window_bytes = 10 * 1448;  // Linux initcwnd 10 segments of 1448 bytes
   double dp_bytes_per_value = 2;            // per-step DDP across sites ships bf16 gradients
@@ -135,7 +143,8 @@ struct SyncCost {
   double total_s = 0;       // bandwidth + latency + slow start + local
 };
 
-SyncCost sync_cost(const BudgetInput& in, double bytes_per_value, int fragments, int lanes);
+// `bits` (0: unknown) picks local_sync_s_by_bits' entry for the codec's own cost.
+SyncCost sync_cost(const BudgetInput& in, double bytes_per_value, int fragments, int lanes, int bits = 0);
 
 struct Evaluation {
   int64_t H = 0;

@@ -11,6 +11,7 @@
 #include "tests/support/ports.hpp"
 #include "multisite_util.hpp"
 #include "outer_optimizer/auto_plan.hpp"
+#include "outer_optimizer/local_cost.hpp"
 #include "trainer/core/config_node.hpp"
 #include "trainer/core/error.hpp"
 #include "trainer/loop/run_config.hpp"
@@ -197,6 +198,46 @@ TEST(AutoPlan, UnreachableTargetSaysWhy) {
   EXPECT_THROW(outer::choose_plan(bad), Error);
 }
 
+// The outer loop's own time per sync (local_cost.hpp) is part of every fragment sync the plan
+// predicts, per codec width: a codec that is slow on this host costs H like a slow link does.
+TEST(AutoPlan, TheOuterLoopsOwnTimeCountsPerCodecWidth) {
+  auto o = outer_from(
+      "outer: {plan: auto, target_utilization: 0.95, plan_h_min: 1, plan_h_max: 100000, "
+      "plan_bits: [8, 4]}\n");
+  auto req = request(o, 20, 10000, 300);
+  const auto free_local = outer::choose_plan(req);
+  ASSERT_TRUE(free_local.target_met) << free_local.reason;
+  // int4 and int8 each take 2 s of the host's time per sync: H grows to hide it.
+  req.local_sync_s = {{8, 2.0}, {4, 2.0}};
+  const auto slow = outer::choose_plan(req);
+  EXPECT_GT(slow.interval, free_local.interval) << slow.reason;
+  EXPECT_GE(slow.predicted_fragment_sync_s, 2.0 / slow.fragments);
+  EXPECT_NE(slow.reason.find("(4 bits 2000 ms, 8 bits 2000 ms)"), std::string::npos) << slow.reason;
+  // Only int4 is slow here: the plan prefers int8 at the same or a smaller H.
+  req.local_sync_s = {{8, 0.01}, {4, 20.0}};
+  const auto pick = outer::choose_plan(req);
+  EXPECT_EQ(pick.bits, 8) << pick.reason;
+  // The costs travel with the decision (re-plans use them) and are checked when read.
+  const auto back = outer::PlanDecision::from_json(pick.to_json(), "test");
+  EXPECT_EQ(back.local_sync_s, req.local_sync_s);
+  auto j = pick.to_json();
+  j["local_sync_s"] = {{"3", 1.0}};
+  EXPECT_THROW(outer::PlanDecision::from_json(j, "test"), geoloco::Error);
+  j["local_sync_s"] = {{"4", -1.0}};
+  EXPECT_THROW(outer::PlanDecision::from_json(j, "test"), geoloco::Error);
+  j.erase("local_sync_s");  // a plan written before it was measured
+  EXPECT_TRUE(outer::PlanDecision::from_json(j, "test").local_sync_s.empty());
+}
+
+TEST(LocalCost, EveryWidthIsTimedAndAnEmptyShardCostsNothing) {
+  compression::PipelineConfig base;
+  base.zstd_level = 1;
+  const auto m = outer::measure_local_sync_s(base, {16, 8, 4}, 3, 1u << 18, 1u << 16);
+  ASSERT_EQ(m.size(), 3u);
+  for (const auto& [b, s] : m) EXPECT_GT(s, 0.0) << b;
+  for (const auto& [b, s] : outer::measure_local_sync_s(base, {8, 2}, 2, 0)) EXPECT_EQ(s, 0.0) << b;
+}
+
 TEST(AutoPlan, DecisionRoundTripsAndMalformedIsRejected) {
   auto o = outer_from("outer: {plan: auto, plan_h_min: 1}\n");
   auto d = outer::choose_plan(request(o, 20, 1000, 100));
@@ -275,6 +316,13 @@ TEST(AutoPlan, EverySiteAndRankRunsTheSamePlan) {
   EXPECT_EQ(plan_json["format"], "geoloco-plan");
   EXPECT_EQ(plan_json["plans"][0]["reason"], p["reason"]);
   EXPECT_NE(p["reason"].get<std::string>().find("Chose H ="), std::string::npos);
+  // The outer loop's own time per sync was measured for every width the plan may pick (here
+  // plan_bits' default 16/8/4), and the prediction carries the chosen width's share.
+  ASSERT_TRUE(p.contains("local_sync_s")) << p.dump();
+  for (const char* b : {"16", "8", "4"}) EXPECT_GT(p["local_sync_s"].value(b, 0.0), 0.0) << p.dump();
+  EXPECT_GE(p["predicted_fragment_sync_s"].get<double>(),
+            p["local_sync_s"][std::to_string(p["bits"].get<int>())].get<double>() / p["fragments"].get<double>());
+  EXPECT_NE(p["reason"].get<std::string>().find("the outer loop's own time per sync"), std::string::npos);
 }
 
 // A link that gets 200x slower after step 20 (test hook scaling the measured sync times):
