@@ -43,6 +43,18 @@ Pipeline::Pipeline(const PipelineConfig& config) : config_(config) {
   codes_.resize(static_cast<size_t>(threads_));
 }
 
+void Pipeline::reserve(size_t elements) {
+  if (config_.error_feedback) {
+    corrected_.resize(std::max(corrected_.size(), elements));
+    decoded_.resize(std::max(decoded_.size(), elements));
+  }
+  if (!zc_.empty()) {
+    const PayloadLayout layout =
+        payload_layout(config_.codec, config_.block, config_.topk ? config_.topk_per_block() : 0, elements);
+    raw_.resize(std::max<size_t>(raw_.size(), layout.total));
+  }
+}
+
 std::vector<std::pair<size_t, size_t>> Pipeline::element_chunks(size_t n, size_t group) const {
   std::vector<std::pair<size_t, size_t>> out;
   const size_t step = std::max<size_t>(group, kElementChunk / group * group);

@@ -90,6 +90,9 @@ class Pipeline {
   static FrameInfo inspect(std::span<const uint8_t> frame, uint64_t expected_elements);
 
   const WireTotals& encoded_totals() const { return totals_; }
+  // Sizes (and touches) the scratch a frame of `elements` needs, so the first encode of a
+  // large shard does not pay its page faults on the sync's path.
+  void reserve(size_t elements);
 
  private:
   // encode(), with error feedback on `residual` (values.size() elements) when `with_ef`.

@@ -78,6 +78,7 @@ Diloco::Diloco(const trainer::RunConfig& cfg, int site, int rank, transport::Tra
   plan_.lanes = transport ? transport->lanes() : 1;
   plan_.reason = "the configured schedule (outer.plan: manual)";
   planned_ = !ocfg_.auto_plan() || S == 1;
+  if (planned_) prefault_round_buffers();  // (under plan: auto, the plan's fragments are)
   if (ocfg_.auto_plan() && S == 1 && rank_ == 0)
     spdlog::warn("outer.plan: auto needs more than one site; keeping the configured schedule");
   if (rank_ == 0 && plans_.size() > 1)
@@ -178,7 +179,9 @@ void Diloco::set_schedule(const PlanDecision& d, std::span<const float> global) 
   interval_ = d.interval;
   pcfg_ = plan_compression(ocfg_.compression, d);
   if (auto* t = peers_.transport()) t->set_active_lanes(std::min(d.lanes, t->lanes()));
+  buffer_pool_.clear();
   build_fragments(d.fragments, global);
+  prefault_round_buffers();
 }
 
 std::vector<uint64_t> Diloco::piece_hashes() const {
@@ -596,19 +599,48 @@ void Diloco::complete(Fragment& f, trainer::SiteStrategy& strategy) {
 }
 
 void Diloco::begin_round_buffers(Fragment& f) {
+  if (f.delta.capacity() < f.n && !buffer_pool_.empty()) {
+    RoundBuffers& pooled = buffer_pool_.back();
+    f.delta.swap(pooled.delta);
+    f.decoded.swap(pooled.decoded);
+    f.avg.swap(pooled.avg);
+    buffer_pool_.pop_back();
+  }
   f.delta.resize(f.n);
   f.decoded.resize(f.n);
   f.avg.resize(f.n);
   uint64_t held = 0;
   for (const auto& g : frags_) held += g->delta.capacity() + g->decoded.capacity() + g->avg.capacity();
+  for (const auto& p : buffer_pool_) held += p.delta.capacity() + p.decoded.capacity() + p.avg.capacity();
   round_buffer_peak_ = std::max(round_buffer_peak_, held * sizeof(float));
 }
 
 void Diloco::end_round_buffers(Fragment& f) {
-  // With one fragment the next round needs them all again: keep them (no page faults per
-  // round). With several, only the fragments in flight hold theirs.
+  // With one fragment the next round needs them all again: keep them. With several, only the
+  // fragments in flight hold theirs; the others' go back to the pool for the next round.
   if (frags_.size() <= 1) return;
-  for (auto* v : {&f.delta, &f.decoded, &f.avg}) std::vector<float>().swap(*v);
+  RoundBuffers done;
+  done.delta.swap(f.delta);
+  done.decoded.swap(f.decoded);
+  done.avg.swap(f.avg);
+  buffer_pool_.push_back(std::move(done));
+}
+
+void Diloco::prefault_round_buffers() {
+  size_t most = 0;
+  for (auto& f : frags_) {
+    most = std::max(most, f->n);
+    f->pipeline->reserve(f->n);
+  }
+  if (frags_.size() == 1) {
+    begin_round_buffers(*frags_[0]);
+  } else if (buffer_pool_.empty() && most > 0) {
+    RoundBuffers first;
+    first.delta.resize(most);
+    first.decoded.resize(most);
+    first.avg.resize(most);
+    buffer_pool_.push_back(std::move(first));
+  }
 }
 
 void Diloco::finish_round(Fragment& f, trainer::SiteStrategy& strategy, int64_t step, uint64_t round, double seconds,
@@ -619,7 +651,9 @@ void Diloco::finish_round(Fragment& f, trainer::SiteStrategy& strategy, int64_t 
   site_hash_ = combine_site_hash(strategy, piece_hashes());
   last_sync_s_ = seconds;
   sync_seconds_.push_back(last_sync_s_);
-  boundary_syncs_.push_back(seconds);
+  // outer.plan: auto's drift test: a fragment's first round since it was built pays its
+  // first-touch costs (buffers, transport registration): not what the next ones will take.
+  if (f.rounds_done++ > 0) boundary_syncs_.push_back(seconds);
   frame_bytes_total_ += r.frame_bytes;
   elements_total_ += r.elements;
   if (!r.tokens.empty()) {

@@ -119,6 +119,15 @@ class Diloco : public trainer::OuterHook {
   // released when it is applied if there are several fragments.
   void begin_round_buffers(Fragment& f);
   void end_round_buffers(Fragment& f);
+  // Several fragments: the buffers of rounds done, reused by the next round that starts (their
+  // pages stay mapped: no page faults per round); at most as many sets as were ever in flight.
+  struct RoundBuffers {
+    std::vector<float> delta, decoded, avg;
+  };
+  std::vector<RoundBuffers> buffer_pool_;
+  // Allocates and touches what the rounds of the fragments just built will use (their round
+  // buffers, or one pooled set; each pipeline's scratch), off the sync's path.
+  void prefault_round_buffers();
   ShardState pack_state() const;
   // One vector of every fragment (`get`) as views in shard layout (diloco_state.cpp).
   std::vector<std::span<const float>> shard_views(const std::function<std::span<const float>(Fragment&)>& get);

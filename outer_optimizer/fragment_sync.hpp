@@ -85,6 +85,7 @@ struct Fragment {
   // reports and decisions), set before collect_round.
   std::vector<uint8_t> attachment;
   uint32_t step_us = 0;                // outer.pace: time: the site's step time for its next envelope
+  int64_t rounds_done = 0;             // since it was built (its first round pays its first-touch costs)
   int64_t last_sync_step = 0;          // launch step of its latest round
   int64_t last_sync_trained = 0;       // outer.pace: time: the rank's trained steps at that launch
   int64_t blocking_step = -1;          // step of its latest blocking sync
