@@ -42,6 +42,7 @@ for ((r = 1; r <= BENCH_RUNS; ++r)); do
     GEOLOCO_BIN="$geoloco" "$root/tools/wan/run" --timeout 900 --output-dir "$out/$sc-$r" \
       "$root/configs/wan/$sc.yaml" "$out/rehearse-auto.yaml" >"$out/$sc-$r.log" 2>&1 ||
       { echo "run.sh: $sc run $r failed:" >&2; tail -30 "$out/$sc-$r.log" >&2; exit 1; }
+    rm -rf "$out/$sc-$r/checkpoints"  # about 10 GB per run at 254M; the summary and metrics stay
   done
 done
 bench_finish
