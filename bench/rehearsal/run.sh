@@ -8,8 +8,8 @@
 # a period is short enough for several syncs in 100 steps), through tools/wan/run SCENARIO.
 # Per run: the plan's prediction (rehearsal.predicted) and the measurement: the mean fragment
 # sync of the rounds after the first (the first pays its buffers' page faults: reported
-# apart), and paris' compute utilization over the periods after the first sync (metrics
-# lines). The JSON gives medians (min, max) over the runs per scenario, the ratios measured /
+# apart), and paris' compute utilization over the whole periods after the first sync
+# (metrics lines; the run's last, partial period with its final blocking sync left out). The JSON gives medians (min, max) over the runs per scenario, the ratios measured /
 # predicted, and the worst ratio. The peer is the prediction, not a run: like bench/budget,
 # the load gate applies and the load is recorded; scenarios alternate within each run index.
 #

@@ -21,7 +21,9 @@ for sc in scenarios:
         util = []
         for line in open(os.path.join(d, "metrics.jsonl")):
             m = json.loads(line)
-            if "compute_utilization" in m and m.get("outer_step", 0) >= 2:
+            # Whole periods after the first sync: the last line (the run's end, a partial period
+            # with the final blocking sync) is left out.
+            if "compute_utilization" in m and m.get("outer_step", 0) >= 2 and m["step"] < s["steps"]:
                 util.append(m["compute_utilization"])
         plan = s["plans"][-1]
         runs.append({

@@ -99,6 +99,34 @@ TEST(Rehearsal, TheOuterLoopRunsBehindAStandInInnerLoop) {
   EXPECT_LT(std::fabs(dot) / std::sqrt(m2 * double(p.size()) * ll), 0.2) << "the sites' directions correlate";
 }
 
+// outer.pace: time with a rehearsal: a site 4x slower trains about one step of each period of
+// 5, never the period's first (where the stand-in moves the shard), and must still drift once
+// per period: its pseudo-gradients after the first round are not zero.
+TEST(Rehearsal, ASlowerSiteUnderPaceTimeStillDriftsEveryPeriod) {
+  TempDir d;
+  d.file("k.psk", "0123456789abcdef-test-key");
+  const auto cfg = trainer::load_run_config(
+      d.file("c.yaml", rehearsal_config(d.path() / "out", "{step_seconds: 0.01, drift: 1.0e-3}")),
+      {"outer.pace=time", "outer.weighting=tokens", "sites.1.slowdown=4"});
+  geoloco::testing::RankSetup setup;
+  setup.hooks.capture_dir = (d.path() / "captured").string();
+  std::filesystem::create_directories(setup.hooks.capture_dir);
+  const auto out = geoloco::testing::run_ranks(cfg, 0, false, setup);
+  std::set<std::string> global;
+  for (const auto& s : out) global.insert(s["global_weights_hash"].get<std::string>());
+  EXPECT_EQ(global.size(), 1u);
+  const auto& lyon = out[2];  // lyon rank 0
+  ASSERT_EQ(lyon["site"], "lyon");
+  EXPECT_GE(lyon["steps_skipped"].get<int>(), 6) << "periods 2-4 train about 1 of 5 steps";
+  for (int round : {2, 3, 4}) {
+    const auto v = delta(d.path() / "captured", "lyon", 0, round);
+    double mean_abs = 0;
+    for (float x : v) mean_abs += std::fabs(x);
+    mean_abs /= double(v.size());
+    EXPECT_GT(mean_abs, 5 * 1e-3 * 0.5) << "round " << round << ": lyon's shard did not move";
+  }
+}
+
 TEST(Rehearsal, ConfigRefusesBadSettings) {
   TempDir d;
   d.file("k.psk", "0123456789abcdef-test-key");

@@ -53,8 +53,11 @@ double Rehearsal::drift(std::span<float> shard, int64_t offset, int64_t step, in
   const int64_t h = std::max<int64_t>(interval, 1);
   // The whole period's move at its first step: one pass over the shard per period, so the
   // stand-in leaves the host's cores to the outer loop as a GPU's inner loop would.
-  if ((step - 1) % h != 0) return 0.0;
-  const uint64_t period = static_cast<uint64_t>((step - 1) / h);
+  const int64_t this_period = (step - 1) / h;
+  const bool due = (step - 1) % h == 0 || pending_period_ == this_period;
+  pending_period_ = -1;
+  if (!due) return 0.0;
+  const uint64_t period = static_cast<uint64_t>(this_period);
   // Element i's direction in this period: a value drawn by hashing (i, period), times its
   // row's scale; i is absolute, so an element moves alike whatever the site's sharding.
   const uint64_t key = mix_seed(seed_, period);
@@ -73,6 +76,11 @@ double Rehearsal::drift(std::span<float> shard, int64_t offset, int64_t step, in
     p[i] -= s * rows[row] * vals[pick & vmask];
   }
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void Rehearsal::skipped(int64_t step, int64_t interval) {
+  const int64_t h = std::max<int64_t>(interval, 1);
+  if ((step - 1) % h == 0) pending_period_ = (step - 1) / h;
 }
 
 void Rehearsal::count_step(double drift_s, double step_s) {

@@ -42,6 +42,9 @@ class Rehearsal {
   // element `offset`): at the first step of a period of `interval` steps, the period's move
   // along its direction; nothing at the other steps. Returns the seconds it took.
   double drift(std::span<float> shard, int64_t offset, int64_t step, int64_t interval);
+  // Step `step` was skipped (outer.pace: time): if it was a period's first, that period's move
+  // goes to its next step taken (a slower site still drifts once per period).
+  void skipped(int64_t step, int64_t interval);
 
   // What the summary says: the settings, the steps taken, the overruns, the drift's mean cost.
   void count_step(double drift_s, double step_s);
@@ -53,6 +56,7 @@ class Rehearsal {
   std::vector<float> values_;  // Student-t (nu 3), unit mean magnitude
   std::vector<float> scales_;  // log-normal row scales
   int64_t steps_ = 0, overruns_ = 0;
+  int64_t pending_period_ = -1;  // a period whose first step was skipped: its move is still due
   double drift_seconds_ = 0;
 };
 

@@ -571,6 +571,7 @@ struct Trainer::Impl {
         ++trained_steps;
         window_tokens += tokens_per_step_run;
       } else {
+        if (rehearsal) rehearsal->skipped(step + 1, cfg.outer.interval);
         ++step;
         ++skipped_steps;
       }
