@@ -41,6 +41,7 @@ Pipeline::Pipeline(const PipelineConfig& config) : config_(config) {
     for (int t = 0; t < threads_; ++t) zc_.push_back(std::make_unique<ZstdCompressor>(config_.zstd_level));
   zd_.resize(static_cast<size_t>(threads_));
   codes_.resize(static_cast<size_t>(threads_));
+  topk_scratch_.resize(static_cast<size_t>(threads_));
 }
 
 void Pipeline::reserve(size_t elements) {
@@ -59,6 +60,13 @@ std::vector<std::pair<size_t, size_t>> Pipeline::element_chunks(size_t n, size_t
   std::vector<std::pair<size_t, size_t>> out;
   const size_t step = std::max<size_t>(group, kElementChunk / group * group);
   for (size_t b = 0; b < n; b += step) out.emplace_back(b, std::min(n, b + step));
+  return out;
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> Pipeline::block_chunks(uint64_t blocks, uint32_t block) const {
+  std::vector<std::pair<uint64_t, uint64_t>> out;
+  const uint64_t step = std::max<uint64_t>(8, kElementChunk / block / 8 * 8);
+  for (uint64_t b = 0; b < blocks; b += step) out.emplace_back(b, std::min(blocks, b + step));
   return out;
 }
 
@@ -224,16 +232,25 @@ FrameInfo Pipeline::encode_impl(std::span<const float> values, std::span<float> 
     frame_out.resize(kHeaderBytes + layout.total + kTrailerBytes);
     raw = frame_out.data() + kHeaderBytes;
   }
-  std::span<const float> dense = input;
-  size_t group = config_.block;
   if (h.topk()) {
+    // Block ranges of whole multiples of 8 blocks: each range's index bytes, kept values,
+    // scales and codes (8 x kept_full codes end on a byte) are its own.
     kept_.resize(layout.kept);
-    topk_select(input, layout, h.block, raw + layout.index_offset, kept_.data(), topk_scratch_);
-    dense = kept_;
-    group = layout.kept_full;
-    encode_values(h.codec, dense, group, raw + layout.scales_offset, raw + layout.codes_offset, codes_[0]);
+    const auto ranges = block_chunks(layout.blocks, h.block);
+    const int bits = codec_bits(h.codec);
+    const bool scaled = codec_has_scales(h.codec);
+    const uint64_t kf = layout.kept_full;
+    parallel_for(ranges.size(), threads_, [&](size_t c, int w) {
+      const auto [b0, b1] = ranges[c];
+      topk_select(input, layout, h.block, raw + layout.index_offset, kept_.data(),
+                  topk_scratch_[static_cast<size_t>(w)], b0, b1);
+      const uint64_t k0 = b0 * kf, k1 = b1 == layout.blocks ? layout.kept : b1 * kf;
+      encode_values(h.codec, std::span<const float>(kept_).subspan(k0, k1 - k0), kf,
+                    raw + layout.scales_offset + (scaled ? b0 * 4 : 0),
+                    raw + layout.codes_offset + k0 * static_cast<uint64_t>(bits) / 8, codes_[static_cast<size_t>(w)]);
+    });
   } else {
-    encode_dense(dense, layout, raw);
+    encode_dense(input, layout, raw);
   }
 
   if (with_ef) {
@@ -280,9 +297,18 @@ void Pipeline::decode_payload(const FrameHeader& h, const uint8_t* payload, std:
     return;
   }
   kept_.resize(layout.kept);
-  decode_values(h.codec, payload + layout.scales_offset, payload + layout.codes_offset, layout.kept, layout.kept_full,
-                kept_.data(), codes_[0]);
-  topk_scatter(payload + layout.index_offset, layout, h.block, kept_.data(), out);
+  const auto ranges = block_chunks(layout.blocks, h.block);
+  const int bits = codec_bits(h.codec);
+  const bool scaled = codec_has_scales(h.codec);
+  const uint64_t kf = layout.kept_full;
+  parallel_for(ranges.size(), threads_, [&](size_t c, int w) {
+    const auto [b0, b1] = ranges[c];
+    const uint64_t k0 = b0 * kf, k1 = b1 == layout.blocks ? layout.kept : b1 * kf;
+    decode_values(h.codec, payload + layout.scales_offset + (scaled ? b0 * 4 : 0),
+                  payload + layout.codes_offset + k0 * static_cast<uint64_t>(bits) / 8, k1 - k0, kf, kept_.data() + k0,
+                  codes_[static_cast<size_t>(w)]);
+    topk_scatter(payload + layout.index_offset, layout, h.block, kept_.data(), out, b0, b1);
+  });
 }
 
 FrameInfo Pipeline::inspect(std::span<const uint8_t> frame, uint64_t expected_elements) {

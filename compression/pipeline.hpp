@@ -10,8 +10,8 @@
 //
 // Pipeline objects hold scratch buffers and zstd contexts: one per thread, not shared. With
 // config().threads > 1 a Pipeline runs each frame's work on that many threads of its own
-// (parallel.hpp): element chunks of the dense codecs, zstd chunks; top-k selection stays on
-// the caller's thread. A frame's bytes do not depend on the thread count.
+// (parallel.hpp): element chunks of the dense codecs, block ranges of top-k, zstd chunks. A
+// frame's bytes do not depend on the thread count.
 #pragma once
 
 #include <cstddef>
@@ -109,6 +109,8 @@ class Pipeline {
   size_t compress_chunks(std::span<const uint8_t> raw, std::span<uint8_t> out);
   // A version-2 payload's chunks back into `out` (raw_bytes); version 1: one zstd frame.
   void decompress_payload(const FrameHeader& h, std::span<const uint8_t> stored, std::span<uint8_t> out);
+  // Top-k: [b0, b1) block ranges of about kElementChunk elements, multiples of 8 blocks.
+  std::vector<std::pair<uint64_t, uint64_t>> block_chunks(uint64_t blocks, uint32_t block) const;
   // [begin, end) element ranges of about kElementChunk elements, cut at multiples of `group`.
   std::vector<std::pair<size_t, size_t>> element_chunks(size_t n, size_t group) const;
 
@@ -122,9 +124,9 @@ class Pipeline {
   std::vector<float> kept_;
   std::vector<float> decoded_;
   std::vector<uint8_t> raw_;
-  std::vector<std::vector<uint8_t>> codes_;    // per thread
-  std::vector<std::vector<uint8_t>> zchunks_;  // per zstd chunk: its compressed bytes
-  std::vector<uint32_t> topk_scratch_;
+  std::vector<std::vector<uint8_t>> codes_;          // per thread
+  std::vector<std::vector<uint8_t>> zchunks_;        // per zstd chunk: its compressed bytes
+  std::vector<std::vector<uint32_t>> topk_scratch_;  // per thread
 };
 
 }  // namespace geoloco::compression

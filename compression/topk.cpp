@@ -89,12 +89,17 @@ static uint32_t count_at_least(const uint32_t* __restrict mag, uint32_t n, uint3
 }
 
 void topk_select(std::span<const float> x, const PayloadLayout& l, uint32_t block, uint8_t* index, float* kept,
-                 std::vector<uint32_t>& scratch) {
-  if (l.index_bytes) std::memset(index, 0, l.index_bytes);
+                 std::vector<uint32_t>& scratch, uint64_t b0, uint64_t b1) {
+  if (b1 == 0 || b1 > l.blocks) b1 = l.blocks;
+  if (b0 >= b1) return;
+  if (l.index_bytes) {
+    const BlockGeometry first = geometry(l, block, b0), last = geometry(l, block, b1 - 1);
+    std::memset(index + first.index_offset, 0, last.index_offset + last.index_bytes - first.index_offset);
+  }
   scratch.resize(2 * static_cast<size_t>(block));
   uint32_t* mag = scratch.data();
   uint32_t* pos = scratch.data() + block;
-  for (uint64_t b = 0; b < l.blocks; ++b) {
+  for (uint64_t b = b0; b < b1; ++b) {
     const BlockGeometry g = geometry(l, block, b);
     const float* xb = x.data() + g.begin;
     // |x| as bits: orders finite magnitudes exactly.
@@ -135,10 +140,16 @@ void topk_select(std::span<const float> x, const PayloadLayout& l, uint32_t bloc
   }
 }
 
-void topk_scatter(const uint8_t* index, const PayloadLayout& l, uint32_t block, const float* kept,
-                  std::span<float> out) {
-  std::fill(out.begin(), out.end(), 0.0f);
-  for (uint64_t b = 0; b < l.blocks; ++b) {
+void topk_scatter(const uint8_t* index, const PayloadLayout& l, uint32_t block, const float* kept, std::span<float> out,
+                  uint64_t b0, uint64_t b1) {
+  if (b1 == 0 || b1 > l.blocks) b1 = l.blocks;
+  if (b0 >= b1) return;
+  {
+    const BlockGeometry first = geometry(l, block, b0), last = geometry(l, block, b1 - 1);
+    std::fill(out.begin() + static_cast<std::ptrdiff_t>(first.begin),
+              out.begin() + static_cast<std::ptrdiff_t>(last.begin + last.len), 0.0f);
+  }
+  for (uint64_t b = b0; b < b1; ++b) {
     const BlockGeometry g = geometry(l, block, b);
     const uint8_t* ib = index + g.index_offset;
     const float* kin = kept + g.kept_offset;
@@ -171,7 +182,8 @@ void topk_scatter(const uint8_t* index, const PayloadLayout& l, uint32_t block, 
         if (pos >= g.len || static_cast<int64_t>(pos) <= prev)
           throw FrameError(FrameFault::kPayload,
                            fmt::format("block {}: kept index {} after {} (block length {}): out of range or "
-                                       "not ascending", b, pos, prev, g.len));
+                                       "not ascending",
+                                       b, pos, prev, g.len));
         prev = pos;
         ob[pos] = kin[j];
       }

@@ -48,7 +48,7 @@ nlohmann::json spread(std::vector<double> xs) {
 }
 
 PipelineConfig parse(const std::string& name, int threads) {
-  // "int4/ef/zstd3": codec, optional ef, optional zstdN (block 128).
+  // "int4/top0.1/ef/zstd3": codec, optional topF, ef, zstdN (block 128).
   PipelineConfig c;
   std::stringstream ss(name);
   std::string part;
@@ -61,10 +61,12 @@ PipelineConfig parse(const std::string& name, int threads) {
       first = false;
     } else if (part == "ef") {
       c.error_feedback = true;
+    } else if (part.rfind("top", 0) == 0 && part.size() > 3) {
+      c.topk = std::stod(part.substr(3));
     } else if (part.rfind("zstd", 0) == 0 && part.size() > 4) {
       c.zstd_level = std::stoi(part.substr(4));
     } else {
-      throw InputError("--configs: '" + part + "' in '" + name + "' (expected ef or zstdN)");
+      throw InputError("--configs: '" + part + "' in '" + name + "' (expected topF, ef or zstdN)");
     }
   }
   c.threads = threads;

@@ -1,4 +1,5 @@
-// compression.threads: a frame's work on several threads (parallel.hpp) gives the same bytes,
+// compression.threads: a frame's work on several threads (parallel.hpp; top-k by block ranges
+// too) gives the same bytes,
 // the same error-feedback residual and the same decoded values whatever the thread count;
 // zstd payloads in 1 MiB chunks (frame version 2) round-trip, version-1 frames (one zstd
 // frame) still decode, and a chunk list that does not fill the payload is refused.
@@ -42,34 +43,40 @@ TEST(CodecThreads, FramesResidualsAndDecodesDoNotDependOnTheThreadCount) {
     for (int zstd : {0, 3})
       for (bool ef : {false, true}) {
         if (ef && codec == Codec::kFp32) continue;
-        std::vector<uint8_t> ref_frame;
-        std::vector<float> ref_residual, ref_decoded;
-        for (int threads : {1, 2, 3, 8}) {
-          const std::string what = fmt::format("{} zstd {} ef {} threads {}", codec_name(codec), zstd, ef, threads);
-          Pipeline p(codec_config(codec, ef, zstd, threads));
-          std::vector<float> residual(n, 0.0f);
-          for (size_t i = 0; i < n; i += 7) residual[i] = 1e-4f * static_cast<float>(i % 13);
-          std::vector<uint8_t> frame;
-          if (ef)
-            p.encode_with_residual(x, residual, frame);
-          else
-            p.encode(x, nullptr, frame);
-          std::vector<float> decoded(n);
-          p.decode(frame, n, decoded);
-          if (threads == 1) {
-            ref_frame = frame;
-            ref_residual = residual;
-            ref_decoded = decoded;
-            if (zstd && codec == Codec::kInt8) {
-              const FrameInfo info = Pipeline::inspect(frame, n);
-              EXPECT_TRUE(info.zstd) << what;
-              EXPECT_GT(info.raw_bytes, kZstdChunkBytes) << what << ": spans several zstd chunks";
+        for (std::optional<double> topk : {std::optional<double>(), std::optional<double>(0.1)}) {
+          if (topk && (codec == Codec::kFp32 || zstd == 0)) continue;  // top-k rows: the lossy codecs, zstd on
+          std::vector<uint8_t> ref_frame;
+          std::vector<float> ref_residual, ref_decoded;
+          for (int threads : {1, 2, 3, 8}) {
+            const std::string what = fmt::format("{} zstd {} ef {} top-k {} threads {}", codec_name(codec), zstd, ef,
+                                                 topk.value_or(1.0), threads);
+            PipelineConfig pc = codec_config(codec, ef, zstd, threads);
+            pc.topk = topk;
+            Pipeline p(pc);
+            std::vector<float> residual(n, 0.0f);
+            for (size_t i = 0; i < n; i += 7) residual[i] = 1e-4f * static_cast<float>(i % 13);
+            std::vector<uint8_t> frame;
+            if (ef)
+              p.encode_with_residual(x, residual, frame);
+            else
+              p.encode(x, nullptr, frame);
+            std::vector<float> decoded(n);
+            p.decode(frame, n, decoded);
+            if (threads == 1) {
+              ref_frame = frame;
+              ref_residual = residual;
+              ref_decoded = decoded;
+              if (zstd && codec == Codec::kInt8 && !topk) {
+                const FrameInfo info = Pipeline::inspect(frame, n);
+                EXPECT_TRUE(info.zstd) << what;
+                EXPECT_GT(info.raw_bytes, kZstdChunkBytes) << what << ": spans several zstd chunks";
+              }
+              continue;
             }
-            continue;
+            EXPECT_EQ(frame, ref_frame) << what;
+            EXPECT_EQ(std::memcmp(residual.data(), ref_residual.data(), n * 4), 0) << what;
+            EXPECT_EQ(std::memcmp(decoded.data(), ref_decoded.data(), n * 4), 0) << what;
           }
-          EXPECT_EQ(frame, ref_frame) << what;
-          EXPECT_EQ(std::memcmp(residual.data(), ref_residual.data(), n * 4), 0) << what;
-          EXPECT_EQ(std::memcmp(decoded.data(), ref_decoded.data(), n * 4), 0) << what;
         }
       }
 }
