@@ -3,8 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "compression/bytes.hpp"
 #include "compression/parallel.hpp"
@@ -29,8 +31,35 @@ bool all_in_range(const float* x, size_t n) {
   return top <= std::bit_cast<uint32_t>(kMaxAbsValue);
 }
 
-// Elements per chunk of the dense codecs' work (rounded down to whole blocks): 1 MiB of fp32.
+// Elements per chunk of a frame's work on several threads: 1 MiB of fp32.
 constexpr size_t kElementChunk = size_t{1} << 18;
+
+// body(b, e) over [0, n) in chunks of kElementChunk on `threads` threads (elementwise passes).
+void for_each_range(size_t n, int threads, const std::function<void(size_t, size_t)>& body) {
+  const size_t chunks = (n + kElementChunk - 1) / kElementChunk;
+  parallel_for(chunks, threads, [&](size_t c, int) { body(c * kElementChunk, std::min(n, (c + 1) * kElementChunk)); });
+}
+
+// A range of whole blocks of the payload, [b0, b1), of a multiple of 8 blocks (but the last):
+// its coded values [v0, v1) (all the elements, or the kept ones with top-k) and where its
+// scales and codes start in their sections. 8 blocks of any values-per-block count end on a
+// byte of codes, so the ranges write disjoint bytes and may run on several threads.
+struct CodedRange {
+  uint64_t b0, b1, v0, v1, scales_at, codes_at;
+};
+
+std::vector<CodedRange> coded_ranges(const PayloadLayout& l, Codec codec, uint32_t block) {
+  std::vector<CodedRange> out;
+  const uint64_t step = std::max<uint64_t>(8, kElementChunk / block / 8 * 8);
+  const uint64_t per_block = l.kept_full, bits = static_cast<uint64_t>(codec_bits(codec));
+  const bool scaled = codec_has_scales(codec);
+  for (uint64_t b0 = 0; b0 < l.blocks; b0 += step) {
+    const uint64_t b1 = std::min(l.blocks, b0 + step);
+    const uint64_t v0 = b0 * per_block, v1 = b1 == l.blocks ? l.kept : b1 * per_block;
+    out.push_back({b0, b1, v0, v1, scaled ? b0 * 4 : 0, v0 * bits / 8});
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -54,48 +83,6 @@ void Pipeline::reserve(size_t elements) {
         payload_layout(config_.codec, config_.block, config_.topk ? config_.topk_per_block() : 0, elements);
     raw_.resize(std::max<size_t>(raw_.size(), layout.total));
   }
-}
-
-std::vector<std::pair<size_t, size_t>> Pipeline::element_chunks(size_t n, size_t group) const {
-  std::vector<std::pair<size_t, size_t>> out;
-  const size_t step = std::max<size_t>(group, kElementChunk / group * group);
-  for (size_t b = 0; b < n; b += step) out.emplace_back(b, std::min(n, b + step));
-  return out;
-}
-
-std::vector<std::pair<uint64_t, uint64_t>> Pipeline::block_chunks(uint64_t blocks, uint32_t block) const {
-  std::vector<std::pair<uint64_t, uint64_t>> out;
-  const uint64_t step = std::max<uint64_t>(8, kElementChunk / block / 8 * 8);
-  for (uint64_t b = 0; b < blocks; b += step) out.emplace_back(b, std::min(blocks, b + step));
-  return out;
-}
-
-void Pipeline::encode_dense(std::span<const float> x, const PayloadLayout& layout, uint8_t* raw) {
-  const size_t group = config_.block;
-  const int bits = codec_bits(config_.codec);
-  const bool scaled = codec_has_scales(config_.codec);
-  const auto chunks = element_chunks(x.size(), group);
-  // Chunks start at whole blocks, and a block is a multiple of 8 elements: each chunk's codes
-  // start on a byte and its scales at its first block, so the chunks write disjoint bytes.
-  parallel_for(chunks.size(), threads_, [&](size_t c, int w) {
-    const auto [b, e] = chunks[c];
-    encode_values(config_.codec, x.subspan(b, e - b), group, raw + layout.scales_offset + (scaled ? b / group * 4 : 0),
-                  raw + layout.codes_offset + b * static_cast<size_t>(bits) / 8, codes_[static_cast<size_t>(w)]);
-  });
-}
-
-void Pipeline::decode_dense(const FrameHeader& h, const PayloadLayout& layout, const uint8_t* payload,
-                            std::span<float> out) {
-  const size_t group = h.block;
-  const int bits = codec_bits(h.codec);
-  const bool scaled = codec_has_scales(h.codec);
-  const auto chunks = element_chunks(h.elements, group);
-  parallel_for(chunks.size(), threads_, [&](size_t c, int w) {
-    const auto [b, e] = chunks[c];
-    decode_values(h.codec, payload + layout.scales_offset + (scaled ? b / group * 4 : 0),
-                  payload + layout.codes_offset + b * static_cast<size_t>(bits) / 8, e - b, group, out.data() + b,
-                  codes_[static_cast<size_t>(w)]);
-  });
 }
 
 size_t Pipeline::compress_chunks(std::span<const uint8_t> raw, std::span<uint8_t> out) {
@@ -180,9 +167,7 @@ FrameInfo Pipeline::encode_impl(std::span<const float> values, std::span<float> 
   if (with_ef) {
     corrected_.resize(n);
     const float* r = ef;
-    const auto chunks = element_chunks(n, 8);
-    parallel_for(chunks.size(), threads_, [&](size_t c, int) {
-      const auto [b, e] = chunks[c];
+    for_each_range(n, threads_, [&](size_t b, size_t e) {
       if (config_.error_feedback_decay < 1.0) {
         const float beta = static_cast<float>(config_.error_feedback_decay);
         for (size_t i = b; i < e; ++i) corrected_[i] = values[i] + beta * r[i];
@@ -192,15 +177,10 @@ FrameInfo Pipeline::encode_impl(std::span<const float> values, std::span<float> 
     });
     input = corrected_;
   }
-  bool in_range = true;
-  {
-    const auto chunks = element_chunks(n, 8);
-    std::vector<char> ok(chunks.size(), 1);
-    parallel_for(chunks.size(), threads_, [&](size_t c, int) {
-      ok[c] = all_in_range(input.data() + chunks[c].first, chunks[c].second - chunks[c].first);
-    });
-    for (char o : ok) in_range = in_range && o;
-  }
+  std::atomic<bool> in_range{true};
+  for_each_range(n, threads_, [&](size_t b, size_t e) {
+    if (!all_in_range(input.data() + b, e - b)) in_range = false;
+  });
   if (!in_range) {
     for (size_t i = 0; i < n; ++i) {
       if (std::fabs(input[i]) <= kMaxAbsValue) continue;
@@ -232,26 +212,19 @@ FrameInfo Pipeline::encode_impl(std::span<const float> values, std::span<float> 
     frame_out.resize(kHeaderBytes + layout.total + kTrailerBytes);
     raw = frame_out.data() + kHeaderBytes;
   }
-  if (h.topk()) {
-    // Block ranges of whole multiples of 8 blocks: each range's index bytes, kept values,
-    // scales and codes (8 x kept_full codes end on a byte) are its own.
-    kept_.resize(layout.kept);
-    const auto ranges = block_chunks(layout.blocks, h.block);
-    const int bits = codec_bits(h.codec);
-    const bool scaled = codec_has_scales(h.codec);
-    const uint64_t kf = layout.kept_full;
-    parallel_for(ranges.size(), threads_, [&](size_t c, int w) {
-      const auto [b0, b1] = ranges[c];
+  // Top-k selection (into kept_) and the value codec, range by range (coded_ranges).
+  const auto ranges = coded_ranges(layout, h.codec, h.block);
+  if (h.topk()) kept_.resize(layout.kept);
+  const float* coded = h.topk() ? kept_.data() : input.data();
+  parallel_for(ranges.size(), threads_, [&](size_t c, int w) {
+    const CodedRange& r = ranges[c];
+    if (h.topk())
       topk_select(input, layout, h.block, raw + layout.index_offset, kept_.data(),
-                  topk_scratch_[static_cast<size_t>(w)], b0, b1);
-      const uint64_t k0 = b0 * kf, k1 = b1 == layout.blocks ? layout.kept : b1 * kf;
-      encode_values(h.codec, std::span<const float>(kept_).subspan(k0, k1 - k0), kf,
-                    raw + layout.scales_offset + (scaled ? b0 * 4 : 0),
-                    raw + layout.codes_offset + k0 * static_cast<uint64_t>(bits) / 8, codes_[static_cast<size_t>(w)]);
-    });
-  } else {
-    encode_dense(input, layout, raw);
-  }
+                  topk_scratch_[static_cast<size_t>(w)], r.b0, r.b1);
+    encode_values(h.codec, std::span<const float>(coded + r.v0, r.v1 - r.v0), layout.kept_full,
+                  raw + layout.scales_offset + r.scales_at, raw + layout.codes_offset + r.codes_at,
+                  codes_[static_cast<size_t>(w)]);
+  });
 
   if (with_ef) {
     // The residual is measured against exactly what receivers decode from these bytes
@@ -280,9 +253,8 @@ FrameInfo Pipeline::encode_impl(std::span<const float> values, std::span<float> 
   bytes::store<uint64_t>(frame_out.data() + body, frame_checksum({frame_out.data(), body}));
 
   if (with_ef) {
-    const auto chunks = element_chunks(n, 8);
-    parallel_for(chunks.size(), threads_, [&](size_t c, int) {
-      for (size_t i = chunks[c].first; i < chunks[c].second; ++i) ef[i] = corrected_[i] - decoded_[i];
+    for_each_range(n, threads_, [&](size_t b, size_t e) {
+      for (size_t i = b; i < e; ++i) ef[i] = corrected_[i] - decoded_[i];
     });
   }
   const FrameInfo info = info_of(h);
@@ -292,22 +264,14 @@ FrameInfo Pipeline::encode_impl(std::span<const float> values, std::span<float> 
 
 void Pipeline::decode_payload(const FrameHeader& h, const uint8_t* payload, std::span<float> out) {
   const PayloadLayout layout = payload_layout(h.codec, h.block, h.topk_k, h.elements);
-  if (!h.topk()) {
-    decode_dense(h, layout, payload, out);
-    return;
-  }
-  kept_.resize(layout.kept);
-  const auto ranges = block_chunks(layout.blocks, h.block);
-  const int bits = codec_bits(h.codec);
-  const bool scaled = codec_has_scales(h.codec);
-  const uint64_t kf = layout.kept_full;
+  const auto ranges = coded_ranges(layout, h.codec, h.block);
+  if (h.topk()) kept_.resize(layout.kept);
+  float* values = h.topk() ? kept_.data() : out.data();
   parallel_for(ranges.size(), threads_, [&](size_t c, int w) {
-    const auto [b0, b1] = ranges[c];
-    const uint64_t k0 = b0 * kf, k1 = b1 == layout.blocks ? layout.kept : b1 * kf;
-    decode_values(h.codec, payload + layout.scales_offset + (scaled ? b0 * 4 : 0),
-                  payload + layout.codes_offset + k0 * static_cast<uint64_t>(bits) / 8, k1 - k0, kf, kept_.data() + k0,
-                  codes_[static_cast<size_t>(w)]);
-    topk_scatter(payload + layout.index_offset, layout, h.block, kept_.data(), out, b0, b1);
+    const CodedRange& r = ranges[c];
+    decode_values(h.codec, payload + layout.scales_offset + r.scales_at, payload + layout.codes_offset + r.codes_at,
+                  r.v1 - r.v0, layout.kept_full, values + r.v0, codes_[static_cast<size_t>(w)]);
+    if (h.topk()) topk_scatter(payload + layout.index_offset, layout, h.block, kept_.data(), out, r.b0, r.b1);
   });
 }
 
@@ -339,9 +303,8 @@ FrameInfo Pipeline::decode_add(std::span<const uint8_t> frame, uint64_t expected
   const FrameInfo info = decode(frame, expected_elements, decoded_);
   float* s = sum.data();
   const float* d = decoded_.data();
-  const auto chunks = element_chunks(expected_elements, 8);
-  parallel_for(chunks.size(), threads_, [&](size_t c, int) {
-    for (size_t i = chunks[c].first; i < chunks[c].second; ++i) s[i] += d[i];
+  for_each_range(expected_elements, threads_, [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) s[i] += d[i];
   });
   return info;
 }

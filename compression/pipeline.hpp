@@ -101,18 +101,11 @@ class Pipeline {
   // Decodes the raw (pre-zstd) payload described by `h` into out.
   void decode_payload(const FrameHeader& h, const uint8_t* payload, std::span<float> out);
 
-  // Dense codecs: the values in element chunks (whole blocks) on the pipeline's threads.
-  void encode_dense(std::span<const float> x, const PayloadLayout& layout, uint8_t* raw);
-  void decode_dense(const FrameHeader& h, const PayloadLayout& layout, const uint8_t* payload, std::span<float> out);
   // zstd over the raw payload in kZstdChunkBytes chunks into `out` (capacity raw.size() - 1);
   // 0 when the chunks together would not be smaller than the raw payload.
   size_t compress_chunks(std::span<const uint8_t> raw, std::span<uint8_t> out);
   // A version-2 payload's chunks back into `out` (raw_bytes); version 1: one zstd frame.
   void decompress_payload(const FrameHeader& h, std::span<const uint8_t> stored, std::span<uint8_t> out);
-  // Top-k: [b0, b1) block ranges of about kElementChunk elements, multiples of 8 blocks.
-  std::vector<std::pair<uint64_t, uint64_t>> block_chunks(uint64_t blocks, uint32_t block) const;
-  // [begin, end) element ranges of about kElementChunk elements, cut at multiples of `group`.
-  std::vector<std::pair<size_t, size_t>> element_chunks(size_t n, size_t group) const;
 
   PipelineConfig config_;
   int threads_ = 1;

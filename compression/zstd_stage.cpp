@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <zstd.h>
-#include <zstd_errors.h>
 
 #include "compression/frame.hpp"
 
@@ -27,15 +26,6 @@ ZstdCompressor::ZstdCompressor(int level) : ctx_(ZSTD_createCCtx()), level_(leve
   if (!ZSTD_isError(rc)) rc = ZSTD_CCtx_setParameter(ctx_.get(), ZSTD_c_checksumFlag, 0);  // frame has XXH3
   if (!ZSTD_isError(rc)) rc = ZSTD_CCtx_setParameter(ctx_.get(), ZSTD_c_contentSizeFlag, 1);
   if (ZSTD_isError(rc)) throw Error(fmt::format("zstd: level {}: {}", level, ZSTD_getErrorName(rc)));
-}
-
-size_t ZstdCompressor::compress(std::span<const uint8_t> in, std::span<uint8_t> out) {
-  const size_t rc = ZSTD_compress2(ctx_.get(), out.data(), out.size(), in.data(), in.size());
-  if (ZSTD_isError(rc)) {
-    if (ZSTD_getErrorCode(rc) == ZSTD_error_dstSize_tooSmall) return 0;
-    throw Error(fmt::format("zstd: compressing {} bytes at level {}: {}", in.size(), level_, ZSTD_getErrorName(rc)));
-  }
-  return rc < in.size() ? rc : 0;
 }
 
 size_t ZstdCompressor::compress_frame(std::span<const uint8_t> in, std::span<uint8_t> out) {

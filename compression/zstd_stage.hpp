@@ -15,9 +15,6 @@ namespace geoloco::compression {
 class ZstdCompressor {
  public:
   explicit ZstdCompressor(int level);
-  // Compresses `in` into `out` (capacity out.size()). Returns the compressed size, or 0 when
-  // the result would not be smaller than `in` (the caller then sends the raw payload).
-  size_t compress(std::span<const uint8_t> in, std::span<uint8_t> out);
   // Compresses `in` into one zstd frame in `out` (capacity at least zstd_bound(in.size())),
   // whatever its size; returns it.
   size_t compress_frame(std::span<const uint8_t> in, std::span<uint8_t> out);

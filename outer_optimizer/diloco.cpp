@@ -13,6 +13,7 @@
 #include <bit>
 #include <cmath>
 #include <numeric>
+#include <optional>
 #include <utility>
 
 #include "trainer/loop/metrics.hpp"
@@ -382,23 +383,30 @@ void Diloco::log_plan(const PlanDecision& d, int64_t step) const {
       nlohmann::json({{"format", "geoloco-plan"}, {"version", 1}, {"plans", all}}).dump(2) + "\n");
 }
 
-uint32_t Diloco::agreed_step_us(trainer::SiteStrategy& strategy) {
-  // The site's mean of its ranks' medians, in whole microseconds: integers summed, so every
-  // rank of the site reports the same value (ranks with no sample yet count for none).
-  const uint32_t mine = pace_.take_step_us();
-  std::array<double, 2> v{double(mine), mine > 0 ? 1.0 : 0.0};
+namespace {
+// The site's one value of a per-rank integer some ranks may lack: the floor of the mean over
+// the ranks that have one (integers summed as doubles: exact, so the same on every rank);
+// none when no rank has one.
+std::optional<uint32_t> site_agreed(trainer::SiteStrategy& strategy, std::optional<uint32_t> mine) {
+  std::array<double, 2> v{mine ? double(*mine) : 0.0, mine ? 1.0 : 0.0};
   strategy.site_sum(v);
-  return v[1] > 0 ? static_cast<uint32_t>(std::llround(std::floor(v[0] / v[1]))) : 0;
+  if (v[1] <= 0) return std::nullopt;
+  return static_cast<uint32_t>(std::llround(std::floor(v[0] / v[1])));
+}
+}  // namespace
+
+uint32_t Diloco::agreed_step_us(trainer::SiteStrategy& strategy) {
+  // The site's mean of its ranks' medians (ranks with no sample yet count for none).
+  const uint32_t mine = pace_.take_step_us();
+  return site_agreed(strategy, mine > 0 ? std::optional<uint32_t>(mine) : std::nullopt).value_or(0);
 }
 
 void Diloco::decide_pace(trainer::SiteStrategy& strategy, uint64_t round, int64_t step, const ExchangeResult& r) {
   // Every rank holding a contribution computes the same ratio from the same reports; a rank
-  // with no segment holds none and takes its site's (integers summed: exact).
-  const auto mine = Pace::ratio_from(r.step_us, site_, ocfg_.pace_tolerance);
-  std::array<double, 2> v{mine ? double(*mine) : 0.0, mine ? 1.0 : 0.0};
-  strategy.site_sum(v);
-  if (v[1] <= 0) return;
-  const uint32_t ratio = static_cast<uint32_t>(std::llround(std::floor(v[0] / v[1])));
+  // with no segment holds none and takes its site's.
+  const auto agreed = site_agreed(strategy, Pace::ratio_from(r.step_us, site_, ocfg_.pace_tolerance));
+  if (!agreed) return;
+  const uint32_t ratio = *agreed;
   if (Pace::duty(ratio, interval_) != Pace::duty(pace_.next_ppm(), interval_)) {
     pace_history_.push_back({{"round", round}, {"step", step}, {"ratio", double(ratio) / Pace::kWhole}});
     if (rank_ == 0)
@@ -409,6 +417,11 @@ void Diloco::decide_pace(trainer::SiteStrategy& strategy, uint64_t round, int64_
           fmt::join(r.step_us, ", "));
   }
   pace_.decide(ratio);
+}
+
+nlohmann::json Diloco::pace_json() const {
+  return {{"ratio", double(pace_.next_ppm()) / Pace::kWhole},
+          {"trains_of_interval", Pace::duty(pace_.next_ppm(), interval_)}};
 }
 
 uint64_t Diloco::round_tokens(Fragment& f, int64_t step, trainer::SiteStrategy& strategy) {
@@ -728,10 +741,10 @@ void Diloco::record_round(const Fragment& f, int64_t step, uint64_t round, doubl
                       {"membership_s", r.membership_s},
                       {"tokens", r.tokens},
                       {"global_hash", hex64(site_hash_)}};
-  if (ocfg_.pace_by_time())
-    j["pace"] = {{"step_us", r.step_us},
-                 {"ratio", double(pace_.next_ppm()) / Pace::kWhole},
-                 {"trains_of_interval", Pace::duty(pace_.next_ppm(), interval_)}};
+  if (ocfg_.pace_by_time()) {
+    j["pace"] = pace_json();
+    j["pace"]["step_us"] = r.step_us;
+  }
   if (plan_.predicted_fragment_sync_s > 0) j["predicted_sync_s"] = plan_.predicted_fragment_sync_s;
   if (auto* t = peers_.transport()) {
     nlohmann::json peers = nlohmann::json::array();
@@ -766,11 +779,11 @@ nlohmann::json Diloco::summary() {
     j["plan_recalibrations"] = planner_.recalibrations();
   }
   j["outer_pace"] = ocfg_.pace;
-  if (ocfg_.pace_by_time())
-    j["pace"] = {{"trained_steps", trained_steps_},
-                 {"ratio", double(pace_.next_ppm()) / Pace::kWhole},
-                 {"trains_of_interval", Pace::duty(pace_.next_ppm(), interval_)},
-                 {"decisions", pace_history_}};
+  if (ocfg_.pace_by_time()) {
+    j["pace"] = pace_json();
+    j["pace"]["trained_steps"] = trained_steps_;
+    j["pace"]["decisions"] = pace_history_;
+  }
   j["sync_seconds"] = sync_seconds_;
   j["sync_seconds_mean"] = sync_seconds_.empty() ? 0.0
                                                  : std::accumulate(sync_seconds_.begin(), sync_seconds_.end(), 0.0) /

@@ -234,7 +234,8 @@ class Diloco : public trainer::OuterHook {
   uint32_t agreed_step_us(trainer::SiteStrategy& strategy);
   // After a committed round: the site's ratio for the next period (a collective).
   void decide_pace(trainer::SiteStrategy& strategy, uint64_t round, int64_t step, const ExchangeResult& r);
-  int64_t tokens_first_round_ = 0;  // the round the counts start after (a joiner's join round)
+  nlohmann::json pace_json() const;  // the share in force: rounds.jsonl and the summary
+  int64_t tokens_first_round_ = 0;   // the round the counts start after (a joiner's join round)
   nlohmann::json tokens_json() const;
   void restore_tokens(const trainer::SafetensorsFile& file);  // diloco_state.cpp
 

@@ -1,8 +1,12 @@
 // Shared by the outer-loop tests: every rank of a config run as a thread in this process
-// (UCX over loopback between sites, Gloo inside a site), and the `sites:` YAML they use.
+// (UCX over loopback between sites, Gloo inside a site), the `sites:` YAML they use, and the
+// check that every rank ends on one hash.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -70,6 +74,19 @@ inline std::vector<float> load_params(const std::string& checkpoint) {
   std::vector<float> p(static_cast<size_t>(layout.total()));
   trainer::load_model(f, layout, p);
   return p;
+}
+
+// A run's summary (global rank 0's): `ranks` ranks, every one of them on one global-weights
+// hash and one parameter hash.
+inline void expect_one_hash(const nlohmann::json& summary, size_t ranks, const std::string& what) {
+  ASSERT_EQ(summary["ranks"].size(), ranks) << what;
+  std::set<std::string> hashes, params;
+  for (auto& r : summary["ranks"]) {
+    hashes.insert(r["global_weights_hash"].get<std::string>());
+    params.insert(r["params_hash"].get<std::string>());
+  }
+  EXPECT_EQ(hashes.size(), 1u) << what;
+  EXPECT_EQ(params.size(), 1u) << what;
 }
 
 }  // namespace geoloco::testing

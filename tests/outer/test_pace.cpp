@@ -3,8 +3,6 @@
 // as threads in this process.
 #include <gtest/gtest.h>
 
-#include <set>
-
 #include "../loop/test_util.hpp"
 #include "multisite_util.hpp"
 #include "outer_optimizer/pace.hpp"
@@ -103,17 +101,6 @@ const nlohmann::json& rank_summary(const std::vector<nlohmann::json>& out, int g
   return g == 0 ? out[0]["ranks"][0] : out[static_cast<size_t>(g)];
 }
 
-void expect_one_hash(const std::vector<nlohmann::json>& out, const std::string& what) {
-  std::set<std::string> hashes, params;
-  for (auto& r : out[0]["ranks"]) {
-    hashes.insert(r["global_weights_hash"].get<std::string>());
-    params.insert(r["params_hash"].get<std::string>());
-  }
-  EXPECT_EQ(out[0]["ranks"].size(), 3u) << what;
-  EXPECT_EQ(hashes.size(), 1u) << what;
-  EXPECT_EQ(params.size(), 1u) << what;
-}
-
 }  // namespace
 
 // A site 4x slower (lyon: 2 ranks, each step sleeping 3x its compute) trains about a quarter of
@@ -127,7 +114,7 @@ TEST(Pace, ASlowerSiteTrainsFewerStepsAndEverySiteAgrees) {
   auto cfg =
       trainer::load_run_config(d.file("c.yaml", pace_config(d.path() / "out", 32, "pace: time, weighting: tokens")));
   const auto out = geoloco::testing::run_ranks(cfg);
-  expect_one_hash(out, "pace: time");
+  geoloco::testing::expect_one_hash(out[0], 3, "pace: time");
   const auto& paris = rank_summary(out, 0);
   EXPECT_EQ(paris["steps_skipped"].get<int64_t>(), 0);
   EXPECT_EQ(paris["pace"]["trained_steps"].get<int64_t>(), 32);
@@ -169,7 +156,7 @@ TEST(Pace, ASlowerSiteTrainsFewerStepsAndEverySiteAgrees) {
   auto steps =
       trainer::load_run_config(e.file("c.yaml", pace_config(e.path() / "out", 16, "pace: steps, weighting: tokens")));
   const auto out2 = geoloco::testing::run_ranks(steps);
-  expect_one_hash(out2, "pace: steps");
+  geoloco::testing::expect_one_hash(out2[0], 3, "pace: steps");
   for (int g : {0, 1, 2}) EXPECT_EQ(rank_summary(out2, g)["steps_skipped"].get<int64_t>(), 0) << g;
 }
 
@@ -182,7 +169,7 @@ TEST(Pace, AResumedRunKeepsTheSlowSitesShare) {
       trainer::load_run_config(d.file("c.yaml", pace_config(d.path() / "out", 24, "pace: time, weighting: tokens")));
   geoloco::testing::run_ranks(cfg, /*stop_at=*/16);
   const auto out = geoloco::testing::run_ranks(cfg, 0, /*resume=*/true);
-  expect_one_hash(out, "resumed");
+  geoloco::testing::expect_one_hash(out[0], 3, "resumed");
   for (int g : {1, 2}) {
     const auto& lyon = rank_summary(out, g);
     EXPECT_EQ(lyon["steps"].get<int64_t>(), 24);

@@ -19,6 +19,7 @@
 using namespace geoloco;
 using geoloco::test::fresh_port;
 using geoloco::test::TempDir;
+using geoloco::testing::expect_one_hash;
 using geoloco::testing::load_params;
 using outer::ExchangeLayout;
 
@@ -47,18 +48,6 @@ std::string sites(const std::vector<std::pair<int, std::string>>& shape) {
 
 std::string psk(const TempDir& d) { return d.file("k.psk", "0123456789abcdef-test-key"); }
 const char* kTransport = "transport: {psk_file: k.psk, timeout_s: 30}\n";
-
-// Every rank of the run ends with one global-weights hash and one parameter hash.
-void expect_one_hash(const nlohmann::json& summary, size_t ranks, const std::string& what) {
-  ASSERT_EQ(summary["ranks"].size(), ranks) << what;
-  std::set<std::string> hashes, params;
-  for (auto& r : summary["ranks"]) {
-    hashes.insert(r["global_weights_hash"].get<std::string>());
-    params.insert(r["params_hash"].get<std::string>());
-  }
-  EXPECT_EQ(hashes.size(), 1u) << what;
-  EXPECT_EQ(params.size(), 1u) << what;
-}
 
 }  // namespace
 
