@@ -140,3 +140,44 @@ TEST(Strategies, MuonUnderEveryStrategyIsDdpsUpdate) {
   EXPECT_GT(max_abs_diff(ddp.params, adamw.params), 1e-3) << "Muon's run should not be AdamW's";
   EXPECT_LT(ddp.summaries[0]["final_loss"].get<double>(), 3.3) << "it trains (the loss starts near ln 32 = 3.47)";
 }
+
+// hybrid (docs/strategies.md): with one group of every rank it is fsdp, with groups of one rank
+// zero2 -- the same collectives on the same buffers, so bit for bit; with groups in between it
+// is ddp up to the order of the gradient's float sums (inside a group, then over the groups).
+// Every rank ends with the same parameters (run_site checks it).
+TEST(Strategies, HybridIsFsdpAndZero2AtItsEndsAndDdpBetween) {
+  const std::string clip = "train.grad_clip=0.5";
+  auto fs = run_site("fsdp", 4, 2, clip);
+  auto one_group = run_site("hybrid, group_size: 4", 4, 2, clip);
+  EXPECT_EQ(fs.params, one_group.params);
+  auto z2 = run_site("zero2", 4, 2, clip);
+  auto singles = run_site("hybrid, group_size: 1", 4, 2, clip);
+  EXPECT_EQ(z2.params, singles.params);
+  auto ddp = run_site("ddp", 4, 2, clip);
+  auto pairs = run_site("hybrid, group_size: 2", 4, 2, clip);
+  EXPECT_LT(max_abs_diff(ddp.params, pairs.params), 1e-5);
+  EXPECT_NEAR(ddp.summaries[0]["final_loss"].get<double>(), pairs.summaries[3]["final_loss"].get<double>(), 1e-5);
+  // Memory: a pair holds half the parameters; the optimizer state is the rank's quarter.
+  const int64_t n = ddp.summaries[0]["params"].get<int64_t>();
+  for (int r = 0; r < 4; ++r) {
+    const auto& m = pairs.summaries[size_t(r)]["memory"];
+    EXPECT_EQ(m["strategy"], "hybrid");
+    EXPECT_EQ(m["group_size"], 2);
+    EXPECT_EQ(m["groups"], 2);
+    const int64_t quarter = n / 4 + (r < n % 4 ? 1 : 0);
+    EXPECT_EQ(m["optimizer_bytes"].get<int64_t>(), 2 * quarter * 4) << r;
+    EXPECT_NEAR(m["param_bytes"].get<double>(), n / 2.0 * 4, 8) << r;
+  }
+}
+
+// Six ranks as two groups of three and as three pairs, under Muon (whose sharded step gathers
+// the matrices through both subgroups): ddp's model within float tolerance.
+TEST(Strategies, HybridOnSixRanksUnderMuonTracksDdp) {
+  const std::string muon = "train.optimizer.kind=muon";
+  auto ddp = run_site("ddp", 6, 1, "train.grad_clip=0", muon);
+  for (const char* g : {"3", "2"}) {
+    auto h = run_site(std::string("hybrid, group_size: ") + g, 6, 1, "train.grad_clip=0", muon);
+    EXPECT_LT(max_abs_diff(ddp.params, h.params), 1e-5) << g;
+    EXPECT_EQ(h.summaries[5]["memory"]["group_size"].get<int>(), std::stoi(g));
+  }
+}

@@ -233,5 +233,51 @@ TEST(Gloo, WrongShardSizeIsRejectedWithContext) {
   });
 }
 
+// split(): 6 ranks as 3 groups of 2 consecutive ranks and 2 strided sets of 3 (hybrid's group
+// and replica set). Each subgroup reduces only its members' values, ranked by key, and names
+// itself in errors; the parent group keeps working beside them.
+TEST(Gloo, SplitIntoGroupsAndStridedSets) {
+  const int port = test::fresh_port();
+  test::run_ranks(6, [&](int r) {
+    auto c = make_gloo(options("oslo", r, 6, port));
+    auto group = c->split(r / 2, r % 2, fmt::format("group {}", r / 2));
+    // key reverses the order inside a set: the new rank follows the key, not the parent rank.
+    auto set = c->split(r % 2, 2 - r / 2, fmt::format("set {}", r % 2));
+    ASSERT_EQ(group->size(), 2);
+    EXPECT_EQ(group->rank(), r % 2);
+    ASSERT_EQ(set->size(), 3);
+    EXPECT_EQ(set->rank(), 2 - r / 2);
+    std::vector<float> v = {static_cast<float>(r), 1.0f};
+    group->all_reduce_sum(v);
+    EXPECT_EQ(v[0], static_cast<float>(2 * (r / 2) * 2 + 1)) << "the sum of ranks 2g and 2g+1";
+    EXPECT_EQ(v[1], 2.0f);
+    // all_gather over the set: each member's value at its new rank.
+    std::vector<float> mine = {static_cast<float>(r)}, all(3);
+    set->all_gather(mine, all);
+    for (int k = 0; k < 3; ++k) EXPECT_EQ(all[static_cast<size_t>(k)], static_cast<float>((2 - k) * 2 + r % 2));
+    std::vector<float> w = {1.0f};
+    c->all_reduce_sum(w);
+    EXPECT_EQ(w[0], 6.0f);
+    // A subgroup's error names the subgroup (shards of 5 over 3 are 2, 2, 1: 3 fits none).
+    std::vector<float> in(5, 1.0f), out(3);
+    try {
+      set->reduce_scatter_sum(in, out);
+      ADD_FAILURE() << "accepted a wrong shard size";
+    } catch (const CollectiveError& e) {
+      EXPECT_NE(std::string(e.what()).find(fmt::format("site oslo rank {}/6, set {} rank {}/3", r, r % 2, 2 - r / 2)),
+                std::string::npos)
+          << e.what();
+    }
+  });
+}
+
+TEST(Gloo, SplitRefusesANegativeColor) {
+  const int port = test::fresh_port();
+  test::run_ranks(2, [&](int r) {
+    auto c = make_gloo(options("oslo", r, 2, port));
+    EXPECT_THROW(c->split(-1, 0, "none"), CollectiveError);
+  });
+}
+
 }  // namespace
 }  // namespace geoloco::parallel

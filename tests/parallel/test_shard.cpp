@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "trainer/core/error.hpp"
+#include "trainer/parallel/hybrid_shard.hpp"
 #include "trainer/parallel/shard.hpp"
 
 namespace geoloco::parallel {
@@ -43,6 +44,46 @@ TEST(Shard, RejectsBadArguments) {
   EXPECT_THROW(shard_of(10, 2, 2), Error);
   EXPECT_THROW(shard_of(10, -1, 2), Error);
   EXPECT_THROW(shard_of(10, 0, 0), Error);
+}
+
+// Hybrid's layout for every small shape: the own piece is the site shard shard_of(n, r, N), a
+// rank's pieces are chunk gG + l of each block, the blocks tile [0, n), and every rank of a
+// group together holds each block exactly once (hybrid_shards checks the two shard_of
+// identities itself and would throw).
+TEST(HybridShard, PiecesAreTheSiteChunksForEveryShape) {
+  for (int64_t n : {0, 1, 5, 7, 12, 13, 97, 1000, 1001}) {
+    for (int ranks = 1; ranks <= 8; ++ranks) {
+      for (int g = 1; g <= ranks; ++g) {
+        if (ranks % g != 0) continue;
+        std::vector<int> covered(static_cast<size_t>(n), 0);
+        for (int r = 0; r < ranks; ++r) {
+          const HybridShards h = hybrid_shards(n, r, ranks, g);
+          SCOPED_TRACE(::testing::Message() << "n " << n << " rank " << r << "/" << ranks << " group size " << g);
+          EXPECT_EQ(h.own, shard_of(n, r, ranks));
+          EXPECT_EQ(h.groups, ranks / g);
+          int64_t next = 0, held = 0;
+          for (int b = 0; b < h.groups; ++b) {
+            EXPECT_EQ(h.blocks[size_t(b)].offset, next);
+            next = h.blocks[size_t(b)].end();
+            EXPECT_EQ(h.pieces[size_t(b)], shard_of(n, b * g + r % g, ranks));
+            EXPECT_EQ(h.held_offset[size_t(b)], held);
+            held += h.pieces[size_t(b)].count;
+            if (r / g == 0)  // one group's ranks cover each block once
+              for (int64_t i = h.pieces[size_t(b)].offset; i < h.pieces[size_t(b)].end(); ++i) ++covered[size_t(i)];
+          }
+          EXPECT_EQ(next, n);
+          EXPECT_EQ(h.held, held);
+        }
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(covered[size_t(i)], 1) << "element " << i;
+      }
+    }
+  }
+}
+
+TEST(HybridShard, GroupSizeMustDivideTheRanks) {
+  EXPECT_THROW(hybrid_shards(100, 0, 6, 4), InputError);
+  EXPECT_THROW(hybrid_shards(100, 0, 6, 0), InputError);
+  EXPECT_THROW(hybrid_shards(100, 6, 6, 2), Error);
 }
 
 }  // namespace

@@ -7,8 +7,8 @@
 #include <sstream>
 
 #include "tools/planner/cli.hpp"
-#include "tools/planner/strategy.hpp"
-#include "tools/planner/topology.hpp"
+#include "trainer/topology/strategy_model.hpp"
+#include "trainer/topology/topology.hpp"
 #include "trainer/core/config_node.hpp"
 
 using namespace geoloco::planner;
@@ -300,7 +300,9 @@ TEST(BudgetCli, FlagsBecomeOverridesAndErrorsAreInputErrors) {
   f.step_time = "1";
   f.ranks = "64";
   auto out = run_budget(f);
-  EXPECT_NE(out.find("full sync, all_to_all         20 s = bandwidth 20 s + latency 1.5 ms (1 round(s))"), std::string::npos) << out;
+  EXPECT_NE(out.find("full sync, all_to_all         20 s = bandwidth 20 s + latency 1.5 ms (1 round(s))"),
+            std::string::npos)
+      << out;
   f.json = true;
   EXPECT_NE(run_budget(f).find("\"bandwidth_s\": 20.0"), std::string::npos);
   BudgetFlags g = f;
@@ -323,7 +325,8 @@ TEST(BudgetCli, FlagsBecomeOverridesAndErrorsAreInputErrors) {
 
 TEST(TopoRing, LargeUniformFabricAndSingleGpu) {
   // 32 GPUs behind one switch: no search needed. 32 GPUs with mixed links: refused.
-  auto big = yaml_topology("format: geoloco-topology\nversion: 1\ngpus: 32\nswitch: {kind: nvlink, bandwidth_gbs: 450}\n");
+  auto big =
+      yaml_topology("format: geoloco-topology\nversion: 1\ngpus: 32\nswitch: {kind: nvlink, bandwidth_gbs: 450}\n");
   std::vector<int> all(32);
   for (int i = 0; i < 32; ++i) all[static_cast<size_t>(i)] = i;
   EXPECT_DOUBLE_EQ(big.best_ring(all).bandwidth_Bps, 450e9);

@@ -32,6 +32,7 @@ DeviceBufferPlan plan_device_buffers(StrategyKind kind, int64_t n, int rank, int
       p.opt_end = p.shard.end();
       p.overlap = false;
       break;
+    case StrategyKind::Hybrid: throw InputError("strategy hybrid runs on device: cpu sites so far");
   }
   return p;
 }

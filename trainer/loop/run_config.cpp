@@ -9,6 +9,8 @@
 #include "trainer/core/hash.hpp"
 #include "trainer/cuda/attention_choice.hpp"
 #include "trainer/loop/device_site.hpp"
+#include "trainer/loop/strategy_choice.hpp"
+#include "trainer/topology/topology.hpp"
 
 namespace geoloco::trainer {
 
@@ -88,10 +90,41 @@ constexpr const char* kBuiltWithoutCuda =
     "cuda, but this geoloco binary was built without CUDA (configure with -DGEOLOCO_CUDA=ON on a machine with nvcc "
     "and NCCL), or use device: cpu";
 
+// strategy, group_size and topology of `site:` (defaults) or of one `sites[i]`, over `s`'s values.
+void read_strategy(const config::Node& n, SiteConfig& s) {
+  s.strategy = n.get_choice("strategy", s.strategy_auto ? "auto" : s.strategy,
+                            {"ddp", "zero1", "zero2", "fsdp", "hybrid", "auto"});
+  s.strategy_auto = s.strategy == "auto";
+  if (n.has("group_size")) s.group_size = static_cast<int>(n.get_int("group_size", 1, 1, 4096));
+  if (n.has("topology")) {
+    auto t = n.child("topology");
+    s.topology.file = t.get<std::string>("file", s.topology.file);
+    s.topology.gpu_tflops = t.get_double("gpu_tflops", s.topology.gpu_tflops, 1e-3, 1e6);
+    s.topology.gpu_memory_gb = t.get_double("gpu_memory_gb", s.topology.gpu_memory_gb, 1e-3, 1e6);
+    s.topology.activations_gb = t.get_double("activations_gb", s.topology.activations_gb, 0, 1e6);
+    t.finish();
+  }
+}
+
+// The strategy keys of one site once its ranks and device are known.
+void check_strategy(const config::Node& n, const SiteConfig& s) {
+  if (s.strategy == "hybrid") {
+    if (s.group_size == 0)
+      n.fail("group_size", "strategy: hybrid needs group_size (ranks per group: sharded inside, replicated across)");
+    if (s.ranks % s.group_size != 0)
+      n.fail("group_size", fmt::format("got {}, which does not divide the site's {} ranks", s.group_size, s.ranks));
+  }
+  if ((s.strategy == "hybrid" || s.strategy_auto) && s.device == "cuda")
+    n.fail("strategy", fmt::format("{} runs on device: cpu sites so far; a cuda site takes ddp | zero1 | zero2 | fsdp",
+                                   s.strategy));
+  if (s.strategy_auto && s.topology.file.empty())
+    n.fail("topology", "strategy: auto needs topology.file (the text of nvidia-smi topo -m, or a topology YAML)");
+}
+
 std::vector<SiteConfig> parse_sites(const config::Node& root) {
   auto defaults = root.child("site");
   SiteConfig d;
-  d.strategy = defaults.get_choice("strategy", d.strategy, {"ddp", "zero1", "zero2", "fsdp"});
+  read_strategy(defaults, d);
   d.device = defaults.get_choice("device", d.device, {"cpu", "cuda"});
   if (d.device == "cuda" && !built_with_cuda()) defaults.fail("device", kBuiltWithoutCuda);
   defaults.finish();
@@ -104,6 +137,7 @@ std::vector<SiteConfig> parse_sites(const config::Node& root) {
     // A single local site: the one-process (or one-site) run.
     SiteConfig s = d;
     s.name = "local";
+    check_strategy(defaults, s);
     sites.push_back(s);
     return sites;
   }
@@ -132,12 +166,13 @@ std::vector<SiteConfig> parse_sites(const config::Node& root) {
         n.fail("port",
                fmt::format("port range {}..{} on {} overlaps another site's", s.port, s.port + s.ranks, s.host));
     }
-    s.strategy = n.get_choice("strategy", d.strategy, {"ddp", "zero1", "zero2", "fsdp"});
+    read_strategy(n, s);
     s.device = n.get_choice("device", d.device, {"cpu", "cuda"});
     if (s.device == "cuda" && !built_with_cuda()) n.fail("device", kBuiltWithoutCuda);
     // A smaller site may accumulate more micro-batches to train as many tokens per step.
     s.grad_accum = n.has("grad_accum") ? static_cast<int>(n.get_int("grad_accum", 1, 1, 1 << 20)) : 0;
     s.slowdown = n.get_double("slowdown", 1.0, 1.0, 1000.0);
+    check_strategy(n, s);
     n.finish();
     sites.push_back(s);
   }
@@ -193,6 +228,26 @@ RunConfig parse_run_config(const config::Document& doc) {
   c.sites = parse_sites(root);
   for (auto& s : c.sites)
     if (s.grad_accum == 0) s.grad_accum = c.train.grad_accum;
+  // strategy: auto -- chosen now from the topology file, the same on every rank of every site.
+  {
+    auto items = root.items("sites");
+    for (size_t i = 0; i < c.sites.size(); ++i) {
+      auto& s = c.sites[i];
+      if (!s.strategy_auto) continue;
+      const config::Node where = items.empty() ? root.child("site") : items[i];
+      std::filesystem::path file(s.topology.file);
+      if (file.is_relative()) file = std::filesystem::path(c.dir) / file;
+      s.topology.file = file.lexically_normal().string();
+      try {
+        const StrategyChoice ch = choose_strategy(c, static_cast<int>(i), planner::load_topology_file(s.topology.file));
+        s.strategy = ch.strategy;
+        s.group_size = ch.group_size;
+        s.strategy_reason = ch.reason;
+      } catch (const InputError& e) {
+        where.fail("topology", e.what());
+      }
+    }
+  }
   if (c.run.metrics_port > 0 && c.run.metrics_port + c.world_size() - 1 > 65535)
     root.child("run").fail("metrics_port",
                            fmt::format("got {}, but rank g serves on metrics_port + g and the run has {} ranks: "

@@ -69,9 +69,19 @@ struct SiteConfig {
   std::string host = "127.0.0.1";  // where this site's ranks listen (rank 0 serves the rendezvous)
   std::vector<std::string> hosts;  // per-rank addresses when a site spans several nodes (else all `host`)
   int port = 29500;                // rank r listens on port + r (WAN); rendezvous on port + ranks
-  std::string strategy = "ddp";    // ddp | zero1 | zero2 | fsdp
-  std::string device = "cpu";      // cpu | cuda
-  int grad_accum = 0;              // micro-batches per optimizer step here (0 in the YAML: train.grad_accum)
+  std::string strategy = "ddp";    // ddp | zero1 | zero2 | fsdp | hybrid (auto in the YAML: chosen at load or start)
+  int group_size = 0;              // hybrid: ranks per group, sharded inside, replicated across
+  // strategy: auto -- the site's GPU topology and what the cost model needs besides.
+  struct TopologySource {
+    std::string file;           // nvidia-smi topo -m text or topology YAML; "" on a cuda site: nvidia-smi at start
+    double gpu_tflops = 400;    // achieved bf16 TFLOP/s per GPU: the step's compute time
+    double gpu_memory_gb = 80;  // per GPU
+    double activations_gb = 0;  // per GPU, whatever the strategy
+  } topology;
+  bool strategy_auto = false;   // the YAML said auto
+  std::string strategy_reason;  // auto: why `strategy` (set once chosen)
+  std::string device = "cpu";   // cpu | cuda
+  int grad_accum = 0;           // micro-batches per optimizer step here (0 in the YAML: train.grad_accum)
   // Rehearsing slower hardware: each inner step's forward/backward here takes `slowdown`
   // times its time (the rank sleeps the rest, counted as compute), as on GPUs that many times
   // slower; a rehearsal's step_seconds is multiplied by it.

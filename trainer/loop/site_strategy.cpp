@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 
+#include <fmt/format.h>
+
 #include "trainer/core/error.hpp"
 #include "trainer/optim/grad_clip.hpp"
 
@@ -14,7 +16,8 @@ StrategyKind parse_strategy(const std::string& name) {
   if (name == "zero1") return StrategyKind::Zero1;
   if (name == "zero2") return StrategyKind::Zero2;
   if (name == "fsdp") return StrategyKind::Fsdp;
-  throw InputError("unknown strategy '" + name + "' (expected ddp | zero1 | zero2 | fsdp)");
+  if (name == "hybrid") return StrategyKind::Hybrid;
+  throw InputError("unknown strategy '" + name + "' (expected ddp | zero1 | zero2 | fsdp | hybrid)");
 }
 
 const char* strategy_name(StrategyKind k) {
@@ -23,17 +26,34 @@ const char* strategy_name(StrategyKind k) {
     case StrategyKind::Zero1: return "zero1";
     case StrategyKind::Zero2: return "zero2";
     case StrategyKind::Fsdp: return "fsdp";
+    case StrategyKind::Hybrid: return "hybrid";
   }
   return "?";
 }
 
 SiteStrategy::SiteStrategy(StrategyKind kind, const ParamLayout& layout, parallel::Collective* coll,
-                           const OptimizerConfig& optimizer, std::span<const float> initial, bool optimizer_state)
+                           const OptimizerConfig& optimizer, std::span<const float> initial, bool optimizer_state,
+                           int group_size)
     : kind_(kind), layout_(layout), coll_(coll), n_(layout.total()) {
   GEOLOCO_CHECK(static_cast<int64_t>(initial.size()) == n_, "initial params: {} != {}", initial.size(), n_);
   if (coll_ && coll_->size() == 1) coll_ = nullptr;
   shard_ = parallel::shard_of(n_, rank(), ranks());
-  if (kind_ == StrategyKind::Fsdp) {
+  if (kind_ == StrategyKind::Hybrid) {
+    hybrid_ = std::make_unique<parallel::HybridShards>(parallel::hybrid_shards(n_, rank(), ranks(), group_size));
+    const auto& h = *hybrid_;
+    if (coll_) {
+      group_coll_ = coll_->split(h.group, h.local, fmt::format("group {}", h.group));
+      replica_coll_ = coll_->split(h.local, h.group, fmt::format("replica set {}", h.local));
+      if (group_coll_->size() == 1) group_coll_.reset();
+      if (replica_coll_->size() == 1) replica_coll_.reset();
+    }
+    params_.resize(static_cast<size_t>(h.held));
+    for (int g = 0; g < h.groups; ++g) {
+      const auto p = h.pieces[static_cast<size_t>(g)];
+      std::copy(initial.begin() + p.offset, initial.begin() + p.end(),
+                params_.begin() + h.held_offset[static_cast<size_t>(g)]);
+    }
+  } else if (kind_ == StrategyKind::Fsdp) {
     params_.assign(initial.begin() + shard_.offset, initial.begin() + shard_.end());
   } else {
     params_.assign(initial.begin(), initial.end());
@@ -61,6 +81,12 @@ void SiteStrategy::require_host(const char* what) const {
 std::span<const float> SiteStrategy::begin_step() {
   require_host("begin_step");
   grads_.assign(static_cast<size_t>(n_), 0.0f);
+  if (kind_ == StrategyKind::Hybrid) {
+    gathered_.assign(static_cast<size_t>(n_), 0.0f);
+    gather_held(gathered_);
+    peak_transient_bytes_ = std::max(peak_transient_bytes_, (gathered_.size() + grads_.size()) * sizeof(float));
+    return gathered_;
+  }
   if (kind_ == StrategyKind::Fsdp) {
     gathered_.assign(static_cast<size_t>(n_), 0.0f);
     std::copy(params_.begin(), params_.end(), gathered_.begin() + shard_.offset);
@@ -82,8 +108,76 @@ void SiteStrategy::reduce_full_grads() {
   for (auto& g : grads_) g *= inv;
 }
 
+void SiteStrategy::gather_held(std::span<float> full) {
+  const auto& h = *hybrid_;
+  for (int g = 0; g < h.groups; ++g) {
+    const auto p = h.pieces[static_cast<size_t>(g)];
+    const auto b = h.blocks[static_cast<size_t>(g)];
+    std::copy_n(params_.begin() + h.held_offset[static_cast<size_t>(g)], p.count, full.begin() + p.offset);
+    if (group_coll_)
+      group_coll_->all_gather(full.subspan(static_cast<size_t>(p.offset), static_cast<size_t>(p.count)),
+                              full.subspan(static_cast<size_t>(b.offset), static_cast<size_t>(b.count)));
+  }
+}
+
+void SiteStrategy::share_own_shard() {
+  if (!replica_coll_) return;
+  const auto& h = *hybrid_;
+  replica_coll_->all_gather(
+      std::span<float>(params_).subspan(static_cast<size_t>(h.own_held_offset()), static_cast<size_t>(h.own.count)),
+      params_);
+}
+
+StepResult SiteStrategy::finish_hybrid_step(double lr, double max_norm) {
+  const auto& h = *hybrid_;
+  StepResult r;
+  // 1. Inside the group: each block's gradient reduce-scattered, piece by piece.
+  std::vector<float> held_grads(static_cast<size_t>(h.held));
+  for (int g = 0; g < h.groups; ++g) {
+    const auto p = h.pieces[static_cast<size_t>(g)];
+    const auto b = h.blocks[static_cast<size_t>(g)];
+    auto out = std::span<float>(held_grads)
+                   .subspan(static_cast<size_t>(h.held_offset[static_cast<size_t>(g)]), static_cast<size_t>(p.count));
+    if (group_coll_) {
+      group_coll_->reduce_scatter_sum(
+          std::span<const float>(grads_).subspan(static_cast<size_t>(b.offset), static_cast<size_t>(b.count)), out);
+    } else {
+      std::copy_n(grads_.begin() + p.offset, p.count, out.begin());
+    }
+  }
+  grads_.clear();
+  grads_.shrink_to_fit();
+  // 2. Over the replica set: the group sums of the own shard summed over the groups.
+  grad_shard_.assign(static_cast<size_t>(h.own.count), 0.0f);
+  if (replica_coll_) {
+    replica_coll_->reduce_scatter_sum(held_grads, grad_shard_);
+  } else {
+    std::copy_n(held_grads.begin() + h.own_held_offset(), h.own.count, grad_shard_.begin());
+  }
+  peak_transient_bytes_ = std::max(peak_transient_bytes_, (gathered_.size() + held_grads.size()) * sizeof(float));
+  held_grads = {};
+  const float inv = 1.0f / static_cast<float>(ranks());
+  for (auto& g : grad_shard_) g *= inv;
+  double sq = sum_of_squares(grad_shard_);
+  if (coll_) {
+    double buf[1] = {sq};
+    coll_->all_reduce_sum(std::span<double>(buf, 1));
+    sq = buf[0];
+  }
+  r.grad_norm = std::sqrt(sq);
+  r.clip_scale = clip_to_norm(grad_shard_, r.grad_norm, max_norm);
+  opt_->step_shard(
+      std::span<float>(params_).subspan(static_cast<size_t>(h.own_held_offset()), static_cast<size_t>(h.own.count)),
+      grad_shard_, lr, site_gather());
+  share_own_shard();
+  gathered_.clear();
+  gathered_.shrink_to_fit();
+  return r;
+}
+
 StepResult SiteStrategy::finish_step(double lr, double max_norm) {
   require_host("finish_step");
+  if (kind_ == StrategyKind::Hybrid) return finish_hybrid_step(lr, max_norm);
   StepResult r;
   switch (kind_) {
     case StrategyKind::Ddp:
@@ -136,12 +230,34 @@ StepResult SiteStrategy::finish_step(double lr, double max_norm) {
       }
       break;
     }
+    case StrategyKind::Hybrid: break;  // finish_hybrid_step
   }
   return r;
 }
 
 InnerOptimizer::Gather SiteStrategy::site_gather() {
   if (!coll_) return {};
+  if (kind_ == StrategyKind::Hybrid) {
+    // The own shard is in place in `full`: over the replica set into the held pieces, then
+    // each block inside the group.
+    return [this](std::span<float> full) {
+      const auto& h = *hybrid_;
+      std::vector<float> held(static_cast<size_t>(h.held));
+      std::copy_n(full.begin() + h.own.offset, h.own.count, held.begin() + h.own_held_offset());
+      if (replica_coll_)
+        replica_coll_->all_gather(std::span<const float>(held).subspan(static_cast<size_t>(h.own_held_offset()),
+                                                                       static_cast<size_t>(h.own.count)),
+                                  held);
+      for (int g = 0; g < h.groups; ++g) {
+        const auto p = h.pieces[static_cast<size_t>(g)];
+        const auto b = h.blocks[static_cast<size_t>(g)];
+        std::copy_n(held.begin() + h.held_offset[static_cast<size_t>(g)], p.count, full.begin() + p.offset);
+        if (group_coll_)
+          group_coll_->all_gather(full.subspan(static_cast<size_t>(p.offset), static_cast<size_t>(p.count)),
+                                  full.subspan(static_cast<size_t>(b.offset), static_cast<size_t>(b.count)));
+      }
+    };
+  }
   return [this](std::span<float> full) {
     coll_->all_gather(full.subspan(static_cast<size_t>(shard_.offset), static_cast<size_t>(shard_.count)), full);
   };
@@ -150,16 +266,25 @@ InnerOptimizer::Gather SiteStrategy::site_gather() {
 std::span<float> SiteStrategy::shard_params() {
   require_host("shard_params");
   if (kind_ == StrategyKind::Fsdp) return params_;
+  if (kind_ == StrategyKind::Hybrid)
+    return std::span<float>(params_).subspan(static_cast<size_t>(hybrid_->own_held_offset()),
+                                             static_cast<size_t>(hybrid_->own.count));
   return std::span<float>(params_).subspan(static_cast<size_t>(shard_.offset), static_cast<size_t>(shard_.count));
 }
 
 void SiteStrategy::shard_updated() {
+  if (kind_ == StrategyKind::Hybrid) return share_own_shard();
   if (kind_ == StrategyKind::Fsdp || !coll_) return;
   coll_->all_gather(shard_params(), params_);
 }
 
 std::span<const float> SiteStrategy::full_params() {
   require_host("full_params");
+  if (kind_ == StrategyKind::Hybrid) {
+    gathered_.assign(static_cast<size_t>(n_), 0.0f);
+    gather_held(gathered_);
+    return gathered_;
+  }
   if (kind_ != StrategyKind::Fsdp) return params_;
   gathered_.assign(static_cast<size_t>(n_), 0.0f);
   std::copy(params_.begin(), params_.end(), gathered_.begin() + shard_.offset);
@@ -168,7 +293,7 @@ std::span<const float> SiteStrategy::full_params() {
 }
 
 void SiteStrategy::release_full_params() {
-  if (kind_ == StrategyKind::Fsdp) std::vector<float>().swap(gathered_);
+  if (kind_ == StrategyKind::Fsdp || kind_ == StrategyKind::Hybrid) std::vector<float>().swap(gathered_);
 }
 
 double SiteStrategy::site_mean(double v) {
@@ -211,9 +336,17 @@ nlohmann::json SiteStrategy::memory_json() const {
   j["ranks"] = ranks();
   j["shard_elements"] = shard_.count;
   // Persistent bytes held between steps.
-  j["param_bytes"] = kind_ == StrategyKind::Fsdp ? shard : full;
+  const bool sharded_grads =
+      kind_ == StrategyKind::Zero2 || kind_ == StrategyKind::Fsdp || kind_ == StrategyKind::Hybrid;
+  j["param_bytes"] = kind_ == StrategyKind::Fsdp     ? shard
+                     : kind_ == StrategyKind::Hybrid ? static_cast<uint64_t>(hybrid_->held) * f
+                                                     : full;
   j["grad_bytes"] = (kind_ == StrategyKind::Ddp || kind_ == StrategyKind::Zero1) ? full : 0;
-  j["grad_shard_bytes"] = (kind_ == StrategyKind::Zero2 || kind_ == StrategyKind::Fsdp) ? shard : 0;
+  j["grad_shard_bytes"] = sharded_grads ? shard : 0;
+  if (hybrid_) {
+    j["group_size"] = hybrid_->group_size;
+    j["groups"] = hybrid_->groups;
+  }
   j["optimizer"] = optimizer_kind_name(opt_->config().kind);
   j["optimizer_bytes"] = static_cast<uint64_t>(opt_->m().size() + opt_->v().size()) * f;
   j["optimizer_scratch_bytes"] = opt_->scratch_bytes();  // Muon: the matrices' update buffer

@@ -8,18 +8,26 @@
 //          only), optimizer state sharded, parameters all-gathered after the update.
 //   fsdp   parameters sharded too: the full parameter buffer is gathered for the step and
 //          released after it; gradients reduce-scattered; the optimizer on the shard.
+//   hybrid fsdp inside groups of G consecutive ranks (an NVLink island), replicated across the
+//          N/G groups (trainer/parallel/hybrid_shard.hpp): each rank holds n/G parameters; a
+//          step all-gathers them inside its group, reduce-scatters the gradient inside the
+//          group, then over its replica set (one rank per group), so the optimizer runs on the
+//          rank's site shard (n/N, as zero2/fsdp) and the updated shard is all-gathered over
+//          the replica set. Every collective is over a subgroup (Collective::split) except the
+//          gradient norm's sum.
 //
 // The optimizer is AdamW, or Muon on the block matrices (train.optimizer.kind): a sharded
 // site's Muon step all-gathers the matrices' momentum updates once per step, since a shard
 // may cut a matrix that Newton-Schulz needs whole (trainer/optim/inner_optimizer.hpp).
 //
-// Sharding is parallel::shard_of(num_params, rank, ranks) everywhere, and the outer loop
-// syncs exactly that shard with the same rank of the other sites.
+// A rank's site shard is parallel::shard_of(num_params, rank, ranks) under every strategy, and
+// the outer loop syncs exactly that shard with the same rank of the other sites.
 //
 // Equivalences (tests/loop): zero1 == ddp bit for bit; zero2 and fsdp differ from ddp only
 // in the rounding of the global gradient norm (sum of per-shard squares), i.e. bit-equal
 // when clipping is inactive; ddp on N ranks == 1 rank with N x micro_batch up to the
-// summation order of the gradient.
+// summation order of the gradient; hybrid with G = N is fsdp and with G = 1 zero2, bit for bit,
+// and otherwise ddp up to the summation order (group sums, then sums over groups).
 #pragma once
 
 #include <cstdint>
@@ -32,11 +40,12 @@
 #include "trainer/model/param_layout.hpp"
 #include "trainer/optim/inner_optimizer.hpp"
 #include "trainer/parallel/collective.hpp"
+#include "trainer/parallel/hybrid_shard.hpp"
 #include "trainer/parallel/shard.hpp"
 
 namespace geoloco::trainer {
 
-enum class StrategyKind { Ddp, Zero1, Zero2, Fsdp };
+enum class StrategyKind { Ddp, Zero1, Zero2, Fsdp, Hybrid };
 StrategyKind parse_strategy(const std::string& name);
 const char* strategy_name(StrategyKind k);
 
@@ -63,9 +72,12 @@ class SiteStrategy {
  public:
   // `coll` may be null for a one-rank site. Parameters start as `initial` (full buffer, same
   // on every rank). optimizer_state: false keeps no optimizer moments (an empty range: a
-  // rehearsal's stand-in inner loop never steps the optimizer).
+  // rehearsal's stand-in inner loop never steps the optimizer). group_size: hybrid's G (it
+  // must divide the rank count); ignored by the other strategies. Hybrid splits `coll` into
+  // its group and replica set here: every rank of the site constructs its strategy together.
   SiteStrategy(StrategyKind kind, const ParamLayout& layout, parallel::Collective* coll,
-               const OptimizerConfig& optimizer, std::span<const float> initial, bool optimizer_state = true);
+               const OptimizerConfig& optimizer, std::span<const float> initial, bool optimizer_state = true,
+               int group_size = 0);
   virtual ~SiteStrategy();
   SiteStrategy(const SiteStrategy&) = delete;
   SiteStrategy& operator=(const SiteStrategy&) = delete;
@@ -74,6 +86,8 @@ class SiteStrategy {
   int rank() const { return coll_ ? coll_->rank() : 0; }
   int ranks() const { return coll_ ? coll_->size() : 1; }
   parallel::ShardRange shard() const { return shard_; }
+  // hybrid: ranks per group (the others: 0).
+  int group_size() const { return hybrid_ ? hybrid_->group_size : 0; }
 
   // Host memory only (the CPU strategy; a device strategy has its own step on device spans).
   // Full parameter buffer for forward/backward (gathers it under fsdp) and zeroed grads.
@@ -131,6 +145,11 @@ class SiteStrategy {
  private:
   void reduce_full_grads();              // ddp/zero1: bucketed all-reduce, divided by ranks
   InnerOptimizer::Gather site_gather();  // the site's all-gather of shards (none for one rank)
+  // hybrid: the held pieces into `full` (n elements) by an all-gather of each block in the group.
+  void gather_held(std::span<float> full);
+  // hybrid: the own shard in params_ to every replica (all-gather over the replica set).
+  void share_own_shard();
+  StepResult finish_hybrid_step(double lr, double max_norm);
   void require_host(const char* what) const;
 
   StrategyKind kind_;
@@ -138,7 +157,10 @@ class SiteStrategy {
   parallel::Collective* coll_;
   parallel::ShardRange shard_;
   int64_t n_;
-  std::vector<float> params_;      // full (ddp/zero) or shard-sized (fsdp: shard at index 0)
+  // hybrid: the layout and the two subgroups (null when of one rank).
+  std::unique_ptr<parallel::HybridShards> hybrid_;
+  std::unique_ptr<parallel::Collective> group_coll_, replica_coll_;
+  std::vector<float> params_;      // full (ddp/zero), shard-sized (fsdp: shard at index 0), held pieces (hybrid)
   std::vector<float> gathered_;    // fsdp: full params during a step, released after
   std::vector<float> grads_;       // full gradient buffer for backward
   std::vector<float> grad_shard_;  // zero2/fsdp: reduced gradient of my shard

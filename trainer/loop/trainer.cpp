@@ -130,8 +130,9 @@ struct Trainer::Impl {
       device = make_device_site(cfg, o.site, model.layout(), opt.collective, init, dso);
       strategy = &device->strategy();
     } else {
-      cpu_strategy = std::make_unique<SiteStrategy>(parse_strategy(site.strategy), model.layout(), opt.collective,
-                                                    cfg.train.optimizer, init, !cfg.train.rehearsal.enabled);
+      cpu_strategy =
+          std::make_unique<SiteStrategy>(parse_strategy(site.strategy), model.layout(), opt.collective,
+                                         cfg.train.optimizer, init, !cfg.train.rehearsal.enabled, site.group_size);
       strategy = cpu_strategy.get();
     }
 
@@ -552,6 +553,12 @@ struct Trainer::Impl {
           fmt::format("site {}: {} rank(s), strategy {}, model {:.2f}M params, {} steps, {} tokens/step/rank, data {}",
                       site.name, site.ranks, site.strategy, model.layout().total() / 1e6, cfg.train.steps,
                       tokens_per_step_rank, data.train->describe()));
+    if (opt.rank == 0 && step == 0 && site.group_size > 0)
+      log_info(fmt::format("site {}: hybrid: {} group(s) of {} ranks (sharded inside a group, replicated across)",
+                           site.name, site.ranks / site.group_size, site.group_size));
+    if (opt.rank == 0 && step == 0 && site.strategy_auto)
+      log_info(fmt::format("site {}: strategy: auto chose {} from {}: {}", site.name, site.strategy, site.topology.file,
+                           site.strategy_reason));
     if (opt.rank == 0 && step == 0 && !cfg.train.init_from.empty())
       log_info(fmt::format("site {}: parameters from {} (train.init_from)", site.name, cfg.train.init_from));
     if (opt.rank == 0 && device) log_info(fmt::format("site {}: on the GPU: {}", site.name, device->describe().dump()));
@@ -780,6 +787,11 @@ struct Trainer::Impl {
     s["config_hash"] = hex64(cfg.hash);
     s["init_from"] = cfg.train.init_from.empty() ? nlohmann::json(nullptr) : nlohmann::json(cfg.train.init_from);
     s["memory"] = strategy->memory_json();
+    if (site.strategy_auto)
+      s["strategy_choice"] = {{"strategy", site.strategy},
+                              {"group_size", site.group_size},
+                              {"topology", site.topology.file},
+                              {"reason", site.strategy_reason}};
     s["device"] = device ? device->describe() : nlohmann::json("cpu");
     if (auto* c = strategy->collective(); c && strategy->ranks() > 1) {
       s["site_collectives"] = c->stats().to_json();

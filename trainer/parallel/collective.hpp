@@ -24,6 +24,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -95,10 +96,27 @@ class Collective {
   // differ in length). For metadata (shapes, hashes, counters), not bulk data.
   virtual std::vector<std::vector<std::byte>> all_gather_bytes(std::span<const std::byte> mine) = 0;
 
+  // Splits this group into subgroups (as MPI_Comm_split): every rank calls it, in the same
+  // order as its other collectives; ranks passing the same `color` (>= 0) form one new group,
+  // ranked by `key` (ties by rank here). `label` names the new group in its errors ("group 1").
+  // The new group shares this one's rendezvous store and backend device: it must be destroyed
+  // before this one. A failed split breaks this group as any failed collective does. The
+  // default (test doubles) throws CollectiveError: the backend cannot split.
+  virtual std::unique_ptr<Collective> split(int color, int key, const std::string& label);
+
   const CollectiveStats& stats() const { return stats_; }
 
  protected:
   CollectiveStats stats_;
 };
+
+// The membership of `me`'s new group in a split: every rank's (color, key) gathered over
+// `parent` (host bytes), the ranks of `color` ordered by (key, rank). Backends call it from
+// split(). Throws CollectiveError for a negative color.
+struct SplitMembers {
+  std::vector<int> parent_ranks;  // the new group's members, by new rank
+  int index = 0;                  // this rank's place in it
+};
+SplitMembers split_members(Collective& parent, int color, int key);
 
 }  // namespace geoloco::parallel

@@ -42,11 +42,13 @@ class Scratch {
 class GlooCollective final : public Collective {
  public:
   explicit GlooCollective(const RendezvousOptions& opts);
+  // A subgroup of `parent` (split()): its store and device, its own context under `prefix`.
+  GlooCollective(const GlooCollective& parent, const SplitMembers& m, int color, const std::string& label);
   ~GlooCollective() override;
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  const std::string& site() const override { return rdzv_.options().site; }
+  const std::string& site() const override { return rdzv_->options().site; }
   const char* backend() const override { return "gloo"; }
   MemorySpace memory() const override { return MemorySpace::kHost; }
 
@@ -58,8 +60,10 @@ class GlooCollective final : public Collective {
   void broadcast(std::span<float> data, int root) override;
   void barrier() override;
   std::vector<std::vector<std::byte>> all_gather_bytes(std::span<const std::byte> mine) override;
+  std::unique_ptr<Collective> split(int color, int key, const std::string& label) override;
 
  private:
+  void connect(const std::string& prefix);
   // Runs one collective: counts it, times it, converts backend errors into CollectiveError
   // with context, and marks the group broken on failure.
   template <class F>
@@ -72,7 +76,8 @@ class GlooCollective final : public Collective {
   template <class T>
   uint64_t ring_reduce_scatter(const T* in, T* acc, int64_t n);
   // Ring all-gather: rank i's chunk [off[i], off[i] + len[i]) of base must be in place.
-  uint64_t ring_all_gather(std::byte* base, size_t total, const std::vector<size_t>& off, const std::vector<size_t>& len);
+  uint64_t ring_all_gather(std::byte* base, size_t total, const std::vector<size_t>& off,
+                           const std::vector<size_t>& len);
   // Sends sbytes at sptr to dst and receives rbytes into rptr from src (either may be 0),
   // cut into segments of segment_bytes_ that are all in flight at once; on_segment(offset,
   // len) runs for each received segment in order as soon as it has arrived, so the caller's
@@ -87,7 +92,8 @@ class GlooCollective final : public Collective {
   uint64_t next_slot_base() { return (seq_++) << 32; }
   static uint64_t step_slot(uint64_t base, int step) { return base + (static_cast<uint64_t>(step) << 16); }
 
-  Rendezvous rdzv_;
+  std::shared_ptr<Rendezvous> rdzv_;  // shared with the subgroups split from this group
+  std::string who_;                   // "site paris rank 1/4" (a subgroup: ", group 0 rank 1/2")
   int rank_ = 0;
   int size_ = 1;
   std::chrono::milliseconds timeout_;
@@ -96,28 +102,66 @@ class GlooCollective final : public Collective {
   Scratch scratch_;       // reduce_scatter's accumulator (n elements)
   Scratch recv_scratch_;  // one chunk being received
   uint64_t seq_ = 1;
+  uint64_t splits_ = 0;  // split() calls so far: each subgroup's store keys are its own
   bool broken_ = false;
   const char* current_op_ = "";
   size_t segment_bytes_ = size_t{1} << 20;
 };
 
 GlooCollective::GlooCollective(const RendezvousOptions& opts)
-    : rdzv_(opts), rank_(opts.rank), size_(opts.size), timeout_(opts.timeout), segment_bytes_(opts.segment_bytes) {
+    : rdzv_(std::make_shared<Rendezvous>(opts)),
+      who_(rdzv_->who()),
+      rank_(opts.rank),
+      size_(opts.size),
+      timeout_(opts.timeout),
+      segment_bytes_(opts.segment_bytes) {
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = opts.bind_address;
     device_ = gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    throw CollectiveError(fmt::format("{}: gloo device on {} failed: {}", who_, opts.bind_address, e.what()));
+  }
+  // Namespaced so gloo's keys ("0", "1", ...) cannot collide with ours.
+  connect("gloo");
+}
+
+GlooCollective::GlooCollective(const GlooCollective& parent, const SplitMembers& m, int color, const std::string& label)
+    : rdzv_(parent.rdzv_),
+      who_(fmt::format("{}, {} rank {}/{}", parent.who_, label, m.index, m.parent_ranks.size())),
+      rank_(m.index),
+      size_(static_cast<int>(m.parent_ranks.size())),
+      timeout_(parent.timeout_),
+      device_(parent.device_),
+      segment_bytes_(parent.segment_bytes_) {
+  connect(fmt::format("gloo/split{}/{}", parent.splits_, color));
+}
+
+void GlooCollective::connect(const std::string& prefix) {
+  try {
     context_ = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
     context_->setTimeout(timeout_);
-    // Namespaced so gloo's keys ("0", "1", ...) cannot collide with ours.
-    gloo::rendezvous::PrefixStore prefixed("gloo", rdzv_.store());
+    gloo::rendezvous::PrefixStore prefixed(prefix, rdzv_->store());
     context_->connectFullMesh(prefixed, device_);
   } catch (const Error& e) {
-    throw RendezvousError(fmt::format("{}: gloo full-mesh setup failed: {}", rdzv_.who(), e.what()));
+    throw RendezvousError(fmt::format("{}: gloo full-mesh setup failed: {}", who_, e.what()));
   } catch (const std::exception& e) {
-    throw CollectiveError(fmt::format("{}: gloo full-mesh setup on {} failed: {}", rdzv_.who(), opts.bind_address,
-                                      e.what()));
+    throw CollectiveError(
+        fmt::format("{}: gloo full-mesh setup on {} failed: {}", who_, rdzv_->options().bind_address, e.what()));
   }
+}
+
+std::unique_ptr<Collective> GlooCollective::split(int color, int key, const std::string& label) {
+  const SplitMembers m = split_members(*this, color, key);
+  std::unique_ptr<Collective> sub;
+  try {
+    sub = std::make_unique<GlooCollective>(*this, m, color, label);
+  } catch (...) {
+    broken_ = true;
+    throw;
+  }
+  ++splits_;
+  return sub;
 }
 
 GlooCollective::~GlooCollective() {
@@ -125,7 +169,7 @@ GlooCollective::~GlooCollective() {
   try {
     barrier();
   } catch (const std::exception& e) {
-    spdlog::warn("{}: closing barrier failed: {}", rdzv_.who(), e.what());
+    spdlog::warn("{}: closing barrier failed: {}", who_, e.what());
   }
 }
 
@@ -133,8 +177,8 @@ template <class F>
 void GlooCollective::run(CollectiveKind kind, size_t n, size_t elem_bytes, F&& body) {
   current_op_ = kind_name(kind);
   if (broken_)
-    throw CollectiveError(fmt::format("{}: {} called after an earlier collective failed; the group must be rebuilt",
-                                      rdzv_.who(), current_op_));
+    throw CollectiveError(
+        fmt::format("{}: {} called after an earlier collective failed; the group must be rebuilt", who_, current_op_));
   const auto t0 = Clock::now();
   uint64_t sent = 0;
   try {
@@ -144,8 +188,7 @@ void GlooCollective::run(CollectiveKind kind, size_t n, size_t elem_bytes, F&& b
     throw;
   } catch (const std::exception& e) {
     broken_ = true;
-    throw CollectiveError(
-        fmt::format("{}: {} of {} elements failed: {}", rdzv_.who(), current_op_, n, e.what()));
+    throw CollectiveError(fmt::format("{}: {} of {} elements failed: {}", who_, current_op_, n, e.what()));
   }
   KindStats& s = stats_[kind];
   s.calls += 1;
@@ -160,8 +203,8 @@ void GlooCollective::exchange(const void* sptr, size_t sbytes, int dst, void* rp
   const size_t seg = segment_bytes_;
   const size_t nsend = (sbytes + seg - 1) / seg, nrecv = (rbytes + seg - 1) / seg;
   if (std::max(nsend, nrecv) > 0xFFFF)
-    throw CollectiveError(fmt::format("{}: {}: {} bytes need more than 65535 segments of {} bytes", rdzv_.who(),
-                                      current_op_, std::max(sbytes, rbytes), seg));
+    throw CollectiveError(fmt::format("{}: {}: {} bytes need more than 65535 segments of {} bytes", who_, current_op_,
+                                      std::max(sbytes, rbytes), seg));
   // One unbound buffer per segment: gloo allows one pending operation per buffer.
   std::vector<UBuf> recvs, sends;
   recvs.reserve(nrecv);
@@ -181,12 +224,12 @@ void GlooCollective::exchange(const void* sptr, size_t sbytes, int dst, void* rp
   // gloo throws IoException on timeout or a closed peer; false means aborted.
   for (size_t k = 0; k < nrecv; ++k) {
     if (!recvs[k]->waitRecv(timeout_))
-      throw CollectiveError(fmt::format("{}: {}: receive from rank {} was aborted", rdzv_.who(), current_op_, src));
+      throw CollectiveError(fmt::format("{}: {}: receive from rank {} was aborted", who_, current_op_, src));
     on_segment(k * seg, std::min(seg, rbytes - k * seg));
   }
   for (size_t k = 0; k < nsend; ++k)
     if (!sends[k]->waitSend(timeout_))
-      throw CollectiveError(fmt::format("{}: {}: send to rank {} was aborted", rdzv_.who(), current_op_, dst));
+      throw CollectiveError(fmt::format("{}: {}: send to rank {} was aborted", who_, current_op_, dst));
 }
 
 template <class T>
@@ -258,9 +301,10 @@ void GlooCollective::reduce_scatter_sum(std::span<const float> in, std::span<flo
   const int64_t n = static_cast<int64_t>(in.size());
   const ShardRange mine = shard_of(n, rank_, size_);
   if (static_cast<int64_t>(out.size()) != mine.count)
-    throw CollectiveError(fmt::format("{}: reduce_scatter_sum of {} elements: out has {} elements, this rank's "
-                                      "shard has {}",
-                                      rdzv_.who(), n, out.size(), mine.count));
+    throw CollectiveError(
+        fmt::format("{}: reduce_scatter_sum of {} elements: out has {} elements, this rank's "
+                    "shard has {}",
+                    who_, n, out.size(), mine.count));
   run(CollectiveKind::kReduceScatter, in.size(), sizeof(float), [&]() -> uint64_t {
     if (n == 0) return 0;
     float* acc = reinterpret_cast<float*>(scratch_.get(in.size_bytes()));
@@ -274,9 +318,10 @@ void GlooCollective::all_gather(std::span<const float> my_shard, std::span<float
   const int64_t n = static_cast<int64_t>(out.size());
   const ShardRange mine = shard_of(n, rank_, size_);
   if (static_cast<int64_t>(my_shard.size()) != mine.count)
-    throw CollectiveError(fmt::format("{}: all_gather into {} elements: my_shard has {} elements, this rank's "
-                                      "shard has {}",
-                                      rdzv_.who(), n, my_shard.size(), mine.count));
+    throw CollectiveError(
+        fmt::format("{}: all_gather into {} elements: my_shard has {} elements, this rank's "
+                    "shard has {}",
+                    who_, n, my_shard.size(), mine.count));
   run(CollectiveKind::kAllGather, out.size(), sizeof(float), [&]() -> uint64_t {
     if (n == 0) return 0;
     float* dst = out.data() + mine.offset;
@@ -293,7 +338,7 @@ void GlooCollective::all_gather(std::span<const float> my_shard, std::span<float
 
 void GlooCollective::broadcast(std::span<float> data, int root) {
   if (root < 0 || root >= size_)
-    throw CollectiveError(fmt::format("{}: broadcast root {} is outside [0, {})", rdzv_.who(), root, size_));
+    throw CollectiveError(fmt::format("{}: broadcast root {} is outside [0, {})", who_, root, size_));
   run(CollectiveKind::kBroadcast, data.size(), sizeof(float), [&]() -> uint64_t {
     if (data.empty() || size_ == 1) return 0;
     const uint64_t slot = next_slot_base();
@@ -305,8 +350,8 @@ void GlooCollective::broadcast(std::span<float> data, int root) {
     const size_t seg = segment_bytes_;
     const size_t nseg = (data.size_bytes() + seg - 1) / seg;
     if (nseg > 0xFFFF)
-      throw CollectiveError(fmt::format("{}: broadcast of {} bytes needs more than 65535 segments of {} bytes",
-                                        rdzv_.who(), data.size_bytes(), seg));
+      throw CollectiveError(fmt::format("{}: broadcast of {} bytes needs more than 65535 segments of {} bytes", who_,
+                                        data.size_bytes(), seg));
     auto* base = reinterpret_cast<char*>(data.data());
     std::vector<std::pair<int, UBuf>> sends;
     for (int i = 0; i < size_; ++i) {
@@ -319,7 +364,7 @@ void GlooCollective::broadcast(std::span<float> data, int root) {
     }
     for (auto& [peer, b] : sends)
       if (!b->waitSend(timeout_))
-        throw CollectiveError(fmt::format("{}: broadcast: send to rank {} was aborted", rdzv_.who(), peer));
+        throw CollectiveError(fmt::format("{}: broadcast: send to rank {} was aborted", who_, peer));
     return static_cast<uint64_t>(size_ - 1) * data.size_bytes();
   });
 }
@@ -350,8 +395,8 @@ std::vector<std::vector<std::byte>> GlooCollective::all_gather_bytes(std::span<c
     size_t total = 0;
     for (size_t i = 0; i < P; ++i) {
       if (lens[i] > (uint64_t{1} << 40))
-        throw CollectiveError(fmt::format("{}: all_gather_bytes: rank {} announced an implausible {} bytes",
-                                          rdzv_.who(), i, lens[i]));
+        throw CollectiveError(
+            fmt::format("{}: all_gather_bytes: rank {} announced an implausible {} bytes", who_, i, lens[i]));
       off[i] = total;
       len[i] = static_cast<size_t>(lens[i]);
       total += len[i];

@@ -92,11 +92,14 @@ ncclDataType_t nccl_type(uint64_t*) { return ncclUint64; }
 class NcclCollective final : public Collective {
  public:
   explicit NcclCollective(const RendezvousOptions& opts);
+  // A subgroup of `parent` (split()): a communicator of its own, its unique id passed through
+  // the parent's store under the split's own key.
+  NcclCollective(const NcclCollective& parent, const SplitMembers& m, int color, const std::string& label);
   ~NcclCollective() override;
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  const std::string& site() const override { return rdzv_.options().site; }
+  const std::string& site() const override { return rdzv_->options().site; }
   const char* backend() const override { return "nccl"; }
   MemorySpace memory() const override { return MemorySpace::kCuda; }
 
@@ -108,8 +111,11 @@ class NcclCollective final : public Collective {
   void broadcast(std::span<float> data, int root) override;
   void barrier() override;
   std::vector<std::vector<std::byte>> all_gather_bytes(std::span<const std::byte> mine) override;
+  std::unique_ptr<Collective> split(int color, int key, const std::string& label) override;
 
  private:
+  // Creates the communicator: this group's rank 0 publishes the unique id under `id_key`.
+  void init_comm(const std::string& id_key);
   template <class T>
   void all_reduce_impl(std::span<T> data);
   // Runs one collective: the body enqueues NCCL calls and returns the ring-equivalent bytes;
@@ -124,10 +130,12 @@ class NcclCollective final : public Collective {
   [[noreturn]] void fail(const std::string& what);
   uint64_t ring_bytes(int64_t n, size_t elem, bool reduce_scatter, bool all_gather) const;
 
-  Rendezvous rdzv_;
+  std::shared_ptr<Rendezvous> rdzv_;  // shared with the subgroups split from this group
+  std::string who_;
   int rank_ = 0;
   int size_ = 1;
   int device_ = 0;
+  uint64_t splits_ = 0;
   std::chrono::milliseconds timeout_;
   Stream stream_;
   Comm comm_;
@@ -139,7 +147,7 @@ class NcclCollective final : public Collective {
 [[noreturn]] void NcclCollective::fail(const std::string& what) {
   broken_ = true;
   comm_.mark_broken();
-  throw CollectiveError(fmt::format("{} (cuda device {}): {}: {}", rdzv_.who(), device_, current_op_, what));
+  throw CollectiveError(fmt::format("{} (cuda device {}): {}: {}", who_, device_, current_op_, what));
 }
 
 void NcclCollective::check(ncclResult_t r, const char* call) {
@@ -191,28 +199,45 @@ void NcclCollective::wait_stream() {
 }
 
 NcclCollective::NcclCollective(const RendezvousOptions& opts)
-    : rdzv_(opts), rank_(opts.rank), size_(opts.size), timeout_(opts.timeout) {
+    : rdzv_(std::make_shared<Rendezvous>(opts)),
+      who_(rdzv_->who()),
+      rank_(opts.rank),
+      size_(opts.size),
+      timeout_(opts.timeout) {
   const int count = gpu_count();
   device_ = opts.cuda_device >= 0 ? opts.cuda_device : (count > 0 ? rank_ % count : 0);
   if (device_ >= count) fail(fmt::format("cuda device {} requested but {} device(s) are visible", device_, count));
+  init_comm("nccl/unique_id");
+}
+
+NcclCollective::NcclCollective(const NcclCollective& parent, const SplitMembers& m, int color, const std::string& label)
+    : rdzv_(parent.rdzv_),
+      who_(fmt::format("{}, {} rank {}/{}", parent.who_, label, m.index, m.parent_ranks.size())),
+      rank_(m.index),
+      size_(static_cast<int>(m.parent_ranks.size())),
+      device_(parent.device_),
+      timeout_(parent.timeout_) {
+  init_comm(fmt::format("nccl/split{}/{}/unique_id", parent.splits_, color));
+}
+
+void NcclCollective::init_comm(const std::string& id_key) {
   check_cuda(cudaSetDevice(device_), "cudaSetDevice");
   check_cuda(cudaStreamCreateWithFlags(stream_.out(), cudaStreamNonBlocking), "cudaStreamCreate");
-
   ncclUniqueId id;
   std::memset(&id, 0, sizeof(id));
   try {
     if (rank_ == 0) {
       check(ncclGetUniqueId(&id), "ncclGetUniqueId");
       const char* p = reinterpret_cast<const char*>(&id);
-      rdzv_.store().set("nccl/unique_id", std::vector<char>(p, p + sizeof(id)));
+      rdzv_->store().set(id_key, std::vector<char>(p, p + sizeof(id)));
     } else {
-      std::vector<char> v = rdzv_.store().get("nccl/unique_id");
+      std::vector<char> v = rdzv_->store().get(id_key);
       if (v.size() != sizeof(id))
         fail(fmt::format("rank 0 published a unique id of {} bytes, expected {}", v.size(), sizeof(id)));
       std::memcpy(&id, v.data(), sizeof(id));
     }
   } catch (const StoreError& e) {
-    throw RendezvousError(fmt::format("{}: exchanging the NCCL unique id failed: {}", rdzv_.who(), e.what()));
+    throw RendezvousError(fmt::format("{}: exchanging the NCCL unique id failed: {}", who_, e.what()));
   }
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // so a missing peer is a timeout we control, not a hang
@@ -222,12 +247,26 @@ NcclCollective::NcclCollective(const RendezvousOptions& opts)
   current_op_ = "";
 }
 
+std::unique_ptr<Collective> NcclCollective::split(int color, int key, const std::string& label) {
+  const SplitMembers m = split_members(*this, color, key);
+  std::unique_ptr<Collective> sub;
+  try {
+    sub = std::make_unique<NcclCollective>(*this, m, color, label);
+  } catch (...) {
+    broken_ = true;
+    comm_.mark_broken();
+    throw;
+  }
+  ++splits_;
+  return sub;
+}
+
 NcclCollective::~NcclCollective() {
   if (broken_ || std::uncaught_exceptions() > 0) return;
   try {
     barrier();
   } catch (const std::exception& e) {
-    spdlog::warn("{}: closing barrier failed: {}", rdzv_.who(), e.what());
+    spdlog::warn("{}: closing barrier failed: {}", who_, e.what());
   }
 }
 
@@ -245,8 +284,8 @@ template <class F>
 void NcclCollective::run(CollectiveKind kind, size_t n, size_t elem_bytes, F&& enqueue) {
   current_op_ = kind_name(kind);
   if (broken_)
-    throw CollectiveError(fmt::format("{}: {} called after an earlier collective failed; the group must be rebuilt",
-                                      rdzv_.who(), current_op_));
+    throw CollectiveError(
+        fmt::format("{}: {} called after an earlier collective failed; the group must be rebuilt", who_, current_op_));
   const auto t0 = Clock::now();
   check_cuda(cudaSetDevice(device_), "cudaSetDevice");
   uint64_t sent = enqueue();
@@ -276,7 +315,7 @@ void NcclCollective::reduce_scatter_sum(std::span<const float> in, std::span<flo
     throw CollectiveError(
         fmt::format("{}: reduce_scatter_sum of {} elements: out has {} elements, this rank's "
                     "shard has {}",
-                    rdzv_.who(), n, out.size(), mine.count));
+                    who_, n, out.size(), mine.count));
   run(CollectiveKind::kReduceScatter, in.size(), sizeof(float), [&]() -> uint64_t {
     if (n == 0) return 0;
     if (n % size_ == 0) {
@@ -307,7 +346,7 @@ void NcclCollective::all_gather(std::span<const float> my_shard, std::span<float
     throw CollectiveError(
         fmt::format("{}: all_gather into {} elements: my_shard has {} elements, this rank's "
                     "shard has {}",
-                    rdzv_.who(), n, my_shard.size(), mine.count));
+                    who_, n, my_shard.size(), mine.count));
   run(CollectiveKind::kAllGather, out.size(), sizeof(float), [&]() -> uint64_t {
     if (n == 0) return 0;
     if (n % size_ == 0) {
@@ -332,7 +371,7 @@ void NcclCollective::all_gather(std::span<const float> my_shard, std::span<float
 
 void NcclCollective::broadcast(std::span<float> data, int root) {
   if (root < 0 || root >= size_)
-    throw CollectiveError(fmt::format("{}: broadcast root {} is outside [0, {})", rdzv_.who(), root, size_));
+    throw CollectiveError(fmt::format("{}: broadcast root {} is outside [0, {})", who_, root, size_));
   run(CollectiveKind::kBroadcast, data.size(), sizeof(float), [&]() -> uint64_t {
     if (data.empty()) return 0;
     check(ncclBroadcast(data.data(), data.data(), data.size(), ncclFloat32, root, comm_.get(), stream_.get()),

@@ -58,7 +58,7 @@ class Topology {
   // slowest hop. Returns that hop. Exact search (bitmask DP), at most 16 members unless every hop is alike.
   struct Ring {
     double bandwidth_Bps = 0;
-    double latency_s = 0;  // of the slowest hop
+    double latency_s = 0;    // of the slowest hop
     std::string bottleneck;  // token of the slowest hop
     std::vector<int> order;
   };

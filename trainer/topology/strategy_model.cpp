@@ -1,4 +1,4 @@
-#include "tools/planner/strategy.hpp"
+#include "trainer/topology/strategy_model.hpp"
 
 #include <fmt/format.h>
 
@@ -127,6 +127,26 @@ double all_gather_s(double bytes, int n, double bandwidth_Bps, double hop_latenc
   return (n - 1) * (hop_latency_s + bytes / n / bandwidth_Bps);
 }
 
+Strategy recommend(const std::vector<StrategyCost>& costs, std::span<const Strategy> allowed) {
+  auto ok = [&](const StrategyCost& c) {
+    return std::find(allowed.begin(), allowed.end(), c.strategy) != allowed.end();
+  };
+  const StrategyCost* fastest = nullptr;
+  for (const auto& c : costs)
+    if (ok(c) && c.fits && (!fastest || c.step_s < fastest->step_s)) fastest = &c;
+  if (!fastest) {
+    const StrategyCost* least = nullptr;
+    for (const auto& c : costs)
+      if (ok(c) && (!least || c.memory_bytes < least->memory_bytes)) least = &c;
+    GEOLOCO_CHECK(least != nullptr, "recommend: no strategy allowed");
+    return least->strategy;
+  }
+  const StrategyCost* pick = fastest;
+  for (const auto& c : costs)
+    if (ok(c) && c.fits && c.step_s <= 1.05 * fastest->step_s && c.memory_bytes < pick->memory_bytes) pick = &c;
+  return pick->strategy;
+}
+
 TopoPlan plan_topology(const Topology& topo, const Workload& w_in) {
   Workload w = w_in;
   if (!(w.params >= 1)) throw InputError(fmt::format("topo: params: got {}, expected >= 1", w.params));
@@ -233,26 +253,19 @@ TopoPlan plan_topology(const Topology& topo, const Workload& w_in) {
     p.costs.push_back(c);
   }
 
-  // Recommendation: the fastest strategy that fits; among those within 5% of it, the one
-  // with the least memory (headroom for batch and activations is worth a few percent).
-  const StrategyCost* fastest = nullptr;
-  for (const auto& c : p.costs)
-    if (c.fits && (!fastest || c.step_s < fastest->step_s)) fastest = &c;
   const StrategyCost& ddp = p.cost(Strategy::DDP);
-  if (!fastest) {
-    const StrategyCost* least = &p.costs.front();
-    for (const auto& c : p.costs)
-      if (c.memory_bytes < least->memory_bytes) least = &c;
-    p.recommended = least->strategy;
+  const StrategyCost* pick = &p.cost(recommend(p.costs, kAllStrategies));
+  if (!pick->fits) {
+    p.recommended = pick->strategy;
     p.reason = fmt::format(
         "nothing fits in {} per GPU; {} needs the least ({}): add GPUs, shard activations "
         "(checkpointing) or shrink the micro-batch",
-        gb(w.gpu_memory_bytes), strategy_name(least->strategy), gb(least->memory_bytes));
+        gb(w.gpu_memory_bytes), strategy_name(pick->strategy), gb(pick->memory_bytes));
     return p;
   }
-  const StrategyCost* pick = fastest;
+  const StrategyCost* fastest = nullptr;
   for (const auto& c : p.costs)
-    if (c.fits && c.step_s <= 1.05 * fastest->step_s && c.memory_bytes < pick->memory_bytes) pick = &c;
+    if (c.fits && (!fastest || c.step_s < fastest->step_s)) fastest = &c;
   p.recommended = pick->strategy;
   std::string why;
   if (pick == fastest) {

@@ -22,24 +22,25 @@
 
 #include <nlohmann/json.hpp>
 
+#include <span>
 #include <string>
 #include <vector>
 
-#include "tools/planner/topology.hpp"
+#include "trainer/topology/topology.hpp"
 
 namespace geoloco::planner {
 
 struct Workload {
   double params = 0;
-  int layers = 0;                   // FSDP units; 0 -> from the model config, else 32
-  double compute_s = 0;             // forward + backward of one step on one GPU
-  int micro_batches = 1;            // gradient accumulation: micro-batches per optimizer step
+  int layers = 0;         // FSDP units; 0 -> from the model config, else 32
+  double compute_s = 0;   // forward + backward of one step on one GPU
+  int micro_batches = 1;  // gradient accumulation: micro-batches per optimizer step
   double gpu_memory_bytes = 80e9;
-  double activation_bytes = 0;      // per GPU, whatever the strategy
-  double param_bytes = 2;           // bf16 weights, and what fsdp/zero gather
-  double grad_bytes = 2;            // what gradient collectives carry
-  double optimizer_bytes = 12;      // fp32 master + Adam m and v
-  double bucket_bytes = 25e6;       // DDP/ZeRO gradient bucket (PyTorch default 25 MB)
+  double activation_bytes = 0;        // per GPU, whatever the strategy
+  double param_bytes = 2;             // bf16 weights, and what fsdp/zero gather
+  double grad_bytes = 2;              // what gradient collectives carry
+  double optimizer_bytes = 12;        // fp32 master + Adam m and v
+  double bucket_bytes = 25e6;         // DDP/ZeRO gradient bucket (PyTorch default 25 MB)
   double forward_fraction = 1.0 / 3;  // backward costs about twice the forward
 };
 
@@ -50,12 +51,12 @@ inline constexpr Strategy kAllStrategies[] = {Strategy::DDP, Strategy::Zero1, St
 
 struct StrategyCost {
   Strategy strategy = Strategy::DDP;
-  double comm_s = 0;      // link busy time per step
-  double exposed_s = 0;   // what compute could not hide
-  double step_s = 0;      // compute + exposed
+  double comm_s = 0;     // link busy time per step
+  double exposed_s = 0;  // what compute could not hide
+  double step_s = 0;     // compute + exposed
   double memory_bytes = 0;
   bool fits = false;
-  std::string note;       // e.g. what hybrid degenerates to
+  std::string note;  // e.g. what hybrid degenerates to
 };
 
 struct TopoPlan {
@@ -80,6 +81,10 @@ double all_reduce_s(double bytes, int n, double bandwidth_Bps, double hop_latenc
 double all_gather_s(double bytes, int n, double bandwidth_Bps, double hop_latency_s);
 
 TopoPlan plan_topology(const Topology& topo, const Workload& w);
+// The recommendation rule, over the `allowed` strategies: the fastest that fits; among those
+// within 5% of it, the one with the least memory (headroom for batch and activations is worth
+// a few percent); when none fits, the one needing the least memory.
+Strategy recommend(const std::vector<StrategyCost>& costs, std::span<const Strategy> allowed);
 std::string format_topo_table(const TopoPlan& p);
 nlohmann::json topo_json(const TopoPlan& p);
 

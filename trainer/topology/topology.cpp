@@ -1,4 +1,4 @@
-#include "tools/planner/topology.hpp"
+#include "trainer/topology/topology.hpp"
 
 #include <fmt/format.h>
 

@@ -1,0 +1,36 @@
+// site.strategy: auto -- a site's strategy (and hybrid group size) from its GPU topology, by
+// the cost model `geoloco topo` reports (trainer/topology/strategy_model.hpp).
+//
+// The workload is the run's: the model's parameters and layers, the site's grad_accum as
+// micro-batches, compute time 6 x parameters x tokens per rank per step / (topology.gpu_tflops
+// x 1e12), topology.gpu_memory_gb and activations_gb per GPU. Rank r runs on GPU r, so the
+// topology must have exactly as many GPUs as the site has ranks.
+//
+// hybrid maps group g onto ranks gG .. gG+G-1: it is taken only when the NVLink islands are of
+// equal size and each is a run of consecutive GPU ids; otherwise it is left out and the rule
+// picks among the other four. A hybrid whose one island spans every GPU is fsdp; islands of
+// one GPU make it ddp. Pure arithmetic on the config and the topology: every rank of every
+// site that reads the same file chooses the same.
+#pragma once
+
+#include <string>
+
+#include "trainer/loop/run_config.hpp"
+#include "trainer/topology/strategy_model.hpp"
+#include "trainer/topology/topology.hpp"
+
+namespace geoloco::trainer {
+
+struct StrategyChoice {
+  std::string strategy;  // ddp | zero1 | zero2 | fsdp | hybrid
+  int group_size = 0;    // hybrid: GPUs per island
+  std::string reason;    // one line: the model's reason, and any mapping it needed
+  planner::TopoPlan plan;
+};
+
+planner::Workload site_workload(const RunConfig& cfg, int site);
+
+// Throws InputError when the topology's GPU count is not the site's rank count.
+StrategyChoice choose_strategy(const RunConfig& cfg, int site, const planner::Topology& topo);
+
+}  // namespace geoloco::trainer
