@@ -86,7 +86,7 @@ TEST(RunConfig, WrongTypeRangeAndChoice) {
   EXPECT_EQ(error_of(std::string(kBase) + "train: {micro_batch: 0}\n"),
             "run.yaml:4:22: train.micro_batch: got '0', expected an integer in [1, 1048576]");
   EXPECT_EQ(error_of(std::string(kBase) + "site: {strategy: zero3}\n"),
-            "run.yaml:4:18: site.strategy: got 'zero3', expected one of ddp | zero1 | zero2 | fsdp");
+            "run.yaml:4:18: site.strategy: got 'zero3', expected one of ddp | zero1 | zero2 | fsdp | hybrid | auto");
   EXPECT_EQ(
       error_of(std::string(kBase) + "train: {optimizer: {betas: [0.9]}}\n"),
       "run.yaml:4:28: train.optimizer.betas: got a list, expected a list of two numbers in [0, 1), e.g. [0.9, 0.95]");

@@ -192,6 +192,30 @@ TEST(Shapes, SitesOfOneTwoAndThreeRanksAgreeUnderEveryStrategy) {
   EXPECT_EQ(out[0]["outer_steps"].get<int>(), 9);
 }
 
+// A hybrid site (4 ranks as 2 groups of 2) beside an fsdp site of 2 ranks and a ddp site of
+// 1, with two fragments overlapped and int4 + error feedback: a hybrid rank's site shard is
+// shard_of(n, r, 4) as under every strategy, so the exchange is unchanged and every rank of
+// every site ends with one hash and one parameter vector.
+TEST(Shapes, AHybridSiteAgreesWithTheOtherStrategies) {
+  TempDir d;
+  psk(d);
+  auto cfg = trainer::load_run_config(d.file(
+      "c.yaml", base(d.path() / "out", 16) +
+                    "outer: {interval: 4, fragments: 2, overlap_steps: 1, compression: {codec: int4, block: "
+                    "64, error_feedback: true, zstd_level: 1}}\n" +
+                    sites({{4, "strategy: hybrid, group_size: 2"}, {2, "strategy: fsdp"}, {1, ""}}) + kTransport));
+  const auto out = geoloco::testing::run_ranks(cfg);
+  expect_one_hash(out[0], 7, "hybrid beside fsdp and ddp");
+  EXPECT_EQ(out[0]["outer_steps"].get<int>(), 9);
+  int hybrid_ranks = 0;
+  for (const auto& r : out[0]["ranks"])
+    if (r["memory"]["strategy"] == "hybrid") {
+      EXPECT_EQ(r["memory"]["group_size"], 2) << r.dump();
+      ++hybrid_ranks;
+    }
+  EXPECT_EQ(hybrid_ranks, 4);
+}
+
 // The equivalence the math guarantees: with every site replaying identical data
 // (data.across_sites: identical), a 2-rank site with micro-batch B and a 1-rank site
 // accumulating 2 micro-batches of B draw the same 2B windows per step and compute the same mean

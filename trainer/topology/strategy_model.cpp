@@ -241,7 +241,10 @@ TopoPlan plan_topology(const Topology& topo, const Workload& w_in) {
         } else {
           c.note = fmt::format("shard over {} GPUs per island, replicate over {} islands", I, p.islands.size());
           t = fsdp_schedule(w, w.layers, island, &cross, static_cast<int>(I));
-          c.memory_bytes = N * full_state / static_cast<double>(I) + working_set;
+          // geoloco's hybrid: parameters and gradients sharded over the island, the optimizer
+          // state over every GPU (each rank updates its own site shard, trainer/loop/site_strategy.hpp).
+          c.memory_bytes =
+              N * (w.param_bytes + w.grad_bytes) / static_cast<double>(I) + N * w.optimizer_bytes / G + working_set;
         }
         break;
     }

@@ -17,7 +17,8 @@
 //   hybrid fsdp inside each island, plus an all-reduce of each layer's gradient shard
 //          across islands on its own (slower) links
 // Memory per GPU: bf16 parameters (2 B), bf16 gradients (2 B), fp32 master weights and two
-// Adam moments (12 B) per parameter, sharded per strategy, plus the activations given.
+// Adam moments (12 B) per parameter, sharded per strategy (hybrid as geoloco runs it: parameters
+// and gradients over the island, the optimizer state over every GPU), plus the activations given.
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -1,0 +1,163 @@
+// site.strategy: auto and hybrid's config: the choice per topology fixture (the seed finding:
+// fsdp on an NVLink switch, hybrid on bridged pairs, never fsdp on PCIe), the fallback when the
+// islands cannot be groups of consecutive ranks, the config's refusals, and a run whose strategy
+// auto chose (hybrid) ending where the same run with hybrid written out ends.
+#include <gtest/gtest.h>
+
+#include "test_util.hpp"
+#include "tests/support/ports.hpp"
+#include "tests/support/threads.hpp"
+#include "trainer/loop/run_config.hpp"
+#include "trainer/loop/strategy_choice.hpp"
+#include "trainer/loop/trainer.hpp"
+#include "trainer/parallel/gloo_collective.hpp"
+
+using namespace geoloco;
+using namespace geoloco::trainer;
+using geoloco::test::TempDir;
+
+namespace {
+
+std::string fixture(const std::string& name) {
+  return std::string(GEOLOCO_SOURCE_DIR) + "/tests/planner/fixtures/" + name;
+}
+
+// A 1.3B-parameter GPT (24 layers) on an 8-rank site, one 2048-token sequence per micro-batch
+// at 160 achieved TFLOP/s: 0.1 s of compute per micro-batch.
+std::string big_site(const std::string& topology, int grad_accum) {
+  return "run: {name: x}\n"
+         "model: {n_layer: 24, n_head: 16, n_embd: 2048, block_size: 2048, vocab_size: 50304}\n"
+         "data: {train: {kind: synthetic}}\n"
+         "train: {micro_batch: 1, grad_accum: " +
+         std::to_string(grad_accum) +
+         "}\n"
+         "site: {strategy: auto, topology: {file: " +
+         topology +
+         ", gpu_tflops: 160}}\n"
+         "sites: [{name: a, ranks: 8, port: 30000}]\n";
+}
+
+RunConfig parse(const std::string& yaml) { return parse_run_config(config::load_string(yaml, "run.yaml")); }
+
+std::string error_of(const std::string& yaml) {
+  try {
+    parse(yaml);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+}  // namespace
+
+TEST(StrategyAuto, TheChoicePerFixture) {
+  struct Case {
+    const char* file;
+    int grad_accum;
+    const char* strategy;
+    int group_size;
+  };
+  // NVSwitch: sharding is as fast as replication with far less memory. Bridged pairs with
+  // accumulation: fsdp falls ~3.4x behind; shard in the pair, replicate across pairs. PCIe only:
+  // no island to shard in; zero1 keeps ddp's speed.
+  for (const Case c : {Case{"dgx_h100.txt", 8, "fsdp", 0}, Case{"dgx_h100.txt", 1, "fsdp", 0},
+                       Case{"bridged_pairs.txt", 8, "hybrid", 2}, Case{"pcie_only.txt", 8, "zero1", 0}}) {
+    SCOPED_TRACE(::testing::Message() << c.file << " grad_accum " << c.grad_accum);
+    const RunConfig cfg = parse(big_site(fixture(c.file), c.grad_accum));
+    const SiteConfig& s = cfg.sites[0];
+    EXPECT_TRUE(s.strategy_auto);
+    EXPECT_EQ(s.strategy, c.strategy) << s.strategy_reason;
+    EXPECT_EQ(s.group_size, c.group_size);
+    EXPECT_NE(s.strategy_reason.find(std::string(c.strategy) + " is"), std::string::npos) << s.strategy_reason;
+  }
+  // The workload is the run's: 6 x 1.3B x 2048 x 8 tokens at 160 TFLOP/s.
+  const RunConfig cfg = parse(big_site(fixture("bridged_pairs.txt"), 8));
+  const auto w = site_workload(cfg, 0);
+  EXPECT_NEAR(w.compute_s, 6.0 * static_cast<double>(cfg.model.num_params()) * 2048 * 8 / 160e12, 1e-12);
+  EXPECT_EQ(w.micro_batches, 8);
+  EXPECT_EQ(w.layers, 24);
+}
+
+// NVLink pairs {0, 2} and {1, 3}: the model recommends hybrid, but groups of consecutive ranks
+// would put each group across PCIe: auto says so and takes the best of the other four.
+TEST(StrategyAuto, IslandsThatAreNotConsecutiveRanksFallBack) {
+  TempDir d;
+  const std::string topo = d.file("crossed.yaml",
+                                  "format: geoloco-topology\nversion: 1\ngpus: 4\n"
+                                  "links:\n  - {gpus: [0, 2], kind: nvlink, bandwidth_gbs: 56}\n"
+                                  "  - {gpus: [1, 3], kind: nvlink, bandwidth_gbs: 56}\n"
+                                  "default: {kind: pcie_host, bandwidth_gbs: 25}\n");
+  std::string yaml = big_site(topo, 8);
+  yaml.replace(yaml.find("ranks: 8"), 8, "ranks: 4");
+  const RunConfig cfg = parse(yaml);
+  const auto choice = choose_strategy(cfg, 0, planner::load_topology_file(topo));
+  ASSERT_EQ(choice.plan.recommended, planner::Strategy::Hybrid) << "the case must exercise the fallback";
+  EXPECT_NE(choice.strategy, "hybrid");
+  EXPECT_NE(choice.reason.find("not equal runs of consecutive GPUs"), std::string::npos) << choice.reason;
+  EXPECT_EQ(cfg.sites[0].strategy, choice.strategy);
+}
+
+TEST(StrategyAuto, ConfigRefusals) {
+  const std::string base =
+      "run: {name: x}\nmodel: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 16, vocab_size: 64}\n"
+      "data: {train: {kind: synthetic}}\n";
+  EXPECT_NE(error_of(base + "sites: [{name: a, ranks: 4, port: 30000, strategy: hybrid}]\n")
+                .find("sites[0].group_size: strategy: hybrid needs group_size"),
+            std::string::npos);
+  EXPECT_NE(error_of(base + "sites: [{name: a, ranks: 4, port: 30000, strategy: hybrid, group_size: 3}]\n")
+                .find("got 3, which does not divide the site's 4 ranks"),
+            std::string::npos);
+  EXPECT_NE(error_of(base + "site: {strategy: auto}\n").find("site.topology: strategy: auto needs topology.file"),
+            std::string::npos);
+  EXPECT_NE(error_of(base + "site: {strategy: auto, topology: {file: " + fixture("dgx_h100.txt") +
+                     "}}\nsites: [{name: a, ranks: 4, port: 30000}]\n")
+                .find("has 8 GPUs but site 'a' has 4 ranks"),
+            std::string::npos);
+  EXPECT_NE(error_of(base + "site: {strategy: auto, topology: {file: no_such.txt}}\n").find("site.topology:"),
+            std::string::npos);
+  EXPECT_NE(error_of(base + "site: {strategy: auto, topology: {file: x.txt, gpu_tflop: 3}}\n")
+                .find("site.topology.gpu_tflop: unknown key"),
+            std::string::npos);
+}
+
+// A 4-rank CPU site rehearsing a bridged-pairs workstation (configs/links/topo_bridged_pairs.yaml)
+// with a compute time that makes the model pick hybrid over pairs; the run then trains exactly
+// as the same config with `strategy: hybrid, group_size: 2` written out.
+TEST(StrategyAuto, ARunWhoseStrategyAutoChoseHybrid) {
+  const std::string topo = std::string(GEOLOCO_SOURCE_DIR) + "/configs/links/topo_bridged_pairs.yaml";
+  auto run = [&](const std::string& site) {
+    TempDir d;
+    const int port = test::fresh_port();
+    auto cfg = load_run_config(
+        d.file("run.yaml", geoloco::testing::tiny_config(d.path() / "out", "",
+                                                         "site: {" + site + "}\nsites: [{name: s, ranks: 4, port: " +
+                                                             std::to_string(port) + "}]\n")),
+        {"train.steps=8", "train.grad_accum=1"});
+    std::vector<std::vector<float>> params(4);
+    std::vector<nlohmann::json> summaries(4);
+    test::run_ranks(4, [&](int r) {
+      parallel::RendezvousOptions ro;
+      ro.site = "s";
+      ro.rank = r;
+      ro.size = 4;
+      ro.store_port = port + 4;
+      ro.timeout = std::chrono::milliseconds(20000);
+      auto coll = parallel::make_gloo(ro);
+      TrainerOptions o;
+      o.progress = false;
+      o.rank = r;
+      o.collective = coll.get();
+      Trainer t(cfg, o);
+      summaries[size_t(r)] = t.run();
+      params[size_t(r)] = t.parameters();
+    });
+    for (int r = 1; r < 4; ++r) EXPECT_EQ(params[0], params[size_t(r)]);
+    return std::make_pair(params[0], summaries[0]);
+  };
+  const auto [chosen, s] = run("strategy: auto, topology: {file: " + topo + ", gpu_tflops: 1}");
+  EXPECT_EQ(s["memory"]["strategy"], "hybrid") << s["strategy_choice"].dump();
+  EXPECT_EQ(s["strategy_choice"]["group_size"], 2);
+  EXPECT_NE(s["strategy_choice"]["reason"].get<std::string>().find("hybrid is the fastest"), std::string::npos);
+  const auto written = run("strategy: hybrid, group_size: 2");
+  EXPECT_EQ(chosen, written.first);
+}
