@@ -209,6 +209,30 @@ TEST(CudaLoopStrategies, ResumeIsBitExact) {
   }
 }
 
+// hybrid on device buffers, 4 ranks (subgroups split from the thread collective): one group of
+// 4 is fsdp bit for bit; two groups of 2 train fsdp's model up to the order of the gradient's
+// sums (group, then replica set), every rank on the same bits; stopped at step 3 and resumed,
+// the same bits as 6 steps in one go.
+TEST(CudaLoopStrategies, HybridIsFsdpWithOneGroupTracksItWithTwoAndResumesExactly) {
+  REQUIRE_GPU_OR_SKIP();
+  TempDir d;
+  auto fsdp = load(d, "f.yaml", config(d.path() / "f", "cuda", "fp32", "fsdp", 4, 6));
+  auto one = load(d, "h4.yaml", config(d.path() / "h4", "cuda", "fp32", "hybrid, group_size: 4", 4, 6));
+  auto two = load(d, "h2.yaml", config(d.path() / "h2", "cuda", "fp32", "hybrid, group_size: 2", 4, 6));
+  auto split = load(d, "h2s.yaml", config(d.path() / "h2s", "cuda", "fp32", "hybrid, group_size: 2", 4, 6));
+  const auto f = run_site(fsdp);
+  EXPECT_EQ(hash_of(run_site(one)[0]), hash_of(f[0]));
+  const auto h = run_site(two);
+  for (int r = 1; r < 4; ++r) EXPECT_EQ(hash_of(h[size_t(r)]), hash_of(h[0])) << r;
+  EXPECT_EQ(h[0]["memory"]["group_size"], 2);
+  const auto hc = loss_curve(two), fc = loss_curve(fsdp);
+  ASSERT_EQ(hc.size(), 6u);
+  for (size_t i = 0; i < hc.size(); ++i) EXPECT_NEAR(hc[i], fc[i], 1e-5 * std::fabs(fc[i])) << "step " << i;
+  run_site(split, 3);
+  EXPECT_EQ(hash_of(run_site(split, 0, true)[0]), hash_of(h[0]));
+  EXPECT_EQ(loss_curve(split), hc);
+}
+
 // Two sites of one rank each on the GPU, DiLoCo every 4 steps over UCX on loopback: both
 // sites end with the same bits (the outer loop stages shards through the pinned mirror).
 TEST(CudaLoopDiloco, TwoSitesEndBitIdentical) {

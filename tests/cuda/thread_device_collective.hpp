@@ -11,7 +11,9 @@
 
 #include <barrier>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -26,6 +28,9 @@ struct ThreadBoard {
   int ranks;
   std::barrier<> sync;
   std::vector<std::vector<std::byte>> slots;  // each rank's staged input
+  // Subgroups split from this board, by (split call, color): the first member creates it.
+  std::mutex mu;
+  std::map<std::pair<int, int>, std::shared_ptr<ThreadBoard>> splits;
 };
 
 class ThreadDeviceCollective final : public parallel::Collective {
@@ -83,6 +88,19 @@ class ThreadDeviceCollective final : public parallel::Collective {
     return all;
   }
 
+  std::unique_ptr<parallel::Collective> split(int color, int key, const std::string& label) override {
+    const parallel::SplitMembers m = parallel::split_members(*this, color, key);
+    std::shared_ptr<ThreadBoard> sub;
+    {
+      std::lock_guard<std::mutex> lock(board_->mu);
+      auto& slot = board_->splits[{splits_, color}];
+      if (!slot) slot = std::make_shared<ThreadBoard>(static_cast<int>(m.parent_ranks.size()));
+      sub = slot;
+    }
+    ++splits_;
+    return std::make_unique<ThreadDeviceCollective>(sub, m.index, site_ + " " + label);
+  }
+
  private:
   template <class T>
   void publish(std::span<const T> d) {
@@ -113,6 +131,7 @@ class ThreadDeviceCollective final : public parallel::Collective {
   }
 
   std::shared_ptr<ThreadBoard> board_;
+  int splits_ = 0;
   int rank_;
   std::string site_;
   Stream stream_;

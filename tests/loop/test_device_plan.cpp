@@ -66,6 +66,28 @@ TEST(DevicePlan, SizesPerStrategy) {
   EXPECT_THROW(plan_device_buffers(StrategyKind::Ddp, n, 3, 3), Error);
 }
 
+// hybrid over 6 ranks as 2 groups of 3: a rank holds its group's share of the parameters (n/3,
+// its chunk of every block), gathers n for the step, and keeps the optimizer on its site shard.
+TEST(DevicePlan, HybridHoldsItsPiecesAndUpdatesItsShard) {
+  const int64_t n = 1001;
+  int64_t held_total = 0;
+  for (int r = 0; r < 6; ++r) {
+    const auto sh = parallel::shard_of(n, r, 6);
+    auto h = plan_device_buffers(StrategyKind::Hybrid, n, r, 6, 3);
+    EXPECT_EQ(h.param_elems, parallel::shard_of(n, r, 6).count + parallel::shard_of(n, (r + 3) % 6, 6).count);
+    if (r < 3) held_total += h.param_elems;
+    EXPECT_FALSE(h.grads_persistent);
+    EXPECT_EQ(h.grad_shard_elems, sh.count);
+    EXPECT_EQ(h.gathered_elems, n);
+    EXPECT_EQ(h.opt_begin, sh.offset);
+    EXPECT_EQ(h.opt_end, sh.end());
+    EXPECT_FALSE(h.overlap);
+    EXPECT_EQ(h.peak_device_bytes(), static_cast<uint64_t>(2 * h.param_elems + n + sh.count + n + 2 * sh.count) * 4);
+  }
+  EXPECT_EQ(held_total, n) << "one group's ranks hold every parameter once";
+  EXPECT_THROW(plan_device_buffers(StrategyKind::Hybrid, n, 0, 6, 4), InputError);
+}
+
 TEST(DevicePlan, LocalRankCountsEveryRankOnTheSameHost) {
   TempDir d;
   d.file("k.psk", "0123456789abcdef-test-key");

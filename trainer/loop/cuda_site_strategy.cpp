@@ -30,12 +30,13 @@ CudaSiteStrategy::CudaSiteStrategy(const RunConfig& cfg, int site, const ParamLa
                                    parallel::Collective* coll, std::span<const float> initial, int device,
                                    bool keep_one_rank_collective)
     : SiteStrategy(parse_strategy(cfg.sites.at(static_cast<size_t>(site)).strategy), layout, coll, cfg.train.optimizer,
-                   NoHostState{keep_one_rank_collective}),
+                   NoHostState{keep_one_rank_collective, cfg.sites.at(static_cast<size_t>(site)).group_size}),
       device_(device),
       info_((cuda::check_cuda(cudaSetDevice(device), fmt::format("cudaSetDevice({})", device)),
              cuda::device_info(device))),
       precision_(cfg.train.precision),
-      plan_(plan_device_buffers(kind(), layout.total(), rank(), ranks())),
+      plan_(plan_device_buffers(kind(), layout.total(), rank(), ranks(),
+                                cfg.sites.at(static_cast<size_t>(site)).group_size)),
       model_(cfg.model, cuda::parse_precision(cfg.train.precision), cuda::parse_attention_kernel(cfg.train.attention),
              cfg.train.micro_batch),
       d_params_(static_cast<size_t>(plan_.param_elems), "parameters"),
@@ -52,8 +53,16 @@ CudaSiteStrategy::CudaSiteStrategy(const RunConfig& cfg, int site, const ParamLa
                                   collective()->backend()));
   backend_ = collective() ? collective()->backend() : "none";
   cuda::keep_pool_memory(device_);
-  const size_t off = kind() == StrategyKind::Fsdp ? static_cast<size_t>(shard().offset) : 0;
-  copy_to_device(d_params_.data(), initial.data() + off, d_params_.size(), "upload initial parameters");
+  if (const auto* h = hybrid()) {
+    for (int g = 0; g < h->groups; ++g) {
+      const auto p = h->pieces[static_cast<size_t>(g)];
+      copy_to_device(d_params_.data() + h->held_offset[static_cast<size_t>(g)], initial.data() + p.offset,
+                     static_cast<size_t>(p.count), "upload initial parameters (hybrid pieces)");
+    }
+  } else {
+    const size_t off = kind() == StrategyKind::Fsdp ? static_cast<size_t>(shard().offset) : 0;
+    copy_to_device(d_params_.data(), initial.data() + off, d_params_.size(), "upload initial parameters");
+  }
   if (plan_.overlap && d_grads_.size() > 0)
     overlap_ = std::make_unique<cuda::OverlappedAllReduce>(*collective(), this->layout(), d_grads_.span());
 }
@@ -77,6 +86,8 @@ void CudaSiteStrategy::sync_compute() {
 
 std::span<float> CudaSiteStrategy::shard_on_device() {
   if (kind() == StrategyKind::Fsdp) return d_params_.span();
+  if (const auto* h = hybrid())
+    return d_params_.span().subspan(static_cast<size_t>(h->own_held_offset()), static_cast<size_t>(h->own.count));
   return d_params_.span().subspan(static_cast<size_t>(shard().offset), static_cast<size_t>(shard().count));
 }
 
@@ -84,6 +95,26 @@ void CudaSiteStrategy::gather_full() {
   const size_t n = static_cast<size_t>(num_params());
   if (d_gathered_.size() != n)
     d_gathered_ = cuda::StreamBuffer<float>(n, model_.stream(), "gathered parameters (fsdp)");
+  if (const auto* h = hybrid()) {
+    // Each held piece at its place, then each block all-gathered inside the group.
+    for (int g = 0; g < h->groups; ++g) {
+      const auto p = h->pieces[static_cast<size_t>(g)];
+      if (p.count > 0)
+        cuda::check_cuda(
+            cudaMemcpyAsync(d_gathered_.data() + p.offset, d_params_.data() + h->held_offset[static_cast<size_t>(g)],
+                            static_cast<size_t>(p.count) * sizeof(float), cudaMemcpyDeviceToDevice, model_.stream()),
+            "hybrid: held piece into the gathered buffer");
+    }
+    sync_compute();
+    if (auto* group = group_collective())
+      for (int g = 0; g < h->groups; ++g) {
+        const auto p = h->pieces[static_cast<size_t>(g)];
+        const auto b = h->blocks[static_cast<size_t>(g)];
+        group->all_gather(d_gathered_.span().subspan(static_cast<size_t>(p.offset), static_cast<size_t>(p.count)),
+                          d_gathered_.span().subspan(static_cast<size_t>(b.offset), static_cast<size_t>(b.count)));
+      }
+    return;
+  }
   auto mine = d_gathered_.span().subspan(static_cast<size_t>(shard().offset), static_cast<size_t>(shard().count));
   if (!mine.empty())
     cuda::check_cuda(
@@ -94,14 +125,14 @@ void CudaSiteStrategy::gather_full() {
 }
 
 std::span<const float> CudaSiteStrategy::full_on_device() const {
-  return kind() == StrategyKind::Fsdp ? d_gathered_.span() : d_params_.span();
+  return gathers() ? d_gathered_.span() : d_params_.span();
 }
 
 double CudaSiteStrategy::forward_backward(const NextBatch& next, int B, int T, int K) {
   const size_t n = static_cast<size_t>(num_params());
   if (d_grads_.size() != n) d_grads_ = cuda::StreamBuffer<float>(n, model_.stream(), "gradients");
   cuda::check_cuda(cudaMemsetAsync(d_grads_.data(), 0, n * sizeof(float), model_.stream()), "zero the gradients");
-  if (kind() == StrategyKind::Fsdp) gather_full();
+  if (gathers()) gather_full();
   const auto params = full_on_device();
   std::vector<int32_t> x(static_cast<size_t>(B) * T), y(x.size());
   double loss = 0;
@@ -119,6 +150,36 @@ double CudaSiteStrategy::forward_backward(const NextBatch& next, int B, int T, i
 cuda::CudaInnerOptimizer::Gather CudaSiteStrategy::device_gather() {
   auto* coll = collective();
   if (!coll || kind() == StrategyKind::Ddp) return {};
+  if (const auto* h = hybrid()) {
+    // The own shard is in place in `full`: over the replica set into held pieces, then each
+    // block inside the group (SiteStrategy's hybrid gather on device buffers).
+    return [this, h](std::span<float> full) {
+      cuda::StreamBuffer<float> held(static_cast<size_t>(h->held), model_.stream(), "hybrid: held pieces (gather)");
+      auto own = held.span().subspan(static_cast<size_t>(h->own_held_offset()), static_cast<size_t>(h->own.count));
+      if (!own.empty())
+        cuda::check_cuda(cudaMemcpyAsync(own.data(), full.data() + h->own.offset, own.size_bytes(),
+                                         cudaMemcpyDeviceToDevice, model_.stream()),
+                         "hybrid: own shard into the held pieces");
+      sync_compute();
+      if (auto* replicas = replica_collective()) replicas->all_gather(own, held.span());
+      for (int g = 0; g < h->groups; ++g) {
+        const auto p = h->pieces[static_cast<size_t>(g)];
+        if (p.count > 0)
+          cuda::check_cuda(
+              cudaMemcpyAsync(full.data() + p.offset, held.data() + h->held_offset[static_cast<size_t>(g)],
+                              static_cast<size_t>(p.count) * sizeof(float), cudaMemcpyDeviceToDevice, model_.stream()),
+              "hybrid: held piece into place");
+      }
+      sync_compute();
+      if (auto* group = group_collective())
+        for (int g = 0; g < h->groups; ++g) {
+          const auto p = h->pieces[static_cast<size_t>(g)];
+          const auto b = h->blocks[static_cast<size_t>(g)];
+          group->all_gather(full.subspan(static_cast<size_t>(p.offset), static_cast<size_t>(p.count)),
+                            full.subspan(static_cast<size_t>(b.offset), static_cast<size_t>(b.count)));
+        }
+    };
+  }
   return [this, coll](std::span<float> full) {
     sync_compute();
     coll->all_gather(full.subspan(static_cast<size_t>(shard().offset), static_cast<size_t>(shard().count)), full);
@@ -140,9 +201,60 @@ void CudaSiteStrategy::apply_pending_reset() {
   }
 }
 
+StepResult CudaSiteStrategy::finish_hybrid_step(double lr, double max_norm) {
+  const auto& h = *hybrid();
+  StepResult r;
+  const auto o = ops();
+  auto gs = d_grad_shard_.span();
+  // 1. Inside the group: each block's gradient reduce-scattered into the held pieces.
+  {
+    cuda::StreamBuffer<float> held(static_cast<size_t>(h.held), model_.stream(), "hybrid: held gradient pieces");
+    sync_compute();
+    for (int g = 0; g < h.groups; ++g) {
+      const auto p = h.pieces[static_cast<size_t>(g)];
+      const auto b = h.blocks[static_cast<size_t>(g)];
+      auto out =
+          held.span().subspan(static_cast<size_t>(h.held_offset[static_cast<size_t>(g)]), static_cast<size_t>(p.count));
+      if (auto* group = group_collective()) {
+        group->reduce_scatter_sum(d_grads_.span().subspan(static_cast<size_t>(b.offset), static_cast<size_t>(b.count)),
+                                  out);
+      } else if (!out.empty()) {
+        cuda::check_cuda(cudaMemcpyAsync(out.data(), d_grads_.data() + p.offset, out.size_bytes(),
+                                         cudaMemcpyDeviceToDevice, model_.stream()),
+                         "hybrid: gradient piece copy");
+      }
+    }
+    sync_compute();
+    d_grads_.reset();
+    // 2. Over the replica set: the group sums of the own shard summed over the groups.
+    if (auto* replicas = replica_collective()) {
+      replicas->reduce_scatter_sum(held.span(), gs);
+    } else if (!gs.empty()) {
+      cuda::check_cuda(cudaMemcpyAsync(gs.data(), held.data() + h.own_held_offset(), gs.size_bytes(),
+                                       cudaMemcpyDeviceToDevice, model_.stream()),
+                       "hybrid: gradient shard copy");
+    }
+    sync_compute();
+  }
+  if (collective())
+    cuda::scale_inplace(o, gs.data(), static_cast<int64_t>(gs.size()), 1.0f / static_cast<float>(ranks()));
+  double sq = cuda::sum_squares_to_host(o, gs.data(), static_cast<int64_t>(gs.size()));
+  site_sum(std::span<double>(&sq, 1));
+  r.grad_norm = std::sqrt(sq);
+  clip(gs, r, max_norm);
+  adam_.step_shard(shard_on_device(), gs, lr, model_.stream(), device_gather());
+  sync_compute();
+  if (auto* replicas = replica_collective()) replicas->all_gather(shard_on_device(), d_params_.span());
+  d_gathered_.reset();
+  optimizer().set_steps(adam_.steps());
+  sync_compute();
+  return r;
+}
+
 StepResult CudaSiteStrategy::finish_step(double lr, double max_norm) {
   GEOLOCO_CHECK(d_grads_.size() == static_cast<size_t>(num_params()), "finish_step without forward_backward");
   apply_pending_reset();
+  if (kind() == StrategyKind::Hybrid) return finish_hybrid_step(lr, max_norm);
   StepResult r;
   auto* coll = collective();
   const float inv = 1.0f / static_cast<float>(ranks());
@@ -201,6 +313,7 @@ StepResult CudaSiteStrategy::finish_step(double lr, double max_norm) {
       }
       break;
     }
+    case StrategyKind::Hybrid: break;  // finish_hybrid_step
   }
   optimizer().set_steps(adam_.steps());
   sync_compute();
@@ -208,7 +321,7 @@ StepResult CudaSiteStrategy::finish_step(double lr, double max_norm) {
 }
 
 void CudaSiteStrategy::begin_eval() {
-  if (kind() == StrategyKind::Fsdp) gather_full();
+  if (gathers()) gather_full();
 }
 
 double CudaSiteStrategy::eval_batch(const int32_t* inputs, const int32_t* targets, int rows, int T) {
@@ -216,7 +329,7 @@ double CudaSiteStrategy::eval_batch(const int32_t* inputs, const int32_t* target
 }
 
 void CudaSiteStrategy::end_eval() {
-  if (kind() == StrategyKind::Fsdp) {
+  if (gathers()) {
     sync_compute();
     d_gathered_.reset();
   }
@@ -233,11 +346,15 @@ void CudaSiteStrategy::shard_updated() {
   auto dev = shard_on_device();
   mirror_.upload_async(mirror_.pinned().first(dev.size()), dev, model_.stream());
   sync_compute();  // the model stream waits for the upload; collectives run on their own stream
-  if (kind() != StrategyKind::Fsdp && collective()) collective()->all_gather(dev, d_params_.span());
+  if (kind() == StrategyKind::Hybrid) {
+    if (auto* replicas = replica_collective()) replicas->all_gather(dev, d_params_.span());
+  } else if (kind() != StrategyKind::Fsdp && collective()) {
+    collective()->all_gather(dev, d_params_.span());
+  }
 }
 
 std::span<const float> CudaSiteStrategy::full_params() {
-  const bool fsdp = kind() == StrategyKind::Fsdp;
+  const bool fsdp = gathers();
   const bool had_gathered = d_gathered_.size() > 0;
   if (fsdp) gather_full();
   sync_compute();
@@ -295,6 +412,10 @@ nlohmann::json CudaSiteStrategy::memory_json() const {
   j["model_device_bytes"] = peak_activation_bytes_;
   j["optimizer"] = optimizer_kind_name(adam_.config().kind);
   j["optimizer_scratch_bytes"] = adam_.scratch_bytes();  // Muon: the matrices' update buffer
+  if (const auto* h = hybrid()) {
+    j["group_size"] = h->group_size;
+    j["groups"] = h->groups;
+  }
   return j;
 }
 

@@ -1,10 +1,12 @@
-// CudaSiteStrategy: a site strategy (ddp, zero1, zero2, fsdp) on one GPU per rank, over the
+// CudaSiteStrategy: a site strategy (ddp, zero1, zero2, fsdp, hybrid) on one GPU per rank, over the
 // site's device collective (NCCL). The same semantics as SiteStrategy (site_strategy.hpp),
 // with device buffers sized by plan_device_buffers() (device_plan.hpp):
 //   * CudaGpt computes forward/backward on the model's stream; CudaInnerOptimizer updates on it;
 //   * ddp/zero1 on several ranks all-reduce each block's gradient while the backward pass of
 //     the blocks below still runs (OverlappedAllReduce, hook on the last micro-batch);
 //     zero2/fsdp reduce-scatter after the backward pass (shards do not align with blocks);
+//     hybrid reduce-scatters each block inside its group, then the held pieces over its replica
+//     set, and gathers through both subgroups (SiteStrategy's hybrid on device buffers);
 //   * before any collective on buffers the model stream wrote, that stream is synchronised
 //     (NCCL runs on its own stream); collectives return when their result is in place;
 //   * clipping: the squared norm of the (reduced) gradient on the device, summed over the
@@ -70,6 +72,9 @@ class CudaSiteStrategy final : public SiteStrategy, public DeviceSite {
   // fsdp: the full parameters into d_gathered_ (allocated if needed). Collective.
   void gather_full();
   std::span<const float> full_on_device() const;
+  // fsdp and hybrid gather the full parameters for a step (and an evaluation).
+  bool gathers() const { return kind() == StrategyKind::Fsdp || kind() == StrategyKind::Hybrid; }
+  StepResult finish_hybrid_step(double lr, double max_norm);
   void clip(std::span<float> g, StepResult& r, double max_norm);
   void apply_pending_reset();
   // The site's all-gather for a sharded Muon step (none under ddp or for one rank).

@@ -2,10 +2,11 @@
 
 #include "trainer/core/error.hpp"
 #include "trainer/loop/run_config.hpp"
+#include "trainer/parallel/hybrid_shard.hpp"
 
 namespace geoloco::trainer {
 
-DeviceBufferPlan plan_device_buffers(StrategyKind kind, int64_t n, int rank, int ranks) {
+DeviceBufferPlan plan_device_buffers(StrategyKind kind, int64_t n, int rank, int ranks, int group_size) {
   GEOLOCO_CHECK(n > 0 && ranks >= 1 && rank >= 0 && rank < ranks, "bad plan: n {} rank {} of {}", n, rank, ranks);
   DeviceBufferPlan p;
   p.kind = kind;
@@ -32,7 +33,15 @@ DeviceBufferPlan plan_device_buffers(StrategyKind kind, int64_t n, int rank, int
       p.opt_end = p.shard.end();
       p.overlap = false;
       break;
-    case StrategyKind::Hybrid: throw InputError("strategy hybrid runs on device: cpu sites so far");
+    case StrategyKind::Hybrid:
+      p.param_elems = parallel::hybrid_shards(n, rank, ranks, group_size).held;
+      p.grads_persistent = false;
+      p.grad_shard_elems = p.shard.count;
+      p.gathered_elems = n;
+      p.opt_begin = p.shard.offset;
+      p.opt_end = p.shard.end();
+      p.overlap = false;
+      break;
   }
   return p;
 }
@@ -43,7 +52,9 @@ uint64_t DeviceBufferPlan::persistent_device_bytes() const {
 }
 
 uint64_t DeviceBufferPlan::peak_device_bytes() const {
-  const int64_t e = param_elems + grad_elems + grad_shard_elems + gathered_elems + 2 * opt_elems();
+  // hybrid also holds its gradient pieces (as many as its parameters) between the two reductions.
+  const int64_t held_grads = kind == StrategyKind::Hybrid ? param_elems : 0;
+  const int64_t e = param_elems + grad_elems + grad_shard_elems + gathered_elems + 2 * opt_elems() + held_grads;
   return static_cast<uint64_t>(e) * sizeof(float);
 }
 

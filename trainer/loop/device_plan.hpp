@@ -7,6 +7,8 @@
 //   zero1    full          persistent          -            -                 shard         ranks > 1
 //   zero2    full          during the step     shard        -                 shard         no
 //   fsdp     shard         during the step     shard        during the step   shard         no
+//   hybrid   held pieces   during the step     shard        during the step   shard         no
+//            (n/G: parallel/hybrid_shard.hpp; the held gradient pieces, n/G, live during the step)
 //
 // "During the step" buffers are stream-ordered allocations returned to the device's memory
 // pool after use (CudaSiteStrategy, cuda::StreamBuffer): reserved by the process, reused by
@@ -26,16 +28,16 @@ namespace geoloco::trainer {
 
 struct DeviceBufferPlan {
   StrategyKind kind = StrategyKind::Ddp;
-  int64_t n = 0;                   // parameters of the model
-  parallel::ShardRange shard;      // this rank's shard
-  int64_t param_elems = 0;         // persistent device parameters
-  int64_t grad_elems = 0;          // the full gradient buffer (backward writes it)
-  bool grads_persistent = true;    // false: allocated for the step, released after the reduce-scatter
-  int64_t grad_shard_elems = 0;    // zero2/fsdp: the reduced gradient of the shard
-  int64_t gathered_elems = 0;      // fsdp: full parameters during a step (and evaluation)
+  int64_t n = 0;                       // parameters of the model
+  parallel::ShardRange shard;          // this rank's shard
+  int64_t param_elems = 0;             // persistent device parameters
+  int64_t grad_elems = 0;              // the full gradient buffer (backward writes it)
+  bool grads_persistent = true;        // false: allocated for the step, released after the reduce-scatter
+  int64_t grad_shard_elems = 0;        // zero2/fsdp: the reduced gradient of the shard
+  int64_t gathered_elems = 0;          // fsdp: full parameters during a step (and evaluation)
   int64_t opt_begin = 0, opt_end = 0;  // AdamW moments' range (absolute)
-  int64_t mirror_elems = 0;        // pinned host mirror of the shard
-  bool overlap = false;            // gradient all-reduce per block during backward
+  int64_t mirror_elems = 0;            // pinned host mirror of the shard
+  bool overlap = false;                // gradient all-reduce per block during backward
 
   int64_t opt_elems() const { return opt_end - opt_begin; }
   // Device bytes held between steps and the peak during a step (fp32, model activations not
@@ -45,7 +47,8 @@ struct DeviceBufferPlan {
   nlohmann::json to_json() const;
 };
 
-DeviceBufferPlan plan_device_buffers(StrategyKind kind, int64_t n, int rank, int ranks);
+// group_size: hybrid's G (ignored by the others).
+DeviceBufferPlan plan_device_buffers(StrategyKind kind, int64_t n, int rank, int ranks, int group_size = 0);
 
 struct RunConfig;
 // The local rank of (site, rank) among every rank of the config whose address

@@ -114,9 +114,6 @@ void check_strategy(const config::Node& n, const SiteConfig& s) {
     if (s.ranks % s.group_size != 0)
       n.fail("group_size", fmt::format("got {}, which does not divide the site's {} ranks", s.group_size, s.ranks));
   }
-  if ((s.strategy == "hybrid" || s.strategy_auto) && s.device == "cuda")
-    n.fail("strategy", fmt::format("{} runs on device: cpu sites so far; a cuda site takes ddp | zero1 | zero2 | fsdp",
-                                   s.strategy));
   if (s.strategy_auto && s.topology.file.empty())
     n.fail("topology", "strategy: auto needs topology.file (the text of nvidia-smi topo -m, or a topology YAML)");
 }

@@ -39,14 +39,8 @@ SiteStrategy::SiteStrategy(StrategyKind kind, const ParamLayout& layout, paralle
   if (coll_ && coll_->size() == 1) coll_ = nullptr;
   shard_ = parallel::shard_of(n_, rank(), ranks());
   if (kind_ == StrategyKind::Hybrid) {
-    hybrid_ = std::make_unique<parallel::HybridShards>(parallel::hybrid_shards(n_, rank(), ranks(), group_size));
+    init_hybrid(group_size);
     const auto& h = *hybrid_;
-    if (coll_) {
-      group_coll_ = coll_->split(h.group, h.local, fmt::format("group {}", h.group));
-      replica_coll_ = coll_->split(h.local, h.group, fmt::format("replica set {}", h.local));
-      if (group_coll_->size() == 1) group_coll_.reset();
-      if (replica_coll_->size() == 1) replica_coll_.reset();
-    }
     params_.resize(static_cast<size_t>(h.held));
     for (int g = 0; g < h.groups; ++g) {
       const auto p = h.pieces[static_cast<size_t>(g)];
@@ -70,6 +64,17 @@ SiteStrategy::SiteStrategy(StrategyKind kind, const ParamLayout& layout, paralle
   if (coll_ && coll_->size() == 1 && !h.keep_one_rank_collective) coll_ = nullptr;
   shard_ = parallel::shard_of(n_, rank(), ranks());
   opt_ = std::make_unique<InnerOptimizer>(optimizer, layout_, 0, 0);
+  if (kind_ == StrategyKind::Hybrid) init_hybrid(h.group_size);
+}
+
+void SiteStrategy::init_hybrid(int group_size) {
+  hybrid_ = std::make_unique<parallel::HybridShards>(parallel::hybrid_shards(n_, rank(), ranks(), group_size));
+  const auto& h = *hybrid_;
+  if (!coll_) return;
+  group_coll_ = coll_->split(h.group, h.local, fmt::format("group {}", h.group));
+  replica_coll_ = coll_->split(h.local, h.group, fmt::format("replica set {}", h.local));
+  if (group_coll_->size() == 1) group_coll_.reset();
+  if (replica_coll_->size() == 1) replica_coll_.reset();
 }
 
 SiteStrategy::~SiteStrategy() = default;

@@ -136,13 +136,21 @@ class SiteStrategy {
   // rank is the identity), so one GPU runs every NCCL call of the loop (tests).
   struct NoHostState {
     bool keep_one_rank_collective = false;
+    int group_size = 0;  // hybrid
   };
   SiteStrategy(StrategyKind kind, const ParamLayout& layout, parallel::Collective* coll,
                const OptimizerConfig& optimizer, NoHostState);
   const ParamLayout& layout() const { return layout_; }
   int64_t num_params() const { return n_; }
+  // hybrid: the layout (null under the other strategies) and the two subgroups (null when of
+  // one rank).
+  const parallel::HybridShards* hybrid() const { return hybrid_.get(); }
+  parallel::Collective* group_collective() { return group_coll_.get(); }
+  parallel::Collective* replica_collective() { return replica_coll_.get(); }
 
  private:
+  // hybrid: the layout, and the site collective split into the rank's group and replica set.
+  void init_hybrid(int group_size);
   void reduce_full_grads();              // ddp/zero1: bucketed all-reduce, divided by ranks
   InnerOptimizer::Gather site_gather();  // the site's all-gather of shards (none for one rank)
   // hybrid: the held pieces into `full` (n elements) by an all-gather of each block in the group.
