@@ -4,6 +4,10 @@
 // auto chose (hybrid) ending where the same run with hybrid written out ends.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
+#include <cstdlib>
+
 #include "test_util.hpp"
 #include "tests/support/ports.hpp"
 #include "tests/support/threads.hpp"
@@ -107,7 +111,8 @@ TEST(StrategyAuto, ConfigRefusals) {
   EXPECT_NE(error_of(base + "sites: [{name: a, ranks: 4, port: 30000, strategy: hybrid, group_size: 3}]\n")
                 .find("got 3, which does not divide the site's 4 ranks"),
             std::string::npos);
-  EXPECT_NE(error_of(base + "site: {strategy: auto}\n").find("site.topology: strategy: auto needs topology.file"),
+  EXPECT_NE(error_of(base + "site: {strategy: auto}\n")
+                .find("site.topology: strategy: auto on a cpu site needs topology.file"),
             std::string::npos);
   EXPECT_NE(error_of(base + "site: {strategy: auto, topology: {file: " + fixture("dgx_h100.txt") +
                      "}}\nsites: [{name: a, ranks: 4, port: 30000}]\n")
@@ -160,4 +165,96 @@ TEST(StrategyAuto, ARunWhoseStrategyAutoChoseHybrid) {
   EXPECT_NE(s["strategy_choice"]["reason"].get<std::string>().find("hybrid is the fastest"), std::string::npos);
   const auto written = run("strategy: hybrid, group_size: 2");
   EXPECT_EQ(chosen, written.first);
+}
+
+namespace {
+
+// GEOLOCO_NVIDIA_SMI pointed at a script for the scope of one test.
+class FakeNvidiaSmi {
+ public:
+  FakeNvidiaSmi(const TempDir& d, const std::string& body) {
+    path_ = d.file("nvidia-smi", "#!/bin/sh\n" + body);
+    ::chmod(path_.c_str(), 0755);
+    ::setenv("GEOLOCO_NVIDIA_SMI", path_.c_str(), 1);
+  }
+  ~FakeNvidiaSmi() { ::unsetenv("GEOLOCO_NVIDIA_SMI"); }
+
+ private:
+  std::string path_;
+};
+
+// A site whose strategy waits for the host's topology (what a cuda site without
+// topology.file is after config load); the rest of the config is a CPU one.
+RunConfig waiting_for_host(const std::string& yaml) {
+  RunConfig cfg = parse(yaml);
+  cfg.sites[0].strategy = "auto";
+  cfg.sites[0].strategy_auto = true;
+  return cfg;
+}
+
+}  // namespace
+
+// A cuda site without topology.file: the site's rank 0 runs nvidia-smi topo -m (here a script
+// printing the bridged-pairs fixture) and the choice is the fixture's.
+TEST(StrategyAuto, AtStartFromTheHostsNvidiaSmi) {
+  TempDir d;
+  FakeNvidiaSmi smi(d, "cat " + fixture("bridged_pairs.txt") + "\n");
+  const RunConfig cfg = waiting_for_host(big_site(fixture("bridged_pairs.txt"), 8));
+  const RunConfig chosen = choose_strategy_at_start(cfg, 0, 0, nullptr);
+  EXPECT_EQ(chosen.sites[0].strategy, "hybrid");
+  EXPECT_EQ(chosen.sites[0].group_size, 2);
+  EXPECT_EQ(chosen.sites[0].topology.file, "nvidia-smi topo -m");
+  EXPECT_EQ(cfg.sites[0].strategy, "auto") << "the given config is left alone";
+}
+
+// Two ranks: only rank 0 asks the host; its text -- or its failure -- reaches rank 1, so both
+// choose the same or fail with the same message (never one rank waiting for the other).
+TEST(StrategyAuto, AtStartRankZerosAnswerReachesEveryRank) {
+  TempDir d;
+  const std::string two_gpus = d.file("two.txt",
+                                      "\tGPU0\tGPU1\tCPU Affinity\n"
+                                      "GPU0\t X \tNV4\t0-7\n"
+                                      "GPU1\tNV4\t X \t0-7\n");
+  std::string yaml = big_site(two_gpus, 8);
+  yaml.replace(yaml.find("ranks: 8"), 8, "ranks: 2");
+  const RunConfig cfg = waiting_for_host(yaml);
+  for (const bool fails : {false, true}) {
+    FakeNvidiaSmi smi(d, fails ? "echo 'NVML: driver not loaded' >&2\nexit 3\n" : "cat " + two_gpus + "\n");
+    const int port = test::fresh_port();
+    std::vector<std::string> got(2);
+    test::run_ranks(2, [&](int r) {
+      parallel::RendezvousOptions ro;
+      ro.site = "a";
+      ro.rank = r;
+      ro.size = 2;
+      ro.store_port = port;
+      ro.timeout = std::chrono::milliseconds(20000);
+      auto coll = parallel::make_gloo(ro);
+      try {
+        got[size_t(r)] = choose_strategy_at_start(cfg, 0, r, coll.get()).sites[0].strategy;
+      } catch (const InputError& e) {
+        got[size_t(r)] = e.what();
+      }
+    });
+    EXPECT_EQ(got[0], got[1]);
+    if (fails) {
+      EXPECT_NE(got[0].find("site 'a': strategy: auto:"), std::string::npos) << got[0];
+      EXPECT_NE(got[0].find("topo -m: exit status 3: NVML: driver not loaded"), std::string::npos) << got[0];
+    } else {
+      EXPECT_EQ(got[0], "fsdp") << "one NVLink island of both GPUs";
+    }
+  }
+}
+
+TEST(StrategyAuto, AtStartACommandThatIsNotThereSaysSo) {
+  ::setenv("GEOLOCO_NVIDIA_SMI", "/nonexistent/nvidia-smi", 1);
+  const RunConfig cfg = waiting_for_host(big_site(fixture("dgx_h100.txt"), 8));
+  try {
+    choose_strategy_at_start(cfg, 0, 0, nullptr);
+    ADD_FAILURE() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot run it"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("give site.topology.file instead"), std::string::npos) << e.what();
+  }
+  ::unsetenv("GEOLOCO_NVIDIA_SMI");
 }

@@ -11,6 +11,7 @@
 #include "trainer/core/error.hpp"
 #include "trainer/loop/trainer.hpp"
 #include "trainer/loop/device_site.hpp"
+#include "trainer/loop/strategy_choice.hpp"
 #include "trainer/parallel/gloo_collective.hpp"
 #include "trainer/parallel/nccl_collective.hpp"
 #include "transport/ucx/ucx_transport.hpp"
@@ -52,13 +53,13 @@ nlohmann::json run_totals(const trainer::RunConfig& cfg, const std::vector<nlohm
 
 }  // namespace
 
-nlohmann::json run_rank(const trainer::RunConfig& cfg, const RankOptions& o) {
+nlohmann::json run_rank(const trainer::RunConfig& given, const RankOptions& o) {
   const int site = o.site, rank = o.rank;
-  const auto& sc = cfg.sites.at(static_cast<size_t>(site));
+  const auto& sc = given.sites.at(static_cast<size_t>(site));
   // site.device: cuda: the rank's GPU first (NCCL binds to it), with one clear error naming
   // the rank when there is none.
   const bool on_gpu = sc.device == "cuda";
-  const int gpu = on_gpu ? trainer::select_rank_device(cfg, site, rank, o.cuda_device) : -1;
+  const int gpu = on_gpu ? trainer::select_rank_device(given, site, rank, o.cuda_device) : -1;
   std::unique_ptr<parallel::Collective> coll;
   if (sc.ranks > 1) {
     parallel::RendezvousOptions ro;
@@ -68,15 +69,19 @@ nlohmann::json run_rank(const trainer::RunConfig& cfg, const RankOptions& o) {
     ro.store_host = sc.host;
     ro.store_port = sc.port + sc.ranks;
     ro.bind_address = sc.host_of(rank);
-    ro.timeout = rendezvous_timeout(cfg);
+    ro.timeout = rendezvous_timeout(given);
     // A round's membership vote: the site's ranks wait for their leader's consensus, which may
     // wait up to outer.quorum_wait_s below quorum.
-    if (cfg.sites.size() > 1)
-      ro.timeout = std::max(ro.timeout, std::chrono::milliseconds(static_cast<int64_t>(
-                                            (cfg.outer.quorum_wait_s + cfg.outer.consensus_retry_s * 8 + 10) * 1000)));
+    if (given.sites.size() > 1)
+      ro.timeout =
+          std::max(ro.timeout, std::chrono::milliseconds(static_cast<int64_t>(
+                                   (given.outer.quorum_wait_s + given.outer.consensus_retry_s * 8 + 10) * 1000)));
     ro.cuda_device = gpu;
     coll = on_gpu ? parallel::make_nccl(ro) : parallel::make_gloo(ro);
   }
+  // site.strategy: auto on a cuda site without topology.file: chosen now from this host's
+  // nvidia-smi topo -m, the same on every rank of the site (a copy of the config carries it).
+  const trainer::RunConfig cfg = trainer::choose_strategy_at_start(given, site, rank, coll.get());
   std::unique_ptr<transport::Transport> tp;
   if (cfg.sites.size() > 1) {
     transport::Identity self{sc.name, rank, cfg.run.name, cfg.hash};

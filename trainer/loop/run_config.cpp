@@ -114,8 +114,10 @@ void check_strategy(const config::Node& n, const SiteConfig& s) {
     if (s.ranks % s.group_size != 0)
       n.fail("group_size", fmt::format("got {}, which does not divide the site's {} ranks", s.group_size, s.ranks));
   }
-  if (s.strategy_auto && s.topology.file.empty())
-    n.fail("topology", "strategy: auto needs topology.file (the text of nvidia-smi topo -m, or a topology YAML)");
+  if (s.strategy_auto && s.topology.file.empty() && s.device != "cuda")
+    n.fail("topology",
+           "strategy: auto on a cpu site needs topology.file (the text of nvidia-smi topo -m, or a topology YAML); "
+           "a cuda site without one reads nvidia-smi topo -m at start");
 }
 
 std::vector<SiteConfig> parse_sites(const config::Node& root) {
@@ -230,7 +232,7 @@ RunConfig parse_run_config(const config::Document& doc) {
     auto items = root.items("sites");
     for (size_t i = 0; i < c.sites.size(); ++i) {
       auto& s = c.sites[i];
-      if (!s.strategy_auto) continue;
+      if (!s.strategy_auto || s.topology.file.empty()) continue;  // no file: the host's, at start
       const config::Node where = items.empty() ? root.child("site") : items[i];
       std::filesystem::path file(s.topology.file);
       if (file.is_relative()) file = std::filesystem::path(c.dir) / file;

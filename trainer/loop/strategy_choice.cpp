@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "trainer/core/error.hpp"
+#include "trainer/topology/host_topology.hpp"
 
 namespace geoloco::trainer {
 
@@ -77,6 +78,42 @@ StrategyChoice choose_strategy(const RunConfig& cfg, int site, const planner::To
     c.strategy = planner::strategy_name(pick);
   }
   return c;
+}
+
+RunConfig choose_strategy_at_start(const RunConfig& cfg, int site, int rank, parallel::Collective* coll) {
+  const SiteConfig& s = cfg.sites.at(static_cast<size_t>(site));
+  if (!s.strategy_auto || s.strategy != "auto") return cfg;
+  // Rank 0's text, or "!" and its error, to every rank.
+  std::string blob;
+  if (rank == 0) {
+    try {
+      blob = "=" + planner::read_nvidia_smi_topo();
+    } catch (const InputError& e) {
+      blob = std::string("!") + e.what();
+    }
+  }
+  if (coll && coll->size() > 1) {
+    auto all = coll->all_gather_bytes(std::as_bytes(std::span<const char>(blob.data(), blob.size())));
+    blob.assign(reinterpret_cast<const char*>(all.at(0).data()), all.at(0).size());
+  }
+  const std::string where = fmt::format("site '{}': strategy: auto", s.name);
+  if (blob.empty()) throw InputError(where + ": the site's rank 0 shared no topology");
+  if (blob[0] == '!') throw InputError(fmt::format("{}: {}", where, blob.substr(1)));
+  const planner::Topology topo =
+      planner::parse_nvidia_smi_topo(blob.substr(1), "nvidia-smi topo -m (site rank 0)", planner::LinkAssumptions{});
+  StrategyChoice c;
+  try {
+    c = choose_strategy(cfg, site, topo);
+  } catch (const InputError& e) {
+    throw InputError(fmt::format("{}: {}", where, e.what()));
+  }
+  RunConfig out = cfg;
+  SiteConfig& o = out.sites.at(static_cast<size_t>(site));
+  o.strategy = c.strategy;
+  o.group_size = c.group_size;
+  o.strategy_reason = c.reason;
+  o.topology.file = "nvidia-smi topo -m";
+  return out;
 }
 
 }  // namespace geoloco::trainer

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "trainer/loop/run_config.hpp"
+#include "trainer/parallel/collective.hpp"
 #include "trainer/topology/strategy_model.hpp"
 #include "trainer/topology/topology.hpp"
 
@@ -32,5 +33,13 @@ planner::Workload site_workload(const RunConfig& cfg, int site);
 
 // Throws InputError when the topology's GPU count is not the site's rank count.
 StrategyChoice choose_strategy(const RunConfig& cfg, int site, const planner::Topology& topo);
+
+// strategy: auto on a site without topology.file (a cuda site; a file is chosen from at config
+// load): the site's rank 0 reads this host's `nvidia-smi topo -m` (planner::read_nvidia_smi_topo)
+// and shares the text -- or its failure -- with the site's ranks over `coll` (null for one
+// rank), so every rank chooses from the same text. Returns `cfg` with the site's strategy,
+// group size and reason filled in (topology.file says "nvidia-smi topo -m"); `cfg` itself when
+// the site's strategy is already chosen. Collective over the site: every rank calls it.
+RunConfig choose_strategy_at_start(const RunConfig& cfg, int site, int rank, parallel::Collective* coll);
 
 }  // namespace geoloco::trainer
