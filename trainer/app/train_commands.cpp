@@ -42,13 +42,19 @@ void run_validate(const ConfigArgs& a) {
   auto data = trainer::open_data(cfg.data, cfg.dir, cfg.model.vocab_size);
   std::string sites;
   for (const auto& s : cfg.sites)
-    sites += fmt::format("{}{}x{} ({}{})", sites.empty() ? "" : ", ", s.name, s.ranks, s.strategy,
+    sites += fmt::format("{}{}x{} ({}{}{})", sites.empty() ? "" : ", ", s.name, s.ranks,
+                         s.strategy == "auto" ? "auto: nvidia-smi topo -m at start" : s.strategy,
+                         s.group_size > 0 ? fmt::format(", groups of {}", s.group_size) : "",
                          s.grad_accum != cfg.train.grad_accum ? fmt::format(", grad_accum {}", s.grad_accum) : "");
   fmt::print(
       "{}: OK -- {:.2f}M parameters, sites: {}; {} steps of {} sequences x {} tokens per rank; "
       "train {}; config hash {}\n",
       a.config, cfg.model.num_params() / 1e6, sites, cfg.train.steps, cfg.train.micro_batch * cfg.train.grad_accum,
       cfg.seq_len(), data.train->describe(), hex64(cfg.hash));
+  for (const auto& s : cfg.sites)
+    if (s.strategy_auto && s.strategy != "auto")
+      fmt::print("  site {}: strategy: auto chose {} from {}: {}\n", s.name, s.strategy, s.topology.file,
+                 s.strategy_reason);
   if (!cfg.train.init_from.empty())
     fmt::print("  parameters start from {} (train.init_from; checked)\n", cfg.train.init_from);
   if (cfg.train.rehearsal.enabled)

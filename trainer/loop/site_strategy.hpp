@@ -88,6 +88,11 @@ class SiteStrategy {
   parallel::ShardRange shard() const { return shard_; }
   // hybrid: ranks per group (the others: 0).
   int group_size() const { return hybrid_ ? hybrid_->group_size : 0; }
+  // hybrid: the layout (null under the other strategies) and the two subgroups (null when of
+  // one rank): the group's collectives stay inside an island, the replica set's cross islands.
+  const parallel::HybridShards* hybrid() const { return hybrid_.get(); }
+  parallel::Collective* group_collective() const { return group_coll_.get(); }
+  parallel::Collective* replica_collective() const { return replica_coll_.get(); }
 
   // Host memory only (the CPU strategy; a device strategy has its own step on device spans).
   // Full parameter buffer for forward/backward (gathers it under fsdp) and zeroed grads.
@@ -142,11 +147,6 @@ class SiteStrategy {
                const OptimizerConfig& optimizer, NoHostState);
   const ParamLayout& layout() const { return layout_; }
   int64_t num_params() const { return n_; }
-  // hybrid: the layout (null under the other strategies) and the two subgroups (null when of
-  // one rank).
-  const parallel::HybridShards* hybrid() const { return hybrid_.get(); }
-  parallel::Collective* group_collective() { return group_coll_.get(); }
-  parallel::Collective* replica_collective() { return replica_coll_.get(); }
 
  private:
   // hybrid: the layout, and the site collective split into the rank's group and replica set.

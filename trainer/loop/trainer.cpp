@@ -793,9 +793,22 @@ struct Trainer::Impl {
                               {"topology", site.topology.file},
                               {"reason", site.strategy_reason}};
     s["device"] = device ? device->describe() : nlohmann::json("cpu");
+    const auto per_step = [&](uint64_t bytes) { return step > 0 ? double(bytes) / double(step) : 0.0; };
     if (auto* c = strategy->collective(); c && strategy->ranks() > 1) {
       s["site_collectives"] = c->stats().to_json();
-      s["site_bytes_per_step"] = step > 0 ? double(c->stats().total_bytes_sent()) / double(step) : 0.0;
+      uint64_t total = c->stats().total_bytes_sent();
+      if (strategy->hybrid()) {
+        // hybrid: what stays inside the rank's group (an NVLink island) and what crosses groups
+        // (the replica set's collectives and the site's own: norms, metrics).
+        const uint64_t inside =
+            strategy->group_collective() ? strategy->group_collective()->stats().total_bytes_sent() : 0;
+        const uint64_t across =
+            (strategy->replica_collective() ? strategy->replica_collective()->stats().total_bytes_sent() : 0) + total;
+        s["group_bytes_per_step"] = per_step(inside);
+        s["cross_group_bytes_per_step"] = per_step(across);
+        total = inside + across;
+      }
+      s["site_bytes_per_step"] = per_step(total);
     } else {
       s["site_bytes_per_step"] = 0;
     }
