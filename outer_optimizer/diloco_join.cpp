@@ -70,29 +70,50 @@ SiteMask Diloco::poll_join_requests(uint64_t round) {
   return requested;
 }
 
+namespace {
+
+// [r.offset, r.end()) of a vector sharded over the site's ranks (shards tile the buffer in rank
+// order; `mine` is this rank's, at `my_shard`), on every rank: each rank contributes the part
+// of its shard inside each chunk of at most `chunk` elements, so the contributions in rank order
+// are the chunk. Collective over the site.
+std::vector<float> gather_range(parallel::Collective& coll, const std::vector<float>& mine,
+                                parallel::ShardRange my_shard, parallel::ShardRange r, int64_t chunk) {
+  std::vector<float> out(static_cast<size_t>(r.count));
+  for (int64_t c0 = r.offset; c0 < r.end(); c0 += chunk) {
+    const int64_t c1 = std::min(r.end(), c0 + chunk);
+    const int64_t b = std::clamp(c0, my_shard.offset, my_shard.end()),
+                  e = std::clamp(c1, my_shard.offset, my_shard.end());
+    const auto part =
+        std::span<const float>(mine).subspan(static_cast<size_t>(b - my_shard.offset), static_cast<size_t>(e - b));
+    size_t at = static_cast<size_t>(c0 - r.offset);
+    for (const auto& bytes : coll.all_gather_bytes(std::as_bytes(part))) {
+      const size_t k = bytes.size() / sizeof(float);
+      GEOLOCO_CHECK(bytes.size() % sizeof(float) == 0 && at + k <= static_cast<size_t>(c1 - r.offset),
+                    "join: the site's parts of [{}, {}) overflow it", c0, c1);
+      std::memcpy(out.data() + at, bytes.data(), bytes.size());
+      at += k;
+    }
+    GEOLOCO_CHECK(at == static_cast<size_t>(c1 - r.offset),
+                  "join: the site's parts of [{}, {}) cover {} of {} elements", c0, c1,
+                  at - static_cast<size_t>(c0 - r.offset), c1 - c0);
+  }
+  return out;
+}
+
+}  // namespace
+
 void Diloco::serve_joiners(SiteMask joiners, int64_t step, trainer::SiteStrategy& strategy) {
   const uint64_t round = static_cast<uint64_t>(round_);  // every round launched so far is in the state
   // The state this round committed, as a joiner restores it (restore_outer): global weights,
   // outer-optimizer state, counters; no error-feedback residual (the joiner's starts at zero).
   // Each joiner rank is served the state of its own shard: this rank's, when the sites have one
-  // rank count; else cut from the site's whole state, gathered from its ranks (every rank of
-  // the site is here at this step).
-  ShardState st = pack_state();
-  int64_t have = shard_.offset;  // where st starts in the parameter buffer
-  if (auto* coll = strategy.collective(); !peers_.layout().uniform() && coll && strategy.ranks() > 1) {
-    // Shards tile the buffer in rank order: the ranks' shards, concatenated, are all of it.
-    for (std::vector<float>* v : {&st.global, &st.opt_a, &st.opt_b}) {
-      if (v->empty()) continue;
-      std::vector<float> all;
-      for (const auto& b : coll->all_gather_bytes(std::as_bytes(std::span<const float>(*v)))) {
-        const size_t k = b.size() / sizeof(float);
-        all.resize(all.size() + k);
-        std::memcpy(all.data() + all.size() - k, b.data(), b.size());
-      }
-      *v = std::move(all);
-    }
-    have = 0;
-  }
+  // rank count; else assembled from the site's ranks (every rank of the site is here at this
+  // step), one joiner shard at a time and in chunks of outer.join_chunk_bytes per collective
+  // call, so no rank ever holds more than the shard it serves (nor sends more than NCCL's 4 GiB
+  // per call).
+  const ShardState st = pack_state();
+  auto* coll = strategy.collective();
+  const bool assemble = !peers_.layout().uniform() && coll && strategy.ranks() > 1;
   std::map<std::string, std::string> meta = {{"geoloco_step", std::to_string(step)},
                                              {"geoloco_config_hash", hex64(cfg_.hash)},
                                              {"outer.round", std::to_string(round)},
@@ -111,24 +132,24 @@ void Diloco::serve_joiners(SiteMask joiners, int64_t step, trainer::SiteStrategy
     meta[p + "blocking_step"] = std::to_string(f->blocking_step);
     meta[p + "opt_steps"] = std::to_string(f->opt->steps());
   }
-  // The image of [sh.offset, sh.end()), and its manifest.
-  auto snapshot = [&](parallel::ShardRange sh) {
-    GEOLOCO_CHECK(sh.offset >= have && sh.end() - have <= static_cast<int64_t>(st.global.size()),
+  // The image of [sh.offset, sh.end()) from `state`, which holds [have, have + its size), and its manifest.
+  auto snapshot = [&](const ShardState& state, int64_t have, parallel::ShardRange sh) {
+    GEOLOCO_CHECK(sh.offset >= have && sh.end() - have <= static_cast<int64_t>(state.global.size()),
                   "join: shard [{}, {}) outside the state held [{}, {})", sh.offset, sh.end(), have,
-                  have + static_cast<int64_t>(st.global.size()));
+                  have + static_cast<int64_t>(state.global.size()));
     auto cut = [&](const std::vector<float>& v) {
       return std::vector<float>(v.begin() + (sh.offset - have), v.begin() + (sh.end() - have));
     };
-    const std::vector<float> global = cut(st.global);
+    const std::vector<float> global = cut(state.global);
     std::vector<float> a, b;
     std::vector<trainer::TensorWrite> tensors;
     tensors.push_back(trainer::f32_tensor("outer.global", {sh.count}, global));
-    if (!st.opt_a.empty()) {
-      a = cut(st.opt_a);
+    if (!state.opt_a.empty()) {
+      a = cut(state.opt_a);
       tensors.push_back(trainer::f32_tensor("outer.opt_a", {sh.count}, a));
     }
-    if (!st.opt_b.empty()) {
-      b = cut(st.opt_b);
+    if (!state.opt_b.empty()) {
+      b = cut(state.opt_b);
       tensors.push_back(trainer::f32_tensor("outer.opt_b", {sh.count}, b));
     }
     auto snap = std::make_shared<JoinSnapshot>();
@@ -136,6 +157,15 @@ void Diloco::serve_joiners(SiteMask joiners, int64_t step, trainer::SiteStrategy
     snap->manifest = describe_state(snap->state, static_cast<uint32_t>(ocfg_.join_chunk_bytes), round, step,
                                     membership_.members(), hash64(global.data(), global.size() * sizeof(float)));
     return std::shared_ptr<const JoinSnapshot>(std::move(snap));
+  };
+  // A joiner rank's shard of the site's state, assembled on every rank of the site (collective).
+  auto assembled = [&](parallel::ShardRange sh) {
+    const int64_t chunk = std::max<int64_t>(1, ocfg_.join_chunk_bytes / static_cast<int64_t>(sizeof(float)));
+    ShardState part;
+    for (auto [mine, out] :
+         {std::pair{&st.global, &part.global}, std::pair{&st.opt_a, &part.opt_a}, std::pair{&st.opt_b, &part.opt_b}})
+      if (!mine->empty()) *out = gather_range(*coll, *mine, shard_, sh, chunk);
+    return part;
   };
   std::erase_if(donors_, [&](const std::unique_ptr<JoinDonor>& d) {
     if (!d->finished()) return false;
@@ -151,9 +181,19 @@ void Diloco::serve_joiners(SiteMask joiners, int64_t step, trainer::SiteStrategy
     uint64_t admitted_in = round;  // the round that took it in (the books key its service by it)
     for (const auto& a : membership_.admissions())
       if (a.site == s) admitted_in = a.round;
-    for (int q : peers_.partnered_by(s)) {
-      donors_.push_back(
-          std::make_unique<JoinDonor>(peers_, s, snapshot(peers_.layout().shard(s, q)), kDonorIdleS, hooks_, q));
+    const std::vector<int> mine = peers_.partnered_by(s);
+    for (int q = 0; q < peers_.layout().ranks(s); ++q) {
+      const parallel::ShardRange sh = peers_.layout().shard(s, q);
+      const bool serves = std::find(mine.begin(), mine.end(), q) != mine.end();
+      std::shared_ptr<const JoinSnapshot> snap;
+      if (assemble) {
+        const ShardState part = assembled(sh);  // every rank of the site, for every joiner rank
+        if (serves) snap = snapshot(part, sh.offset, sh);
+      } else if (serves) {
+        snap = snapshot(st, shard_.offset, sh);
+      }
+      if (!serves) continue;
+      donors_.push_back(std::make_unique<JoinDonor>(peers_, s, std::move(snap), kDonorIdleS, hooks_, q));
       served_.push_back({admitted_in, step, s, donors_.back().get(), 0});
     }
   }
