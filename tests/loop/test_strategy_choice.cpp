@@ -74,6 +74,21 @@ TEST(StrategyAuto, TheChoicePerFixture) {
     EXPECT_EQ(s.group_size, c.group_size);
     EXPECT_NE(s.strategy_reason.find(std::string(c.strategy) + " is"), std::string::npos) << s.strategy_reason;
   }
+  // Two DGX H100 nodes (16 ranks) joined at 50 GB/s per GPU: sharding across the network costs
+  // 1.5x, so shard inside each node's NVSwitch island and replicate across the nodes (HSDP).
+  {
+    std::string yaml = big_site(fixture("dgx_h100.txt"), 8);
+    yaml.replace(yaml.find("gpu_tflops: 160"), 15, "gpu_tflops: 160, nodes: 2");
+    yaml.replace(yaml.find("ranks: 8"), 8, "ranks: 16");
+    const SiteConfig s = parse(yaml).sites[0];
+    EXPECT_EQ(s.strategy, "hybrid") << s.strategy_reason;
+    EXPECT_EQ(s.group_size, 8);
+    EXPECT_NE(s.strategy_reason.find("fsdp would be 1.5"), std::string::npos) << s.strategy_reason;
+    EXPECT_NE(s.strategy_reason.find("net 50 GB/s"), std::string::npos) << s.strategy_reason;
+    yaml.replace(yaml.find("ranks: 16"), 9, "ranks: 12");
+    EXPECT_NE(error_of(yaml).find("has 8 GPUs per node x 2 nodes but site 'a' has 12 ranks"), std::string::npos)
+        << error_of(yaml);
+  }
   // The workload is the run's: 6 x 1.3B x 2048 x 8 tokens at 160 TFLOP/s.
   const RunConfig cfg = parse(big_site(fixture("bridged_pairs.txt"), 8));
   const auto w = site_workload(cfg, 0);

@@ -237,6 +237,30 @@ TEST(TopoKnown, NothingFitsRecommendsTheLeastMemory) {
   EXPECT_NE(p.reason.find("nothing fits in 24.0 GB per GPU"), std::string::npos) << p.reason;
 }
 
+// A site over nodes: copies of one node's topology, every pair across nodes on the network.
+TEST(TopoNodes, ReplicatedNodesKeepTheirIslandsAndMeetOnTheNetwork) {
+  const auto node = load_topology_file(fixture_path("bridged_pairs.txt"));
+  const auto two = replicate_over_nodes(node, 2, 25e9, 5e-6);
+  EXPECT_EQ(two.gpus(), 16);
+  EXPECT_EQ(two.nvlink_islands().size(), 8u);
+  EXPECT_EQ(two.link(8, 9).token, node.link(0, 1).token);
+  EXPECT_EQ(two.link(3, 12).bandwidth_Bps, 25e9);
+  EXPECT_EQ(two.link(3, 12).token, "net 25 GB/s");
+  EXPECT_EQ(replicate_over_nodes(node, 1, 25e9, 5e-6).gpus(), 8);
+  EXPECT_THROW(replicate_over_nodes(node, 0, 25e9, 5e-6), InputError);
+  EXPECT_THROW(replicate_over_nodes(node, 2, 0, 5e-6), InputError);
+  TopoFlags f;
+  f.topology = fixture_path("dgx_h100.txt");
+  f.params = "1.3B";
+  f.layers = 24;
+  f.compute_s = 0.8;
+  f.micro_batches = 8;
+  f.nodes = 2;
+  auto json = nlohmann::json::parse((f.json = true, run_topo(f)));
+  EXPECT_EQ(json["gpus"], 16);
+  EXPECT_EQ(json["recommended"], "hybrid") << json["reason"];
+}
+
 TEST(TopoYaml, SwitchLinksAndDefault) {
   auto t = yaml_topology(read(config_path("topo_bridged_pairs.yaml")));
   EXPECT_EQ(t.gpus(), 4);

@@ -162,6 +162,10 @@ std::string run_topo(const TopoFlags& f) {
   if (f.micro_batches < 1)
     throw InputError(fmt::format("topo: --micro-batches: got {}, expected >= 1", f.micro_batches));
   w.micro_batches = f.micro_batches;
+  if (f.nodes < 1) throw InputError(fmt::format("topo: --nodes: got {}, expected >= 1", f.nodes));
+  if (!(f.node_link_gbs > 0))
+    throw InputError(fmt::format("topo: --node-link-gbs: got {}, expected > 0", f.node_link_gbs));
+  topo = replicate_over_nodes(topo, f.nodes, f.node_link_gbs * 1e9, 5e-6);
   auto plan = plan_topology(topo, w);
   return f.json ? topo_json(plan).dump(2) + "\n" : format_topo_table(plan);
 }
@@ -221,6 +225,9 @@ void add_topo_command(CLI::App& app) {
   cmd->add_option("--gpu-memory-gb", f->gpu_memory_gb, "memory per GPU, GB (default 80)");
   cmd->add_option("--activations-gb", f->activations_gb, "activation memory per GPU, GB (default 0)");
   cmd->add_option("--grad-bytes", f->grad_bytes, "bytes per gradient value in collectives (2 bf16, 4 fp32)");
+  cmd->add_option("--nodes", f->nodes, "the site spans this many nodes of this topology (default 1)");
+  cmd->add_option("--node-link-gbs", f->node_link_gbs,
+                  "GB/s per GPU and direction between nodes: its share of the NICs (default 50)");
   cmd->add_flag("--json", f->json, "print JSON");
   cmd->callback([f] { std::cout << run_topo(*f) << std::flush; });
 }

@@ -42,6 +42,8 @@ struct TopoFlags {
   double gpu_memory_gb = 80;
   double activations_gb = 0;
   double grad_bytes = 2;
+  int nodes = 1;              // copies of the topology joined by the network
+  double node_link_gbs = 50;  // per GPU and direction between nodes
   bool json = false;
 };
 std::string run_topo(const TopoFlags& f);

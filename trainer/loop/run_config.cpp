@@ -102,6 +102,9 @@ void read_strategy(const config::Node& n, SiteConfig& s) {
     s.topology.gpu_tflops = t.get_double("gpu_tflops", s.topology.gpu_tflops, 1e-3, 1e6);
     s.topology.gpu_memory_gb = t.get_double("gpu_memory_gb", s.topology.gpu_memory_gb, 1e-3, 1e6);
     s.topology.activations_gb = t.get_double("activations_gb", s.topology.activations_gb, 0, 1e6);
+    s.topology.nodes = static_cast<int>(t.get_int("nodes", s.topology.nodes, 1, 1024));
+    s.topology.node_link_gbs = t.get_double("node_link_gbs", s.topology.node_link_gbs, 1e-3, 1e6);
+    s.topology.node_link_latency_us = t.get_double("node_link_latency_us", s.topology.node_link_latency_us, 0, 1e6);
     t.finish();
   }
 }

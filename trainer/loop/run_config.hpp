@@ -77,6 +77,9 @@ struct SiteConfig {
     double gpu_tflops = 400;    // achieved bf16 TFLOP/s per GPU: the step's compute time
     double gpu_memory_gb = 80;  // per GPU
     double activations_gb = 0;  // per GPU, whatever the strategy
+    int nodes = 1;              // the site spans this many nodes of this topology
+    double node_link_gbs = 50;  // per GPU and direction between nodes (its share of the NICs)
+    double node_link_latency_us = 5;
   } topology;
   bool strategy_auto = false;   // the YAML said auto
   std::string strategy_reason;  // auto: why `strategy` (set once chosen)

@@ -42,13 +42,17 @@ int consecutive_island_size(const std::vector<std::vector<int>>& islands) {
 
 }  // namespace
 
-StrategyChoice choose_strategy(const RunConfig& cfg, int site, const planner::Topology& topo) {
+StrategyChoice choose_strategy(const RunConfig& cfg, int site, const planner::Topology& node_topo) {
   const SiteConfig& s = cfg.sites.at(static_cast<size_t>(site));
-  if (topo.gpus() != s.ranks)
+  const auto& t = s.topology;
+  if (node_topo.gpus() * t.nodes != s.ranks)
     throw InputError(
-        fmt::format("topology {} has {} GPUs but site '{}' has {} ranks (rank r runs on GPU r): give "
-                    "the topology of the site's GPUs",
-                    topo.name(), topo.gpus(), s.name, s.ranks));
+        fmt::format("topology {} has {} GPUs{} but site '{}' has {} ranks (rank r runs on GPU r): give "
+                    "the topology of the site's GPUs{}",
+                    node_topo.name(), node_topo.gpus(), t.nodes > 1 ? fmt::format(" per node x {} nodes", t.nodes) : "",
+                    s.name, s.ranks, t.nodes > 1 ? "" : " (topology.nodes: a site over several nodes of it)"));
+  const planner::Topology topo =
+      planner::replicate_over_nodes(node_topo, t.nodes, t.node_link_gbs * 1e9, t.node_link_latency_us * 1e-6);
   StrategyChoice c;
   c.plan = planner::plan_topology(topo, site_workload(cfg, site));
   planner::Strategy pick = c.plan.recommended;

@@ -4,7 +4,7 @@
 // The workload is the run's: the model's parameters and layers, the site's grad_accum as
 // micro-batches, compute time 6 x parameters x tokens per rank per step / (topology.gpu_tflops
 // x 1e12), topology.gpu_memory_gb and activations_gb per GPU. Rank r runs on GPU r, so the
-// topology must have exactly as many GPUs as the site has ranks.
+// topology (times topology.nodes) must have exactly as many GPUs as the site has ranks.
 //
 // hybrid maps group g onto ranks gG .. gG+G-1: it is taken only when the NVLink islands are of
 // equal size and each is a run of consecutive GPU ids; otherwise it is left out and the rule
@@ -31,8 +31,10 @@ struct StrategyChoice {
 
 planner::Workload site_workload(const RunConfig& cfg, int site);
 
-// Throws InputError when the topology's GPU count is not the site's rank count.
-StrategyChoice choose_strategy(const RunConfig& cfg, int site, const planner::Topology& topo);
+// `node_topo` is one node's; a site over topology.nodes nodes is that many copies joined by the
+// network (planner::replicate_over_nodes, topology.node_link_gbs per GPU and direction), rank r
+// on node r / gpus. Throws InputError when gpus x nodes is not the site's rank count.
+StrategyChoice choose_strategy(const RunConfig& cfg, int site, const planner::Topology& node_topo);
 
 // strategy: auto on a site without topology.file (a cuda site; a file is chosen from at config
 // load): the site's rank 0 reads this host's `nvidia-smi topo -m` (planner::read_nvidia_smi_topo)

@@ -394,4 +394,21 @@ Topology load_topology_file(const std::string& path) {
   return parse_nvidia_smi_topo(text, path, LinkAssumptions{});
 }
 
+Topology replicate_over_nodes(const Topology& node, int nodes, double bandwidth_Bps, double latency_s) {
+  if (nodes < 1) throw InputError(fmt::format("{}: got {} nodes, expected at least 1", node.name(), nodes));
+  if (nodes == 1) return node;
+  if (!(bandwidth_Bps > 0))
+    throw InputError(fmt::format("{}: the link between nodes needs a positive bandwidth", node.name()));
+  const int g = node.gpus();
+  Topology t(fmt::format("{} x {} nodes", node.name(), nodes), g * nodes);
+  PairLink net;
+  net.kind = LinkKind::Sys;
+  net.bandwidth_Bps = bandwidth_Bps;
+  net.latency_s = latency_s;
+  net.token = fmt::format("net {:.0f} GB/s", bandwidth_Bps / 1e9);
+  for (int a = 0; a < g * nodes; ++a)
+    for (int b = a + 1; b < g * nodes; ++b) t.set_link(a, b, a / g == b / g ? node.link(a % g, b % g) : net);
+  return t;
+}
+
 }  // namespace geoloco::planner

@@ -93,4 +93,10 @@ Topology topology_from_yaml(const config::Node& root);
 // A file holding either form: YAML if it starts with a `format:` key, else nvidia-smi text.
 Topology load_topology_file(const std::string& path);
 
+// `nodes` copies of one node's topology (GPU g of node k is GPU k x gpus + g), every pair across
+// nodes joined by the network: `bandwidth_Bps` per direction and `latency_s` per hop (a GPU's
+// share of the node's NICs). nodes == 1 returns `node`. InputError when nodes < 1 or the
+// bandwidth is not positive.
+Topology replicate_over_nodes(const Topology& node, int nodes, double bandwidth_Bps, double latency_s);
+
 }  // namespace geoloco::planner
