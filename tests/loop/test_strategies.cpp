@@ -36,28 +36,10 @@ RunResult run_site(const std::string& strategy, int ranks, int micro_batch, cons
   if (!extra_sets.empty()) sets.push_back(extra_sets);
   if (!extra_set2.empty()) sets.push_back(extra_set2);
   auto cfg = load_run_config(d.file("run.yaml", yaml), sets);
+  const auto run = geoloco::testing::run_site_threads(cfg, port + ranks);
   RunResult res;
-  res.summaries.resize(static_cast<size_t>(ranks));
-  std::vector<std::vector<float>> params(static_cast<size_t>(ranks));
-  test::run_ranks(ranks, [&](int r) {
-    std::unique_ptr<parallel::Collective> coll;
-    if (ranks > 1) {
-      parallel::RendezvousOptions ro;
-      ro.site = "s";
-      ro.rank = r;
-      ro.size = ranks;
-      ro.store_port = port + ranks;
-      ro.timeout = std::chrono::milliseconds(20000);
-      coll = parallel::make_gloo(ro);
-    }
-    TrainerOptions o;
-    o.progress = false;
-    o.rank = r;
-    o.collective = coll.get();
-    Trainer t(cfg, o);
-    res.summaries[static_cast<size_t>(r)] = t.run();
-    params[static_cast<size_t>(r)] = t.parameters();
-  });
+  res.summaries = run.summaries;
+  const auto& params = run.params;
   for (int r = 1; r < ranks; ++r) EXPECT_EQ(params[0], params[static_cast<size_t>(r)]) << "rank " << r << " diverged";
   res.params = params[0];
   return res;
@@ -202,25 +184,10 @@ TEST(Strategies, HybridResumeIsBitExact) {
         "site: {strategy: hybrid, group_size: 2}\nsites: [{name: s, ranks: 4, port: " + std::to_string(port) + "}]\n");
     std::ofstream(dir / "run.yaml") << yaml;
     auto cfg = load_run_config((dir / "run.yaml").string(), {"train.steps=12"});
-    std::vector<std::vector<float>> params(4);
-    test::run_ranks(4, [&](int r) {
-      parallel::RendezvousOptions ro;
-      ro.site = "s";
-      ro.rank = r;
-      ro.size = 4;
-      ro.store_port = port + 4;
-      ro.timeout = std::chrono::milliseconds(20000);
-      auto coll = parallel::make_gloo(ro);
-      TrainerOptions o;
-      o.progress = false;
-      o.rank = r;
-      o.collective = coll.get();
-      o.stop_at_step = stop_at;
-      o.resume = resume;
-      Trainer t(cfg, o);
-      t.run();
-      params[size_t(r)] = t.parameters();
-    });
+    const auto params = geoloco::testing::run_site_threads(cfg, port + 4, [&](TrainerOptions& o) {
+                          o.stop_at_step = stop_at;
+                          o.resume = resume;
+                        }).params;
     for (int r = 1; r < 4; ++r) EXPECT_EQ(params[0], params[size_t(r)]);
     return params[0];
   };

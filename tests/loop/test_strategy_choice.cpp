@@ -153,24 +153,9 @@ TEST(StrategyAuto, ARunWhoseStrategyAutoChoseHybrid) {
                                                          "site: {" + site + "}\nsites: [{name: s, ranks: 4, port: " +
                                                              std::to_string(port) + "}]\n")),
         {"train.steps=8", "train.grad_accum=1"});
-    std::vector<std::vector<float>> params(4);
-    std::vector<nlohmann::json> summaries(4);
-    test::run_ranks(4, [&](int r) {
-      parallel::RendezvousOptions ro;
-      ro.site = "s";
-      ro.rank = r;
-      ro.size = 4;
-      ro.store_port = port + 4;
-      ro.timeout = std::chrono::milliseconds(20000);
-      auto coll = parallel::make_gloo(ro);
-      TrainerOptions o;
-      o.progress = false;
-      o.rank = r;
-      o.collective = coll.get();
-      Trainer t(cfg, o);
-      summaries[size_t(r)] = t.run();
-      params[size_t(r)] = t.parameters();
-    });
+    const auto run = geoloco::testing::run_site_threads(cfg, port + 4);
+    const auto& params = run.params;
+    const auto& summaries = run.summaries;
     for (int r = 1; r < 4; ++r) EXPECT_EQ(params[0], params[size_t(r)]);
     return std::make_pair(params[0], summaries[0]);
   };

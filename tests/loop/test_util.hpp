@@ -10,8 +10,48 @@
 #include <string>
 
 #include "tests/support/temp_dir.hpp"
+#include "tests/support/threads.hpp"
+#include "trainer/loop/run_config.hpp"
+#include "trainer/loop/trainer.hpp"
+#include "trainer/parallel/gloo_collective.hpp"
 
 namespace geoloco::testing {
+
+// Every rank of a one-site config as a thread over Gloo on loopback, the site's rendezvous on
+// `store_port` (none for one rank); `tweak` adjusts each rank's options. Each rank's summary
+// and final parameters, by rank.
+struct SiteRun {
+  std::vector<nlohmann::json> summaries;
+  std::vector<std::vector<float>> params;
+};
+inline SiteRun run_site_threads(const trainer::RunConfig& cfg, int store_port,
+                                const std::function<void(trainer::TrainerOptions&)>& tweak = {}) {
+  const int ranks = cfg.sites.at(0).ranks;
+  SiteRun out;
+  out.summaries.resize(static_cast<size_t>(ranks));
+  out.params.resize(static_cast<size_t>(ranks));
+  test::run_ranks(ranks, [&](int r) {
+    std::unique_ptr<parallel::Collective> coll;
+    if (ranks > 1) {
+      parallel::RendezvousOptions ro;
+      ro.site = cfg.sites.at(0).name;
+      ro.rank = r;
+      ro.size = ranks;
+      ro.store_port = store_port;
+      ro.timeout = std::chrono::milliseconds(20000);
+      coll = parallel::make_gloo(ro);
+    }
+    trainer::TrainerOptions o;
+    o.progress = false;
+    o.rank = r;
+    o.collective = coll.get();
+    if (tweak) tweak(o);
+    trainer::Trainer t(cfg, o);
+    out.summaries[static_cast<size_t>(r)] = t.run();
+    out.params[static_cast<size_t>(r)] = t.parameters();
+  });
+  return out;
+}
 
 // A small synthetic-data run: 2 layers, d 32, context 16.
 inline std::string tiny_config(const std::filesystem::path& out, const std::string& extra_train = "",

@@ -133,6 +133,17 @@ void SiteStrategy::share_own_shard() {
       params_);
 }
 
+void SiteStrategy::clip_grad_shard(StepResult& r, double max_norm) {
+  double sq = sum_of_squares(grad_shard_);
+  if (coll_) {
+    double buf[1] = {sq};
+    coll_->all_reduce_sum(std::span<double>(buf, 1));
+    sq = buf[0];
+  }
+  r.grad_norm = std::sqrt(sq);
+  r.clip_scale = clip_to_norm(grad_shard_, r.grad_norm, max_norm);
+}
+
 StepResult SiteStrategy::finish_hybrid_step(double lr, double max_norm) {
   const auto& h = *hybrid_;
   StepResult r;
@@ -163,14 +174,7 @@ StepResult SiteStrategy::finish_hybrid_step(double lr, double max_norm) {
   held_grads = {};
   const float inv = 1.0f / static_cast<float>(ranks());
   for (auto& g : grad_shard_) g *= inv;
-  double sq = sum_of_squares(grad_shard_);
-  if (coll_) {
-    double buf[1] = {sq};
-    coll_->all_reduce_sum(std::span<double>(buf, 1));
-    sq = buf[0];
-  }
-  r.grad_norm = std::sqrt(sq);
-  r.clip_scale = clip_to_norm(grad_shard_, r.grad_norm, max_norm);
+  clip_grad_shard(r, max_norm);
   opt_->step_shard(
       std::span<float>(params_).subspan(static_cast<size_t>(h.own_held_offset()), static_cast<size_t>(h.own.count)),
       grad_shard_, lr, site_gather());
@@ -215,14 +219,7 @@ StepResult SiteStrategy::finish_step(double lr, double max_norm) {
       // The full gradient is no longer needed: release it before the update.
       grads_.clear();
       grads_.shrink_to_fit();
-      double sq = sum_of_squares(grad_shard_);
-      if (coll_) {
-        double buf[1] = {sq};
-        coll_->all_reduce_sum(std::span<double>(buf, 1));
-        sq = buf[0];
-      }
-      r.grad_norm = std::sqrt(sq);
-      r.clip_scale = clip_to_norm(grad_shard_, r.grad_norm, max_norm);
+      clip_grad_shard(r, max_norm);
       if (kind_ == StrategyKind::Zero2) {
         auto mine =
             std::span<float>(params_).subspan(static_cast<size_t>(shard_.offset), static_cast<size_t>(shard_.count));

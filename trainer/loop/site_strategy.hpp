@@ -158,6 +158,9 @@ class SiteStrategy {
   // hybrid: the own shard in params_ to every replica (all-gather over the replica set).
   void share_own_shard();
   StepResult finish_hybrid_step(double lr, double max_norm);
+  // zero2/fsdp/hybrid: the global norm of the sharded gradient (squares summed over the site)
+  // into r, and grad_shard_ clipped to max_norm (0 = off).
+  void clip_grad_shard(StepResult& r, double max_norm);
   void require_host(const char* what) const;
 
   StrategyKind kind_;
