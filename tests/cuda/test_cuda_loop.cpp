@@ -233,6 +233,23 @@ TEST(CudaLoopStrategies, HybridIsFsdpWithOneGroupTracksItWithTwoAndResumesExactl
   EXPECT_EQ(loss_curve(split), hc);
 }
 
+// Muon under hybrid on the device: the sharded step gathers the matrices' updates through the
+// replica set and the group (device buffers); two groups of 2 track fsdp's Muon run.
+TEST(CudaLoopStrategies, HybridMuonTracksFsdp) {
+  REQUIRE_GPU_OR_SKIP();
+  TempDir d;
+  const std::vector<std::string> muon = {"train.optimizer.kind=muon", "train.grad_clip=0"};
+  auto fsdp = load(d, "f.yaml", config(d.path() / "f", "cuda", "fp32", "fsdp", 4, 4), muon);
+  auto two = load(d, "h.yaml", config(d.path() / "h", "cuda", "fp32", "hybrid, group_size: 2", 4, 4), muon);
+  run_site(fsdp);
+  const auto h = run_site(two);
+  EXPECT_EQ(h[0]["memory"]["optimizer"], "muon");
+  for (int r = 1; r < 4; ++r) EXPECT_EQ(hash_of(h[size_t(r)]), hash_of(h[0])) << r;
+  const auto hc = loss_curve(two), fc = loss_curve(fsdp);
+  ASSERT_EQ(hc.size(), 4u);
+  for (size_t i = 0; i < hc.size(); ++i) EXPECT_NEAR(hc[i], fc[i], 1e-5 * std::fabs(fc[i])) << "step " << i;
+}
+
 // Two sites of one rank each on the GPU, DiLoCo every 4 steps over UCX on loopback: both
 // sites end with the same bits (the outer loop stages shards through the pinned mirror).
 TEST(CudaLoopDiloco, TwoSitesEndBitIdentical) {

@@ -95,24 +95,8 @@ void CudaSiteStrategy::gather_full() {
   const size_t n = static_cast<size_t>(num_params());
   if (d_gathered_.size() != n)
     d_gathered_ = cuda::StreamBuffer<float>(n, model_.stream(), "gathered parameters (fsdp)");
-  if (const auto* h = hybrid()) {
-    // Each held piece at its place, then each block all-gathered inside the group.
-    for (int g = 0; g < h->groups; ++g) {
-      const auto p = h->pieces[static_cast<size_t>(g)];
-      if (p.count > 0)
-        cuda::check_cuda(
-            cudaMemcpyAsync(d_gathered_.data() + p.offset, d_params_.data() + h->held_offset[static_cast<size_t>(g)],
-                            static_cast<size_t>(p.count) * sizeof(float), cudaMemcpyDeviceToDevice, model_.stream()),
-            "hybrid: held piece into the gathered buffer");
-    }
-    sync_compute();
-    if (auto* group = group_collective())
-      for (int g = 0; g < h->groups; ++g) {
-        const auto p = h->pieces[static_cast<size_t>(g)];
-        const auto b = h->blocks[static_cast<size_t>(g)];
-        group->all_gather(d_gathered_.span().subspan(static_cast<size_t>(p.offset), static_cast<size_t>(p.count)),
-                          d_gathered_.span().subspan(static_cast<size_t>(b.offset), static_cast<size_t>(b.count)));
-      }
+  if (hybrid()) {
+    held_into_full(d_params_.data(), d_gathered_.span());
     return;
   }
   auto mine = d_gathered_.span().subspan(static_cast<size_t>(shard().offset), static_cast<size_t>(shard().count));
@@ -147,6 +131,26 @@ double CudaSiteStrategy::forward_backward(const NextBatch& next, int B, int T, i
   return loss / K;
 }
 
+void CudaSiteStrategy::held_into_full(const float* held, std::span<float> full) {
+  const auto& h = *hybrid();
+  for (int g = 0; g < h.groups; ++g) {
+    const auto p = h.pieces[static_cast<size_t>(g)];
+    if (p.count > 0)
+      cuda::check_cuda(
+          cudaMemcpyAsync(full.data() + p.offset, held + h.held_offset[static_cast<size_t>(g)],
+                          static_cast<size_t>(p.count) * sizeof(float), cudaMemcpyDeviceToDevice, model_.stream()),
+          "hybrid: held piece into place");
+  }
+  sync_compute();
+  if (auto* group = group_collective())
+    for (int g = 0; g < h.groups; ++g) {
+      const auto p = h.pieces[static_cast<size_t>(g)];
+      const auto b = h.blocks[static_cast<size_t>(g)];
+      group->all_gather(full.subspan(static_cast<size_t>(p.offset), static_cast<size_t>(p.count)),
+                        full.subspan(static_cast<size_t>(b.offset), static_cast<size_t>(b.count)));
+    }
+}
+
 cuda::CudaInnerOptimizer::Gather CudaSiteStrategy::device_gather() {
   auto* coll = collective();
   if (!coll || kind() == StrategyKind::Ddp) return {};
@@ -162,22 +166,7 @@ cuda::CudaInnerOptimizer::Gather CudaSiteStrategy::device_gather() {
                          "hybrid: own shard into the held pieces");
       sync_compute();
       if (auto* replicas = replica_collective()) replicas->all_gather(own, held.span());
-      for (int g = 0; g < h->groups; ++g) {
-        const auto p = h->pieces[static_cast<size_t>(g)];
-        if (p.count > 0)
-          cuda::check_cuda(
-              cudaMemcpyAsync(full.data() + p.offset, held.data() + h->held_offset[static_cast<size_t>(g)],
-                              static_cast<size_t>(p.count) * sizeof(float), cudaMemcpyDeviceToDevice, model_.stream()),
-              "hybrid: held piece into place");
-      }
-      sync_compute();
-      if (auto* group = group_collective())
-        for (int g = 0; g < h->groups; ++g) {
-          const auto p = h->pieces[static_cast<size_t>(g)];
-          const auto b = h->blocks[static_cast<size_t>(g)];
-          group->all_gather(full.subspan(static_cast<size_t>(p.offset), static_cast<size_t>(p.count)),
-                            full.subspan(static_cast<size_t>(b.offset), static_cast<size_t>(b.count)));
-        }
+      held_into_full(held.data(), full);
     };
   }
   return [this, coll](std::span<float> full) {

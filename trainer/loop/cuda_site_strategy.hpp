@@ -75,6 +75,9 @@ class CudaSiteStrategy final : public SiteStrategy, public DeviceSite {
   // fsdp and hybrid gather the full parameters for a step (and an evaluation).
   bool gathers() const { return kind() == StrategyKind::Fsdp || kind() == StrategyKind::Hybrid; }
   StepResult finish_hybrid_step(double lr, double max_norm);
+  // hybrid: the held pieces (device, held layout) each at its place in `full` (n elements), then
+  // each block all-gathered inside the group. Collective over the group.
+  void held_into_full(const float* held, std::span<float> full);
   void clip(std::span<float> g, StepResult& r, double max_norm);
   void apply_pending_reset();
   // The site's all-gather for a sharded Muon step (none under ddp or for one rank).
