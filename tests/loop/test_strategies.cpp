@@ -141,9 +141,9 @@ TEST(Strategies, HybridIsFsdpAndZero2AtItsEndsAndDdpBetween) {
   EXPECT_LT(max_abs_diff(ddp.params, pairs.params), 1e-5);
   EXPECT_NEAR(ddp.summaries[0]["final_loss"].get<double>(), pairs.summaries[3]["final_loss"].get<double>(), 1e-5);
   // Traffic per rank and step (n floats): fsdp's all-gather and reduce-scatter over the 4-rank
-  // ring send 2 x 3/4 n, all of it around a ring that crosses between the pairs; hybrid's replica
-  // set (2 ranks) reduce-scatters and all-gathers the n/2 held elements: 2 x 1/4 n cross the
-  // pairs, a third of fsdp's, the rest stays inside the pair.
+  // ring send 2 x 3/4 n; hybrid's replica set (2 ranks) reduce-scatters and all-gathers the n/2
+  // held elements: 2 x 1/4 n leave the pair (a third of what an fsdp rank sends), the rest stays
+  // inside it.
   const auto& hs = pairs.summaries[0];
   const double fsdp_bytes = fs.summaries[0]["site_bytes_per_step"].get<double>();
   const double across = hs["cross_group_bytes_per_step"].get<double>();
