@@ -121,6 +121,21 @@ TEST(Strategies, MuonUnderEveryStrategyIsDdpsUpdate) {
   }
   auto adamw = run_site("ddp", 3, 2, "train.grad_clip=0");
   EXPECT_GT(max_abs_diff(ddp.params, adamw.params), 1e-3) << "Muon's run should not be AdamW's";
+  // The gather is only the matrices the shards cut, each part broadcast from its rank: exactly
+  // that many bytes per step, far below an all-gather of the whole update buffer.
+  auto z2 = run_site("zero2", 3, 2, "train.grad_clip=0", muon);
+  const int64_t n = z2.summaries[0]["params"].get<int64_t>();
+  const std::vector<int64_t> bounds = {0, parallel::shard_of(n, 1, 3).offset, parallel::shard_of(n, 2, 3).offset, n};
+  OptimizerConfig oc;
+  oc.kind = OptimizerKind::Muon;
+  const auto parts = muon_cut_parts(oc, ParamLayout(ModelConfig{2, 2, 32, 16, 32}), bounds);
+  ASSERT_FALSE(parts.empty()) << "3 shards of this model cut matrices";
+  int64_t expected = 0;
+  for (const auto& p : parts) expected += p.count * 4 * 2;  // the root sends its part to 2 ranks
+  int64_t sent = 0;
+  for (const auto& r : z2.summaries) sent += r["site_collectives"]["broadcast"]["bytes_sent"].get<int64_t>();
+  EXPECT_EQ(sent, expected * 12) << "12 steps";
+  EXPECT_LT(expected, 2 * n * 4 / 2) << "vs the all-gather of the update buffer: 2 n floats over 3 ranks";
   EXPECT_LT(ddp.summaries[0]["final_loss"].get<double>(), 3.3) << "it trains (the loss starts near ln 32 = 3.47)";
 }
 

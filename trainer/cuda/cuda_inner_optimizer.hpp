@@ -29,9 +29,9 @@ class CudaInnerOptimizer {
   CudaInnerOptimizer(const trainer::OptimizerConfig& cfg, const trainer::ParamLayout& layout, int64_t begin,
                      int64_t end);
 
-  // Completes a full-layout DEVICE buffer from every rank's range (the site's all-gather; it
-  // synchronises `s` before the collective). Collective: called by every rank at every step
-  // under Muon when given.
+  // Completes, in a full-layout DEVICE buffer, the Muon matrices the ranks' ranges cut (their
+  // parts broadcast, trainer::muon_cut_parts; it synchronises `s` before the collective).
+  // Collective: called by every rank at every step under Muon when given.
   using Gather = std::function<void(std::span<float> full)>;
 
   // params/grads: full-layout DEVICE spans (indexed with absolute offsets). Enqueued on s

@@ -153,25 +153,11 @@ void CudaSiteStrategy::held_into_full(const float* held, std::span<float> full) 
 
 cuda::CudaInnerOptimizer::Gather CudaSiteStrategy::device_gather() {
   auto* coll = collective();
-  if (!coll || kind() == StrategyKind::Ddp) return {};
-  if (const auto* h = hybrid()) {
-    // The own shard is in place in `full`: over the replica set into held pieces, then each
-    // block inside the group (SiteStrategy's hybrid gather on device buffers).
-    return [this, h](std::span<float> full) {
-      cuda::StreamBuffer<float> held(static_cast<size_t>(h->held), model_.stream(), "hybrid: held pieces (gather)");
-      auto own = held.span().subspan(static_cast<size_t>(h->own_held_offset()), static_cast<size_t>(h->own.count));
-      if (!own.empty())
-        cuda::check_cuda(cudaMemcpyAsync(own.data(), full.data() + h->own.offset, own.size_bytes(),
-                                         cudaMemcpyDeviceToDevice, model_.stream()),
-                         "hybrid: own shard into the held pieces");
-      sync_compute();
-      if (auto* replicas = replica_collective()) replicas->all_gather(own, held.span());
-      held_into_full(held.data(), full);
-    };
-  }
+  if (!coll || muon_parts().empty()) return {};
   return [this, coll](std::span<float> full) {
     sync_compute();
-    coll->all_gather(full.subspan(static_cast<size_t>(shard().offset), static_cast<size_t>(shard().count)), full);
+    for (const auto& p : muon_parts())
+      coll->broadcast(full.subspan(static_cast<size_t>(p.offset), static_cast<size_t>(p.count)), p.root);
   };
 }
 

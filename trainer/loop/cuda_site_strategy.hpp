@@ -80,7 +80,7 @@ class CudaSiteStrategy final : public SiteStrategy, public DeviceSite {
   void held_into_full(const float* held, std::span<float> full);
   void clip(std::span<float> g, StepResult& r, double max_norm);
   void apply_pending_reset();
-  // The site's all-gather for a sharded Muon step (none under ddp or for one rank).
+  // A sharded Muon step's gather: the cut matrices' parts broadcast (none under ddp or for one rank).
   cuda::CudaInnerOptimizer::Gather device_gather();
 
   int device_;

@@ -56,6 +56,7 @@ SiteStrategy::SiteStrategy(StrategyKind kind, const ParamLayout& layout, paralle
   const int64_t begin = sharded_opt ? shard_.offset : 0, end = sharded_opt ? shard_.end() : n_;
   opt_ = optimizer_state ? std::make_unique<InnerOptimizer>(optimizer, layout_, begin, end)
                          : std::make_unique<InnerOptimizer>(optimizer, layout_, 0, 0);
+  plan_muon_parts(optimizer);
 }
 
 SiteStrategy::SiteStrategy(StrategyKind kind, const ParamLayout& layout, parallel::Collective* coll,
@@ -64,6 +65,7 @@ SiteStrategy::SiteStrategy(StrategyKind kind, const ParamLayout& layout, paralle
   if (coll_ && coll_->size() == 1 && !h.keep_one_rank_collective) coll_ = nullptr;
   shard_ = parallel::shard_of(n_, rank(), ranks());
   opt_ = std::make_unique<InnerOptimizer>(optimizer, layout_, 0, 0);
+  plan_muon_parts(optimizer);
   if (kind_ == StrategyKind::Hybrid) init_hybrid(h.group_size);
 }
 
@@ -237,31 +239,18 @@ StepResult SiteStrategy::finish_step(double lr, double max_norm) {
   return r;
 }
 
+void SiteStrategy::plan_muon_parts(const OptimizerConfig& optimizer) {
+  if (!coll_ || kind_ == StrategyKind::Ddp) return;
+  std::vector<int64_t> bounds(static_cast<size_t>(ranks()) + 1, n_);
+  for (int r = 0; r < ranks(); ++r) bounds[static_cast<size_t>(r)] = parallel::shard_of(n_, r, ranks()).offset;
+  muon_parts_ = muon_cut_parts(optimizer, layout_, bounds);
+}
+
 InnerOptimizer::Gather SiteStrategy::site_gather() {
-  if (!coll_) return {};
-  if (kind_ == StrategyKind::Hybrid) {
-    // The own shard is in place in `full`: over the replica set into the held pieces, then
-    // each block inside the group.
-    return [this](std::span<float> full) {
-      const auto& h = *hybrid_;
-      std::vector<float> held(static_cast<size_t>(h.held));
-      std::copy_n(full.begin() + h.own.offset, h.own.count, held.begin() + h.own_held_offset());
-      if (replica_coll_)
-        replica_coll_->all_gather(std::span<const float>(held).subspan(static_cast<size_t>(h.own_held_offset()),
-                                                                       static_cast<size_t>(h.own.count)),
-                                  held);
-      for (int g = 0; g < h.groups; ++g) {
-        const auto p = h.pieces[static_cast<size_t>(g)];
-        const auto b = h.blocks[static_cast<size_t>(g)];
-        std::copy_n(held.begin() + h.held_offset[static_cast<size_t>(g)], p.count, full.begin() + p.offset);
-        if (group_coll_)
-          group_coll_->all_gather(full.subspan(static_cast<size_t>(p.offset), static_cast<size_t>(p.count)),
-                                  full.subspan(static_cast<size_t>(b.offset), static_cast<size_t>(b.count)));
-      }
-    };
-  }
+  if (!coll_ || muon_parts_.empty()) return {};
   return [this](std::span<float> full) {
-    coll_->all_gather(full.subspan(static_cast<size_t>(shard_.offset), static_cast<size_t>(shard_.count)), full);
+    for (const auto& p : muon_parts_)
+      coll_->broadcast(full.subspan(static_cast<size_t>(p.offset), static_cast<size_t>(p.count)), p.root);
   };
 }
 

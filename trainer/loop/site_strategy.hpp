@@ -17,8 +17,9 @@
 //          gradient norm's sum.
 //
 // The optimizer is AdamW, or Muon on the block matrices (train.optimizer.kind): a sharded
-// site's Muon step all-gathers the matrices' momentum updates once per step, since a shard
-// may cut a matrix that Newton-Schulz needs whole (trainer/optim/inner_optimizer.hpp).
+// site's Muon step broadcasts, once per step, the parts of the matrices the ranks' shards cut
+// (muon_cut_parts), since Newton-Schulz needs each matrix whole (trainer/optim/inner_optimizer.hpp);
+// a matrix inside one shard costs nothing.
 //
 // A rank's site shard is parallel::shard_of(num_params, rank, ranks) under every strategy, and
 // the outer loop syncs exactly that shard with the same rank of the other sites.
@@ -88,6 +89,9 @@ class SiteStrategy {
   parallel::ShardRange shard() const { return shard_; }
   // hybrid: ranks per group (the others: 0).
   int group_size() const { return hybrid_ ? hybrid_->group_size : 0; }
+  // Muon on a sharded site: the parts of the matrices the ranks' shards cut (muon_cut_parts),
+  // what the step's gather broadcasts.
+  const std::vector<GatherPart>& muon_parts() const { return muon_parts_; }
   // hybrid: the layout (null under the other strategies) and the two subgroups (null when of
   // one rank): the group's collectives stay inside an island, the replica set's cross islands.
   const parallel::HybridShards* hybrid() const { return hybrid_.get(); }
@@ -151,8 +155,9 @@ class SiteStrategy {
  private:
   // hybrid: the layout, and the site collective split into the rank's group and replica set.
   void init_hybrid(int group_size);
-  void reduce_full_grads();              // ddp/zero1: bucketed all-reduce, divided by ranks
-  InnerOptimizer::Gather site_gather();  // the site's all-gather of shards (none for one rank)
+  void plan_muon_parts(const OptimizerConfig& optimizer);  // muon_parts_ for a sharded site
+  void reduce_full_grads();                                // ddp/zero1: bucketed all-reduce, divided by ranks
+  InnerOptimizer::Gather site_gather();  // Muon: the cut matrices' parts broadcast (none for one rank)
   // hybrid: the held pieces into `full` (n elements) by an all-gather of each block in the group.
   void gather_held(std::span<float> full);
   // hybrid: the own shard in params_ to every replica (all-gather over the replica set).
@@ -178,6 +183,7 @@ class SiteStrategy {
   std::unique_ptr<InnerOptimizer> opt_;
   int64_t bucket_elems_ = int64_t{1} << 22;  // 16 MiB of fp32 per all-reduce call
   size_t peak_transient_bytes_ = 0;
+  std::vector<GatherPart> muon_parts_;
   bool host_ = true;  // false: a device strategy (no host buffers here)
 };
 

@@ -32,6 +32,25 @@ OptimizerPlan plan_optimizer(const OptimizerConfig& cfg, const ParamLayout& layo
   return p;
 }
 
+std::vector<GatherPart> muon_cut_parts(const OptimizerConfig& cfg, const ParamLayout& layout,
+                                       std::span<const int64_t> bounds) {
+  std::vector<GatherPart> out;
+  const int ranks = static_cast<int>(bounds.size()) - 1;
+  if (cfg.kind != OptimizerKind::Muon || ranks < 2) return out;
+  GEOLOCO_CHECK(bounds.front() == 0 && bounds.back() == layout.total(), "muon_cut_parts: ranges do not tile [0, {})",
+                layout.total());
+  for (const auto& mm : muon_matrices(layout)) {
+    std::vector<GatherPart> parts;
+    for (int r = 0; r < ranks; ++r) {
+      const int64_t b = std::max(bounds[static_cast<size_t>(r)], mm.offset);
+      const int64_t e = std::min(bounds[static_cast<size_t>(r) + 1], mm.end());
+      if (b < e) parts.push_back({b, e - b, r});
+    }
+    if (parts.size() > 1) out.insert(out.end(), parts.begin(), parts.end());
+  }
+  return out;
+}
+
 InnerOptimizer::InnerOptimizer(const OptimizerConfig& cfg, const ParamLayout& layout, int64_t begin, int64_t end)
     : cfg_(cfg), begin_(begin), end_(end), total_(layout.total()) {
   OptimizerPlan p = plan_optimizer(cfg, layout, begin, end);

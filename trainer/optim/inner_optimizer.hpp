@@ -12,11 +12,13 @@
 // inner_state: reset treat both kinds alike.
 //
 // The optimizer owns its state for a contiguous range [begin, end) of the flat parameter
-// buffer: the whole model under ddp, this rank's shard under zero1/zero2/fsdp. A Muon matrix
-// cut by the range needs the whole matrix's momentum update: the caller passes `gather`, which
-// completes a full-layout buffer whose [begin, end) this rank wrote (the site's all-gather);
-// every rank of the site then orthogonalizes each matrix its range touches (a cut matrix on
-// both ranks, from the same bits, so to the same bits) and updates its own part.
+// buffer: the whole model under ddp, this rank's shard under zero1/zero2/fsdp/hybrid. A Muon
+// matrix cut by the range needs the whole matrix's momentum update: the caller passes `gather`,
+// which completes, in a full-layout buffer whose [begin, end) this rank wrote, every Muon
+// matrix the ranks' ranges cut (muon_cut_parts: each part broadcast from the rank that owns it;
+// a matrix inside one range needs nothing); every rank of the site then orthogonalizes each
+// matrix its range touches (a cut matrix on every rank it spans, from the same bits, so to the
+// same bits) and updates its own part.
 #pragma once
 
 #include <cstdint>
@@ -46,12 +48,24 @@ struct OptimizerPlan {
 };
 OptimizerPlan plan_optimizer(const OptimizerConfig& cfg, const ParamLayout& layout, int64_t begin, int64_t end);
 
+// Under Muon on a site whose rank r's range is [bounds[r], bounds[r + 1]) (the ranges tile the
+// buffer): the parts of every Muon matrix that more than one rank's range holds, each with the
+// rank holding it, in layout order. Broadcasting each part from its rank completes every cut
+// matrix on every rank: the whole of a sharded Muon step's gather (empty for AdamW, one rank,
+// or no cut matrix).
+struct GatherPart {
+  int64_t offset = 0, count = 0;
+  int root = 0;
+};
+std::vector<GatherPart> muon_cut_parts(const OptimizerConfig& cfg, const ParamLayout& layout,
+                                       std::span<const int64_t> bounds);
+
 class InnerOptimizer {
  public:
   InnerOptimizer(const OptimizerConfig& cfg, const ParamLayout& layout, int64_t begin, int64_t end);
 
-  // Completes a full-layout buffer from every rank's range (collective: under Muon every rank
-  // of a sharded site calls it at every step).
+  // Completes the Muon matrices cut by the ranks' ranges in a full-layout buffer (collective:
+  // under Muon every rank of a sharded site calls it at every step).
   using Gather = std::function<void(std::span<float> full)>;
 
   // One update of params[begin, end) from grads[begin, end) (full-buffer spans: the
