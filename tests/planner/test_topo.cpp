@@ -261,6 +261,33 @@ TEST(TopoNodes, ReplicatedNodesKeepTheirIslandsAndMeetOnTheNetwork) {
   EXPECT_EQ(json["recommended"], "hybrid") << json["reason"];
 }
 
+// --config RUN --site NAME: the table strategy: auto decided from (configs/strategies.yaml's
+// paris: a bridged-pairs workstation, the run's small model: hybrid).
+TEST(TopoCli, ASitesAutoInputsFromTheRunConfig) {
+  TopoFlags f;
+  f.config = std::string(GEOLOCO_SOURCE_DIR) + "/configs/strategies.yaml";
+  f.site = "paris";
+  f.json = true;
+  const auto json = nlohmann::json::parse(run_topo(f));
+  EXPECT_EQ(json["recommended"], "hybrid") << json["reason"];
+  EXPECT_EQ(json["gpus"], 4);
+  EXPECT_EQ(json["workload"]["micro_batches"], 1);
+  TopoFlags g = f;
+  g.site = "lyon";  // hybrid written out: no topology file
+  EXPECT_THROW(run_topo(g), InputError);
+  g.topology = fixture_path("bridged_pairs.txt");  // 8 GPUs for lyon's 4 ranks: the model still runs
+  EXPECT_EQ(nlohmann::json::parse(run_topo(g))["gpus"], 8);
+  g = f;
+  g.site = "nope";
+  EXPECT_THROW(run_topo(g), InputError);
+  g = f;
+  g.compute_s = 1;
+  EXPECT_THROW(run_topo(g), InputError);  // the workload is the run's
+  g = f;
+  g.config.clear();
+  EXPECT_THROW(run_topo(g), InputError);
+}
+
 TEST(TopoYaml, SwitchLinksAndDefault) {
   auto t = yaml_topology(read(config_path("topo_bridged_pairs.yaml")));
   EXPECT_EQ(t.gpus(), 4);

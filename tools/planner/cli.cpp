@@ -15,6 +15,8 @@
 #include "trainer/topology/topology.hpp"
 #include "outer_optimizer/planner/yaml_section.hpp"
 #include "trainer/core/config_node.hpp"
+#include "trainer/loop/run_config.hpp"
+#include "trainer/loop/strategy_choice.hpp"
 #include "trainer/model/model_config.hpp"
 
 namespace geoloco::planner {
@@ -120,7 +122,29 @@ std::string run_budget(const BudgetFlags& f) {
   }
 }
 
+// --config RUN.yaml --site NAME: what that site's strategy: auto sees -- the run's workload and
+// the site's topology section (its file unless --topology is given, its nodes and link).
+std::string run_topo_for_site(const TopoFlags& f) {
+  if (f.config.empty()) throw InputError("topo: --site needs --config (the run config holding the site)");
+  if (!f.params.empty() || f.layers != 0 || f.compute_s > 0 || f.tokens_per_gpu > 0 || f.gpu_tflops > 0 ||
+      f.micro_batches != 1 || f.nodes != 1)
+    throw InputError(
+        "topo: with --site the workload and the nodes come from the run config (the site's topology: section); "
+        "drop --params, --layers, --compute-s, --tokens-per-gpu, --gpu-tflops, --micro-batches and --nodes");
+  const trainer::RunConfig cfg = trainer::load_run_config(f.config);
+  const int site = cfg.site_index(f.site);
+  if (site < 0) throw InputError(fmt::format("topo: --site {}: no such site in {}", f.site, f.config));
+  const auto& s = cfg.sites[static_cast<size_t>(site)];
+  const std::string file = !f.topology.empty() ? f.topology : s.topology.file;
+  if (file.empty()) throw InputError(fmt::format("topo: site {} has no topology.file: give --topology FILE", f.site));
+  Topology topo = replicate_over_nodes(load_topology_file(file), s.topology.nodes, s.topology.node_link_gbs * 1e9,
+                                       s.topology.node_link_latency_us * 1e-6);
+  auto plan = plan_topology(topo, trainer::site_workload(cfg, site));
+  return f.json ? topo_json(plan).dump(2) + "\n" : format_topo_table(plan);
+}
+
 std::string run_topo(const TopoFlags& f) {
+  if (!f.site.empty()) return run_topo_for_site(f);
   if (f.topology.empty()) throw InputError("topo: --topology FILE is required (nvidia-smi topo -m text or YAML)");
   Topology topo = [&] {
     if (f.topology != "-") return load_topology_file(f.topology);
@@ -213,8 +237,11 @@ void add_topo_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("topo",
                                  "intra-site strategy planner: ddp/zero1/zero2/fsdp/hybrid step time and "
                                  "memory on a GPU topology, with a recommendation");
-  cmd->add_option("--topology", f->topology, "nvidia-smi topo -m output, or a topology YAML; - reads stdin")
-      ->required();
+  cmd->add_option("--topology", f->topology,
+                  "nvidia-smi topo -m output, or a topology YAML; - reads stdin (with --site: instead of the site's)");
+  cmd->add_option("--site", f->site,
+                  "with --config: the workload and topology that site's strategy: auto sees (the run's model, batch, "
+                  "grad_accum; the site's topology: section)");
   cmd->add_option("--params", f->params, "model parameters: 1.3B, 7B");
   cmd->add_option("--config", f->config, "take the model from a run config's model: section");
   cmd->add_option("--layers", f->layers, "transformer layers (fsdp units); default from --config, else 32");

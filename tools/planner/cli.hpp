@@ -34,6 +34,7 @@ std::string run_budget(const BudgetFlags& f);
 struct TopoFlags {
   std::string topology;  // file, or "-" for stdin
   std::string params, config;
+  std::string site;  // with config: that site's strategy: auto inputs
   int layers = 0;
   double compute_s = 0;
   int micro_batches = 1;
