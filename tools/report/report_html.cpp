@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <map>
+#include <vector>
 
 namespace geoloco::report {
 namespace {
@@ -57,6 +58,47 @@ std::string html_escape(const std::string& s) {
   }
   return out;
 }
+
+namespace {
+
+// Each site's intra-site strategy from the per-rank summaries: ranks, strategy (hybrid's group
+// size), the bytes a rank sends over the site's collectives per step (hybrid: how much of it
+// leaves the rank's group), and why (strategy: auto's reason, or the config).
+std::string sites_table(const nlohmann::json& summary) {
+  if (!summary.contains("ranks") || !summary["ranks"].is_array() || summary["ranks"].empty()) return "";
+  std::vector<std::string> order;
+  std::map<std::string, std::pair<int, nlohmann::json>> by_site;  // first rank's summary, rank count
+  for (const auto& r : summary["ranks"]) {
+    if (!r.is_object()) continue;
+    const std::string site = r.value("site", std::string("?"));
+    auto [it, fresh] = by_site.try_emplace(site, 0, r);
+    if (fresh) order.push_back(site);
+    ++it->second.first;
+  }
+  std::string h =
+      "<h3>Sites</h3><table><tr><th>site</th><th>ranks</th><th>strategy</th><th>site bytes / step / rank</th>"
+      "<th>of which out of the group</th><th>why</th></tr>";
+  for (const auto& site : order) {
+    const auto& [ranks, r] = by_site.at(site);
+    const nlohmann::json mem = r.value("memory", nlohmann::json::object());
+    std::string strategy = mem.value("strategy", std::string("?"));
+    if (mem.contains("group_size")) strategy += fmt::format(" (groups of {})", mem["group_size"].get<int>());
+    const auto choice = r.value("strategy_choice", nlohmann::json::object());
+    const std::string why =
+        choice.is_object() && choice.contains("reason")
+            ? "strategy: auto (" + choice.value("topology", std::string()) + "): " + choice["reason"].get<std::string>()
+            : std::string("as configured");
+    const std::string across =
+        r.contains("cross_group_bytes_per_step") ? scalar_text(r["cross_group_bytes_per_step"]) : std::string("");
+    h += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", html_escape(site),
+                     ranks, html_escape(strategy),
+                     html_escape(scalar_text(r.value("site_bytes_per_step", nlohmann::json(0)))), html_escape(across),
+                     html_escape(why));
+  }
+  return h + "</table>\n";
+}
+
+}  // namespace
 
 std::string report_html(const std::vector<RunData>& runs, const FigureSet& figs) {
   std::string names;
@@ -115,6 +157,7 @@ std::string report_html(const std::vector<RunData>& runs, const FigureSet& figs)
       h += fmt::format("<tr><th>{}</th><td>{}</td></tr>", html_escape(k), html_escape(scalar_text(v)));
     }
     h += "</table>\n";
+    h += sites_table(r.summary);
     if (r.plans.is_array() && !r.plans.empty()) {
       h += "<h3>Plans (outer.plan: auto)</h3><table><tr><th>epoch</th><th>H</th><th>fragments</th><th>codec</th>"
            "<th>lanes</th><th>predicted sync, s</th><th>predicted utilization</th><th>why</th></tr>";
