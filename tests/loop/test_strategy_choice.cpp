@@ -28,7 +28,7 @@ std::string fixture(const std::string& name) {
 
 // A 1.3B-parameter GPT (24 layers) on an 8-rank site, one 2048-token sequence per micro-batch
 // at 160 achieved TFLOP/s: 0.1 s of compute per micro-batch.
-std::string big_site(const std::string& topology, int grad_accum) {
+std::string big_site(const std::string& topology, int grad_accum, int ranks = 8) {
   return "run: {name: x}\n"
          "model: {n_layer: 24, n_head: 16, n_embd: 2048, block_size: 2048, vocab_size: 50304}\n"
          "data: {train: {kind: synthetic}}\n"
@@ -38,7 +38,8 @@ std::string big_site(const std::string& topology, int grad_accum) {
          "site: {strategy: auto, topology: {file: " +
          topology +
          ", gpu_tflops: 160}}\n"
-         "sites: [{name: a, ranks: 8, port: 30000}]\n";
+         "sites: [{name: a, ranks: " +
+         std::to_string(ranks) + ", port: 30000}]\n";
 }
 
 RunConfig parse(const std::string& yaml) { return parse_run_config(config::load_string(yaml, "run.yaml")); }
@@ -77,9 +78,8 @@ TEST(StrategyAuto, TheChoicePerFixture) {
   // Two DGX H100 nodes (16 ranks) joined at 50 GB/s per GPU: sharding across the network costs
   // 1.5x, so shard inside each node's NVSwitch island and replicate across the nodes (HSDP).
   {
-    std::string yaml = big_site(fixture("dgx_h100.txt"), 8);
+    std::string yaml = big_site(fixture("dgx_h100.txt"), 8, 16);
     yaml.replace(yaml.find("gpu_tflops: 160"), 15, "gpu_tflops: 160, nodes: 2");
-    yaml.replace(yaml.find("ranks: 8"), 8, "ranks: 16");
     const SiteConfig s = parse(yaml).sites[0];
     EXPECT_EQ(s.strategy, "hybrid") << s.strategy_reason;
     EXPECT_EQ(s.group_size, 8);
@@ -106,9 +106,7 @@ TEST(StrategyAuto, IslandsThatAreNotConsecutiveRanksFallBack) {
                                   "links:\n  - {gpus: [0, 2], kind: nvlink, bandwidth_gbs: 56}\n"
                                   "  - {gpus: [1, 3], kind: nvlink, bandwidth_gbs: 56}\n"
                                   "default: {kind: pcie_host, bandwidth_gbs: 25}\n");
-  std::string yaml = big_site(topo, 8);
-  yaml.replace(yaml.find("ranks: 8"), 8, "ranks: 4");
-  const RunConfig cfg = parse(yaml);
+  const RunConfig cfg = parse(big_site(topo, 8, 4));
   const auto choice = choose_strategy(cfg, 0, planner::load_topology_file(topo));
   ASSERT_EQ(choice.plan.recommended, planner::Strategy::Hybrid) << "the case must exercise the fallback";
   EXPECT_NE(choice.strategy, "hybrid");
@@ -215,9 +213,7 @@ TEST(StrategyAuto, AtStartRankZerosAnswerReachesEveryRank) {
                                       "\tGPU0\tGPU1\tCPU Affinity\n"
                                       "GPU0\t X \tNV4\t0-7\n"
                                       "GPU1\tNV4\t X \t0-7\n");
-  std::string yaml = big_site(two_gpus, 8);
-  yaml.replace(yaml.find("ranks: 8"), 8, "ranks: 2");
-  const RunConfig cfg = waiting_for_host(yaml);
+  const RunConfig cfg = waiting_for_host(big_site(two_gpus, 8, 2));
   for (const bool fails : {false, true}) {
     FakeNvidiaSmi smi(d, fails ? "echo 'NVML: driver not loaded' >&2\nexit 3\n" : "cat " + two_gpus + "\n");
     const int port = test::fresh_port();

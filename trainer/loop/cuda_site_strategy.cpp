@@ -168,6 +168,17 @@ void CudaSiteStrategy::clip(std::span<float> g, StepResult& r, double max_norm) 
   cuda::scale_inplace(ops(), g.data(), static_cast<int64_t>(g.size()), r.clip_scale);
 }
 
+void CudaSiteStrategy::clip_sharded(std::span<float> gs, StepResult& r, double max_norm) {
+  double sq = cuda::sum_squares_to_host(ops(), gs.data(), static_cast<int64_t>(gs.size()));
+  site_sum(std::span<double>(&sq, 1));
+  r.grad_norm = std::sqrt(sq);
+  clip(gs, r, max_norm);
+}
+
+void CudaSiteStrategy::share_own_shard() {
+  if (auto* replicas = replica_collective()) replicas->all_gather(shard_on_device(), d_params_.span());
+}
+
 void CudaSiteStrategy::apply_pending_reset() {
   // The outer loop reset the proxy (inner_state: reset): the device moments follow.
   if (optimizer().steps() != adam_.steps()) {
@@ -213,13 +224,10 @@ StepResult CudaSiteStrategy::finish_hybrid_step(double lr, double max_norm) {
   }
   if (collective())
     cuda::scale_inplace(o, gs.data(), static_cast<int64_t>(gs.size()), 1.0f / static_cast<float>(ranks()));
-  double sq = cuda::sum_squares_to_host(o, gs.data(), static_cast<int64_t>(gs.size()));
-  site_sum(std::span<double>(&sq, 1));
-  r.grad_norm = std::sqrt(sq);
-  clip(gs, r, max_norm);
+  clip_sharded(gs, r, max_norm);
   adam_.step_shard(shard_on_device(), gs, lr, model_.stream(), device_gather());
   sync_compute();
-  if (auto* replicas = replica_collective()) replicas->all_gather(shard_on_device(), d_params_.span());
+  share_own_shard();
   d_gathered_.reset();
   optimizer().set_steps(adam_.steps());
   sync_compute();
@@ -271,10 +279,7 @@ StepResult CudaSiteStrategy::finish_step(double lr, double max_norm) {
       // The full gradient is no longer needed: release it before the update.
       sync_compute();
       d_grads_.reset();
-      double sq = cuda::sum_squares_to_host(o, gs.data(), static_cast<int64_t>(gs.size()));
-      site_sum(std::span<double>(&sq, 1));
-      r.grad_norm = std::sqrt(sq);
-      clip(gs, r, max_norm);
+      clip_sharded(gs, r, max_norm);
       if (kind() == StrategyKind::Zero2) {
         adam_.step_shard(shard_on_device(), gs, lr, model_.stream(), device_gather());
         if (coll) {
@@ -322,7 +327,7 @@ void CudaSiteStrategy::shard_updated() {
   mirror_.upload_async(mirror_.pinned().first(dev.size()), dev, model_.stream());
   sync_compute();  // the model stream waits for the upload; collectives run on their own stream
   if (kind() == StrategyKind::Hybrid) {
-    if (auto* replicas = replica_collective()) replicas->all_gather(dev, d_params_.span());
+    share_own_shard();
   } else if (kind() != StrategyKind::Fsdp && collective()) {
     collective()->all_gather(dev, d_params_.span());
   }

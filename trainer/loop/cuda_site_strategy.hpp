@@ -79,6 +79,11 @@ class CudaSiteStrategy final : public SiteStrategy, public DeviceSite {
   // each block all-gathered inside the group. Collective over the group.
   void held_into_full(const float* held, std::span<float> full);
   void clip(std::span<float> g, StepResult& r, double max_norm);
+  // zero2/fsdp/hybrid: the global norm of the gradient shard `gs` (squares summed over the
+  // site) into r, and gs clipped to max_norm.
+  void clip_sharded(std::span<float> gs, StepResult& r, double max_norm);
+  // hybrid: the own shard (device) to every replica (all-gather over the replica set).
+  void share_own_shard();
   void apply_pending_reset();
   // A sharded Muon step's gather: the cut matrices' parts broadcast (none under ddp or for one rank).
   cuda::CudaInnerOptimizer::Gather device_gather();

@@ -89,8 +89,7 @@ std::span<const float> SiteStrategy::begin_step() {
   require_host("begin_step");
   grads_.assign(static_cast<size_t>(n_), 0.0f);
   if (kind_ == StrategyKind::Hybrid) {
-    gathered_.assign(static_cast<size_t>(n_), 0.0f);
-    gather_held(gathered_);
+    gather_held();
     peak_transient_bytes_ = std::max(peak_transient_bytes_, (gathered_.size() + grads_.size()) * sizeof(float));
     return gathered_;
   }
@@ -115,8 +114,15 @@ void SiteStrategy::reduce_full_grads() {
   for (auto& g : grads_) g *= inv;
 }
 
-void SiteStrategy::gather_held(std::span<float> full) {
+std::span<float> SiteStrategy::own_held() {
+  return std::span<float>(params_).subspan(static_cast<size_t>(hybrid_->own_held_offset()),
+                                           static_cast<size_t>(hybrid_->own.count));
+}
+
+void SiteStrategy::gather_held() {
   const auto& h = *hybrid_;
+  gathered_.assign(static_cast<size_t>(n_), 0.0f);
+  const std::span<float> full(gathered_);
   for (int g = 0; g < h.groups; ++g) {
     const auto p = h.pieces[static_cast<size_t>(g)];
     const auto b = h.blocks[static_cast<size_t>(g)];
@@ -128,11 +134,7 @@ void SiteStrategy::gather_held(std::span<float> full) {
 }
 
 void SiteStrategy::share_own_shard() {
-  if (!replica_coll_) return;
-  const auto& h = *hybrid_;
-  replica_coll_->all_gather(
-      std::span<float>(params_).subspan(static_cast<size_t>(h.own_held_offset()), static_cast<size_t>(h.own.count)),
-      params_);
+  if (replica_coll_) replica_coll_->all_gather(own_held(), params_);
 }
 
 void SiteStrategy::clip_grad_shard(StepResult& r, double max_norm) {
@@ -177,9 +179,7 @@ StepResult SiteStrategy::finish_hybrid_step(double lr, double max_norm) {
   const float inv = 1.0f / static_cast<float>(ranks());
   for (auto& g : grad_shard_) g *= inv;
   clip_grad_shard(r, max_norm);
-  opt_->step_shard(
-      std::span<float>(params_).subspan(static_cast<size_t>(h.own_held_offset()), static_cast<size_t>(h.own.count)),
-      grad_shard_, lr, site_gather());
+  opt_->step_shard(own_held(), grad_shard_, lr, site_gather());
   share_own_shard();
   gathered_.clear();
   gathered_.shrink_to_fit();
@@ -257,9 +257,7 @@ InnerOptimizer::Gather SiteStrategy::site_gather() {
 std::span<float> SiteStrategy::shard_params() {
   require_host("shard_params");
   if (kind_ == StrategyKind::Fsdp) return params_;
-  if (kind_ == StrategyKind::Hybrid)
-    return std::span<float>(params_).subspan(static_cast<size_t>(hybrid_->own_held_offset()),
-                                             static_cast<size_t>(hybrid_->own.count));
+  if (kind_ == StrategyKind::Hybrid) return own_held();
   return std::span<float>(params_).subspan(static_cast<size_t>(shard_.offset), static_cast<size_t>(shard_.count));
 }
 
@@ -272,8 +270,7 @@ void SiteStrategy::shard_updated() {
 std::span<const float> SiteStrategy::full_params() {
   require_host("full_params");
   if (kind_ == StrategyKind::Hybrid) {
-    gathered_.assign(static_cast<size_t>(n_), 0.0f);
-    gather_held(gathered_);
+    gather_held();
     return gathered_;
   }
   if (kind_ != StrategyKind::Fsdp) return params_;

@@ -158,8 +158,9 @@ class SiteStrategy {
   void plan_muon_parts(const OptimizerConfig& optimizer);  // muon_parts_ for a sharded site
   void reduce_full_grads();                                // ddp/zero1: bucketed all-reduce, divided by ranks
   InnerOptimizer::Gather site_gather();  // Muon: the cut matrices' parts broadcast (none for one rank)
-  // hybrid: the held pieces into `full` (n elements) by an all-gather of each block in the group.
-  void gather_held(std::span<float> full);
+  // hybrid: the full parameters into gathered_ (the held pieces, each block all-gathered in the group).
+  void gather_held();
+  std::span<float> own_held();  // hybrid: the own site shard inside the held pieces
   // hybrid: the own shard in params_ to every replica (all-gather over the replica set).
   void share_own_shard();
   StepResult finish_hybrid_step(double lr, double max_norm);
