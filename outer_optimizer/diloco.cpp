@@ -516,13 +516,14 @@ void Diloco::vote(Fragment& f, trainer::SiteStrategy& strategy, bool background)
   f.verdict.clear();
   if (rank_ == 0) {
     const uint64_t round = in.round;
-    const SiteMask holds = f.site_holds, expected = membership_.active(round);
+    const SiteMask holds = f.site_holds, expected = membership_.active(round), in_run = membership_.members();
     if (background) {
       Fragment* fp = &f;
       const RoundMembership* m = &membership_;
-      f.agreer = std::thread([fp, m, round, holds, expected] { fp->verdict = m->agree(round, holds, expected); });
+      f.agreer = std::thread(
+          [fp, m, round, holds, expected, in_run] { fp->verdict = m->agree(round, holds, expected, in_run); });
     } else {
-      f.verdict = membership_.agree(round, holds, expected);
+      f.verdict = membership_.agree(round, holds, expected, in_run);
     }
   }
   f.vote_s = std::chrono::duration<double>(Clock::now() - t0).count();

@@ -246,12 +246,18 @@ void RoundConsensus::drain_self() {
 }
 
 void RoundConsensus::handle(const MemberMsg& m) {
-  highest_seen_ = std::max({highest_seen_, m.ballot, m.promised});
   const bool request = m.type == MemberMsgType::kPrepare || m.type == MemberMsgType::kAccept;
   if (request && decided_) {  // a site that missed the decision learns it from anyone
     send({.type = MemberMsgType::kDecide, .to = m.from, .ballot = decided_ballot_, .value = *decided_});
     return;
   }
+  if (outside(m.from)) {
+    // The other side of a partition (in_run): its ballots, promises and acceptances are not
+    // this side's, its decision is recorded and not adopted.
+    if (m.type == MemberMsgType::kDecide && !foreign_) foreign_ = m.value;
+    return;
+  }
+  highest_seen_ = std::max({highest_seen_, m.ballot, m.promised});
   switch (m.type) {
     case MemberMsgType::kHolds:
       fast_from_ |= SiteMask{1} << m.from;
@@ -274,6 +280,10 @@ void RoundConsensus::handle(const MemberMsg& m) {
     case MemberMsgType::kNack: on_nack(m); return;
     case MemberMsgType::kDecide: on_decide(m); return;
   }
+}
+
+bool RoundConsensus::outside(uint32_t site) const {
+  return cfg_.in_run && cfg_.quorum < majority(cfg_.sites) && !((cfg_.in_run >> site) & 1);
 }
 
 void RoundConsensus::note_foreign(uint64_t ballot) {

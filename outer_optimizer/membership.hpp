@@ -101,6 +101,14 @@ struct ConsensusConfig {
   // as `expected` after one message delay, without a ballot. Safe: every final holding is
   // then `expected`, so any ballot's value is `expected` too.
   SiteMask expected = 0;
+  // The sites this site counts in the run (0: every site). With quorum below a majority a
+  // site out of it was evicted by this side and may be the other side of a partition, which
+  // decides its own rounds (docs/elastic.md): its messages take no part in this side's
+  // consensus (a decision of its is recorded, foreign(), not adopted). Otherwise a side that
+  // lags after the cut heals would learn, or be asked to accept, the other side's membership
+  // for a round both decide, and its sites would stop as "left out" before the heal rule
+  // (which may keep this side) settles the split.
+  SiteMask in_run = 0;
 };
 
 int majority(int sites);  // sites / 2 + 1
@@ -138,6 +146,8 @@ class RoundConsensus {
   // The decision conflicts with another site's (only possible with quorum below majority,
   // across a partition): the other value, for the caller's heal rule.
   const std::optional<SiteMask>& conflict() const { return conflict_; }
+  // A decision of a site out of the run (ConsensusConfig::in_run), not adopted.
+  const std::optional<SiteMask>& foreign() const { return foreign_; }
   // This site can compute the round's average: it holds every member's contribution.
   bool can_apply() const { return decided_ && (*decided_ & ~holds_) == 0; }
   // Ballots this site started (for metrics and tests).
@@ -152,6 +162,7 @@ class RoundConsensus {
   void on_nack(const MemberMsg& m);
   void on_decide(const MemberMsg& m);
   void note_foreign(uint64_t ballot);
+  bool outside(uint32_t site) const;  // in_run says this site's messages take no part
   void start_ballot();
   void propose();
   void decide(SiteMask value, uint64_t ballot);
@@ -195,7 +206,7 @@ class RoundConsensus {
   SiteMask proposal_ = 0;
   int ballots_ = 0;
 
-  std::optional<SiteMask> decided_, conflict_;
+  std::optional<SiteMask> decided_, conflict_, foreign_;
   uint64_t decided_ballot_ = 0;
 };
 

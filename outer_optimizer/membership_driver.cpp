@@ -137,6 +137,7 @@ MembershipOutcome agree_membership(const SitePeers& peers, const ConsensusConfig
   peers.transport()->expire(transport::FrameKind::kControl, round + 1, kMembershipShard);
   out.members = *rc.decided();
   out.can_apply = rc.can_apply();
+  if (rc.foreign()) out.foreign = *rc.foreign();
   out.ballots = rc.ballots_started();
   out.seconds = now();
   return out;

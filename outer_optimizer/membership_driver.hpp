@@ -34,6 +34,7 @@ class QuorumLost : public Error {
 struct MembershipOutcome {
   SiteMask members = 0;
   bool can_apply = false;  // this site holds every member's contribution
+  SiteMask foreign = 0;    // the other side of a partition decided this round as these sites (ConsensusConfig::in_run)
   int ballots = 0;         // ballots this site started
   double seconds = 0;      // from the call to the decision
   uint64_t messages_sent = 0, messages_received = 0;

@@ -106,16 +106,23 @@ SiteMask RoundMembership::vote_site(uint64_t round, SiteMask holds, SiteMask joi
   return holds;
 }
 
-std::vector<std::byte> RoundMembership::agree(uint64_t round, SiteMask site_holds, SiteMask expected) const {
+std::vector<std::byte> RoundMembership::agree(uint64_t round, SiteMask site_holds, SiteMask expected,
+                                              SiteMask in_run) const {
   try {
     if (peers_.sites() == 1) return encode_verdict(Verdict::kDecided, site_holds, true, "");
     ConsensusConfig cc = cc_;
     cc.expected = expected;  // the fast path: every site still in holds them all
+    cc.in_run = in_run;      // below a majority: sites out of it (the other side of a split) take no part
     // A site that holds every contribution early votes at once, while the others may still be
     // waiting for a late site up to the round's deadline: a site not heard from yet in this
     // round (alive, still in its exchange) is waited for that much longer.
     const MembershipOutcome out =
         agree_membership(peers_, cc, round, site_holds, cfg_.outer.quorum_wait_s, &stopping_, deadline_s());
+    if (out.foreign)
+      spdlog::warn(
+          "outer round {}: sites {} decided this round without this side {} (the other side of a partition, "
+          "min_sites below a majority); not adopted: this side decided {}, and the heal rule keeps one side",
+          round, mask_string(out.foreign), mask_string(in_run), mask_string(out.members));
     return encode_verdict(Verdict::kDecided, out.members, out.can_apply, "");
   } catch (const QuorumLost& e) {
     return encode_verdict(Verdict::kQuorumLost, e.heard(), false, e.what());

@@ -75,7 +75,8 @@ class RoundMembership {
   // for like held contributions (a joiner is admitted once every member site holds its
   // request, on every rank).
   SiteMask vote_site(uint64_t round, SiteMask holds, SiteMask joiners, trainer::SiteStrategy& strategy);
-  std::vector<std::byte> agree(uint64_t round, SiteMask site_holds, SiteMask expected) const;
+  // `in_run`: members() when the vote was taken (ConsensusConfig::in_run).
+  std::vector<std::byte> agree(uint64_t round, SiteMask site_holds, SiteMask expected, SiteMask in_run) const;
   SiteMask share(uint64_t round, int64_t step, SiteMask site_holds, std::vector<std::byte> verdict,
                  const std::vector<std::string>& missing, trainer::SiteStrategy& strategy);
 

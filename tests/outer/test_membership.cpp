@@ -23,6 +23,7 @@ struct SimOptions {
   double degrade_s = 0.5;
   double min_delay = 0.001, max_delay = 0.02;
   double drop = 0.0;
+  std::vector<SiteMask> in_run = {};  // by site: ConsensusConfig::in_run (empty: 0 everywhere)
   uint64_t seed = 1;
 };
 
@@ -34,10 +35,13 @@ class Sim {
   explicit Sim(const SimOptions& o)
       : o_(o), rng_(o.seed), alive_(o.sites, true), group_(o.sites, 0), ready_at_(o.sites, 0.0) {
     for (int s = 0; s < o.sites; ++s) {
-      nodes_.emplace_back(
-          ConsensusConfig{
-              .sites = o.sites, .self = s, .quorum = o.quorum, .retry_s = o.retry_s, .degrade_s = o.degrade_s},
-          7);
+      nodes_.emplace_back(ConsensusConfig{.sites = o.sites,
+                                          .self = s,
+                                          .quorum = o.quorum,
+                                          .retry_s = o.retry_s,
+                                          .degrade_s = o.degrade_s,
+                                          .in_run = o.in_run.empty() ? SiteMask{0} : o.in_run[static_cast<size_t>(s)]},
+                          7);
     }
   }
   RoundConsensus& node(int s) { return nodes_[s]; }
@@ -262,6 +266,111 @@ TEST(Membership, MinSitesOneAcrossAPartitionBothSidesDecide) {
   EXPECT_EQ(*sim.node(0).decided(), 0b0011u);
   ASSERT_TRUE(sim.node(0).conflict());
   EXPECT_EQ(*sim.node(0).conflict(), 0b1100u);
+}
+
+// The heal race of docs/elastic.md: with min_sites 1 both sides of a 2|2 partition decide
+// their rounds; after the cut heals they still do, until the heal rule (the split statuses,
+// diloco_split.cpp) settles which side is kept. Without in_run a side that reaches a round
+// after the other side decided it learns that decision (a decided site answers prepares with
+// it), and when both are mid-round the four sites decide one membership together, which
+// leaves one side out: either way a side's sites stop as "left out" before the heal rule,
+// which may keep that side (then both sides stop). With in_run each side decides its own.
+TEST(Membership, AfterAHealEachSideStillDecidesItsOwnRoundUntilTheHealRuleActs) {
+  const SiteMask low = 0b0011, high = 0b1100;
+  struct Case {
+    const char* name;
+    double low_ready, high_ready;  // when each side's sites are ready (the heal is at 5 s)
+    double degrade_s;
+  };
+  for (const Case& c : {Case{"sites 0,1 lag", 6.0, 0.0, 0.5}, Case{"sites 2,3 lag", 0.0, 6.0, 0.5},
+                        Case{"both sides mid-round at the heal", 4.0, 4.0, 2.0}}) {
+    SCOPED_TRACE(c.name);
+    for (uint64_t seed = 1; seed <= 5; ++seed) {
+      SCOPED_TRACE(seed);
+      Sim sim({.sites = 4,
+               .quorum = 1,
+               .retry_s = 2 * c.degrade_s,
+               .degrade_s = c.degrade_s,
+               .in_run = {low, low, high, high},
+               .seed = seed});
+      for (int s = 0; s < 4; ++s) {
+        sim.holds(s, s < 2 ? low : high);
+        sim.ready_at(s, s < 2 ? c.low_ready : c.high_ready);
+      }
+      sim.partition({0, 0, 1, 1});
+      sim.run(5);
+      sim.heal();
+      sim.run(40);
+      int refused = 0;
+      for (int s = 0; s < 4; ++s) {
+        ASSERT_TRUE(sim.node(s).decided()) << "site " << s;
+        EXPECT_EQ(*sim.node(s).decided(), s < 2 ? low : high) << "site " << s;
+        if (sim.node(s).foreign()) {
+          EXPECT_EQ(*sim.node(s).foreign(), s < 2 ? high : low);
+          ++refused;
+        }
+      }
+      // A lagging side's proposer asked the other side, which answered with its decision.
+      if (c.low_ready != c.high_ready) {
+        EXPECT_GE(refused, 1);
+      }
+    }
+  }
+  // Without in_run (the previous behaviour) a lagging side adopts the other side's decision.
+  Sim old({.sites = 4, .quorum = 1, .degrade_s = 0.5});
+  for (int s = 0; s < 4; ++s) {
+    old.holds(s, s < 2 ? low : high);
+    old.ready_at(s, s < 2 ? 6.0 : 0.0);
+  }
+  old.partition({0, 0, 1, 1});
+  old.run(5);
+  old.heal();
+  old.run(40);
+  ASSERT_TRUE(old.node(0).decided());
+  EXPECT_EQ(*old.node(0).decided(), high);
+}
+
+// in_run only acts below a majority, and only on sites out of it: a decision from a site in
+// the run is adopted as always (an evicted site learns it was left out).
+TEST(Membership, InRunSetsAsideOnlySitesOutOfTheRunBelowAMajority) {
+  const MemberMsg decide{.type = MemberMsgType::kDecide, .from = 2, .to = 0, .round = 7, .ballot = 66, .value = 0b1100};
+  {
+    RoundConsensus rc({.sites = 4, .self = 0, .quorum = 1, .in_run = 0b0111}, 7);
+    rc.receive({.type = MemberMsgType::kDecide, .from = 1, .to = 0, .round = 7, .ballot = 65, .value = 0b0110}, 0);
+    ASSERT_TRUE(rc.decided());
+    EXPECT_EQ(*rc.decided(), 0b0110u);
+    EXPECT_FALSE(rc.foreign());
+  }
+  {
+    RoundConsensus rc({.sites = 4, .self = 0, .quorum = 3, .in_run = 0b0011}, 7);
+    rc.receive(decide, 0);
+    ASSERT_TRUE(rc.decided());
+    EXPECT_EQ(*rc.decided(), 0b1100u);
+  }
+  {
+    RoundConsensus rc({.sites = 4, .self = 0, .quorum = 1, .in_run = 0b0011}, 7);
+    rc.receive(decide, 0);
+    EXPECT_FALSE(rc.decided());
+    ASSERT_TRUE(rc.foreign());
+    EXPECT_EQ(*rc.foreign(), 0b1100u);
+    // Nor does it accept or promise for the other side's ballots (a promise would raise the
+    // ballot its own side must beat; an acceptance would carry that side's value into its
+    // promises to this side's proposer).
+    rc.ready(0);
+    rc.take_outbox();
+    rc.receive({.type = MemberMsgType::kPrepare, .from = 3, .to = 0, .round = 7, .ballot = 6403}, 0.01);
+    rc.receive({.type = MemberMsgType::kAccept, .from = 3, .to = 0, .round = 7, .ballot = 6403, .value = 0b1100}, 0.01);
+    for (const auto& m : rc.take_outbox()) EXPECT_NE(m.to, 3u) << "answered site 3 with type " << int(m.type);
+    // Once decided, it answers anyone's request with its decision, as always.
+    rc.receive({.type = MemberMsgType::kDecide, .from = 1, .to = 0, .round = 7, .ballot = 65, .value = 0b0011}, 0.02);
+    ASSERT_TRUE(rc.decided());
+    rc.take_outbox();
+    rc.receive({.type = MemberMsgType::kPrepare, .from = 3, .to = 0, .round = 7, .ballot = 6467}, 0.03);
+    const auto out = rc.take_outbox();
+    ASSERT_EQ(out.size(), 1u);
+    EXPECT_EQ(out[0].type, MemberMsgType::kDecide);
+    EXPECT_EQ(out[0].value, 0b0011u);
+  }
 }
 
 TEST(Membership, TooFewCommonContributionsWaitsInsteadOfDeciding) {
