@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "trainer/core/hash.hpp"
+#include "transport/site_directory.hpp"
 
 namespace geoloco::transport {
 
@@ -15,7 +16,8 @@ std::string hello_mismatch(const HsMessage& m, const HsLocal& local) {
   if (m.chunk_bytes != local.chunk_bytes)
     return fmt::format("chunk_bytes mismatch: peer {}, ours {}", m.chunk_bytes, local.chunk_bytes);
   if (m.lanes != local.lanes) return fmt::format("lanes mismatch: peer {}, ours {}", m.lanes, local.lanes);
-  if (m.lane != kGateLane && m.lane >= m.lanes) return fmt::format("lane {} out of range (lanes {})", m.lane, m.lanes);
+  if (m.lane != kGateLane && m.lane != kDirectoryLane && m.lane >= m.lanes)
+    return fmt::format("lane {} out of range (lanes {})", m.lane, m.lanes);
   return {};
 }
 

@@ -15,6 +15,7 @@
 #include "tests/outer/processes.hpp"
 #include "tests/support/ports.hpp"
 #include "trainer/app/launch_selection.hpp"
+#include "trainer/app/rank_address.hpp"
 #include "trainer/core/error.hpp"
 #include "trainer/loop/run_config.hpp"
 
@@ -27,7 +28,8 @@ using geoloco::testing::slurp;
 
 namespace {
 
-std::string config_text(const std::filesystem::path& out, int port, int steps) {
+std::string config_text(const std::filesystem::path& out, int port, int steps, const std::string& paris = "ranks: 1",
+                        const std::string& lyon = "ranks: 3, hosts: [127.0.0.1, 127.0.0.2, 127.0.0.2]") {
   return "run: {name: parts, seed: 3, output_dir: " + out.string() +
          "}\n"
          "model: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 16, vocab_size: 32}\n"
@@ -37,11 +39,11 @@ std::string config_text(const std::filesystem::path& out, int port, int steps) {
          ", micro_batch: 2, log_every: 5}\n"
          "outer: {interval: 4, compression: {codec: int8}}\n"
          "sites:\n"
-         "  - {name: paris, ranks: 1, port: " +
-         std::to_string(port) +
+         "  - {name: paris, " +
+         paris + ", port: " + std::to_string(port) +
          "}\n"
-         "  - {name: lyon, ranks: 3, hosts: [127.0.0.1, 127.0.0.2, 127.0.0.2], port: " +
-         std::to_string(port + 10) +
+         "  - {name: lyon, " +
+         lyon + ", port: " + std::to_string(port + 10) +
          "}\n"
          "transport: {psk_file: k.psk, timeout_s: 60}\n";
 }
@@ -103,4 +105,78 @@ TEST(LaunchParts, EachCampusLaunchesItsOwnPartAndTheRunAgrees) {
   for (const auto& r : summary["ranks"]) hashes.insert(r["global_weights_hash"].get<std::string>());
   EXPECT_EQ(hashes.size(), 1u) << summary.dump();
   EXPECT_NE(paris_log.find("outer steps across 2 sites"), std::string::npos) << paris_log;
+}
+
+// A site across nodes that names only node 0's address (`nodes: 2`): its runs of ranks are its
+// nodes, and a rank beyond node 0 binds the address it is given or finds the one that reaches
+// node 0; node 0 and sites with configured addresses refuse a contradicting one.
+TEST(LaunchParts, ASiteOfNodesSelectsItsRunsOfRanksAndItsRanksFindTheirAddresses) {
+  TempDir d;
+  d.file("k.psk", "0123456789abcdef-test-key");
+  const auto cfg = trainer::load_run_config(
+      d.file("c.yaml", config_text(d.path() / "out", 30000, 8, "ranks: 1", "ranks: 4, nodes: 2")));
+  using V = std::vector<LaunchRank>;
+  const auto& lyon = cfg.sites[1];
+  EXPECT_TRUE(lyon.finds_addresses());
+  EXPECT_EQ(app::site_nodes(lyon), (std::vector<std::string>{"127.0.0.1", "lyon#node1"}));
+  EXPECT_EQ(app::select_launch_ranks(cfg, {"lyon"}, 0), (V{{1, 0}, {1, 1}}));
+  EXPECT_EQ(app::select_launch_ranks(cfg, {"lyon"}, 1), (V{{1, 2}, {1, 3}}));
+  EXPECT_EQ(lyon.node_of(3), 1);
+  EXPECT_EQ(app::rank_address(lyon, 0, ""), "127.0.0.1");
+  EXPECT_EQ(app::rank_address(lyon, 1, "127.0.0.1"), "127.0.0.1");
+  EXPECT_EQ(app::rank_address(lyon, 2, "127.0.0.9"), "127.0.0.9");
+  EXPECT_EQ(app::rank_address(lyon, 3, ""), "127.0.0.1");  // the interface that reaches 127.0.0.1
+  auto refused = [](const trainer::SiteConfig& s, int rank, const std::string& given, const std::string& part) {
+    try {
+      app::rank_address(s, rank, given);
+      ADD_FAILURE() << "accepted: " << part;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  refused(lyon, 2, "lyon-2", "'lyon-2': not an IPv4 address to bind");
+  refused(lyon, 2, "0.0.0.0", "not an IPv4 address to bind");
+  refused(lyon, 0, "127.0.0.9", "rank 0 of site lyon binds 127.0.0.1 from the config (node 0 binds host)");
+  refused(cfg.sites[0], 0, "127.0.0.9", "rank 0 of site paris binds 127.0.0.1 from the config (host/hosts)");
+  // The config's checks.
+  auto bad = [&](const std::string& lyon_spec, const std::string& part) {
+    try {
+      trainer::load_run_config(d.file("b.yaml", config_text(d.path() / "out", 30000, 8, "ranks: 1", lyon_spec)));
+      ADD_FAILURE() << "accepted: " << lyon_spec;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  bad("ranks: 3, nodes: 2", "3 ranks do not split evenly over 2 nodes");
+  bad("ranks: 2, nodes: 3", "nodes");
+  bad("ranks: 2, nodes: 2, hosts: [127.0.0.1, 127.0.0.2]", "give either nodes");
+}
+
+// Three launches again, lyon's second node now found, not configured: the config gives lyon
+// `nodes: 2` and node 0's address only; node 1's launch binds 127.0.0.2 (--bind-address).
+// Paris dials lyon's rank 1 there, an address it learns only from lyon's rank 0 (its gate's
+// site directory): nothing listens at the configured address on that rank's port.
+TEST(LaunchParts, ASiteWhoseNodesFindTheirAddressesIsReachedThroughItsDirectory) {
+  TempDir d;
+  d.file("k.psk", "0123456789abcdef-test-key");
+  const std::string cfg =
+      d.file("c.yaml", config_text(d.path() / "out", fresh_port(), 12, "ranks: 2", "ranks: 2, nodes: 2"));
+  const std::vector<std::vector<std::string>> parts = {
+      {"launch", cfg, "--plain", "--site", "lyon", "--node", "1", "--bind-address", "127.0.0.2"},
+      {"launch", cfg, "--plain", "--site", "paris"},
+      {"launch", cfg, "--plain", "--site", "lyon", "--node", "0"}};
+  std::vector<Proc> procs;
+  for (size_t i = 0; i < parts.size(); ++i)
+    procs.push_back(geoloco::testing::spawn(parts[i], (d.path() / ("launch" + std::to_string(i) + ".log")).string()));
+  for (auto& p : procs) EXPECT_EQ(geoloco::testing::wait_for(p, std::chrono::seconds(240)), 0) << slurp(p.log);
+  const std::string lyon1 = slurp((d.path() / "launch0.log").string());
+  EXPECT_NE(lyon1.find("lyon/1 listening on 127.0.0.2:"), std::string::npos) << lyon1;
+  const std::string lyon0 = slurp((d.path() / "launch2.log").string());
+  EXPECT_NE(lyon0.find("site lyon: 2 ranks on 2 nodes at 127.0.0.1, 127.0.0.2"), std::string::npos) << lyon0;
+  const auto summary = nlohmann::json::parse(slurp((d.path() / "out" / "summary.json").string()), nullptr, false);
+  ASSERT_TRUE(summary.is_object());
+  ASSERT_EQ(summary["ranks"].size(), 4u);
+  std::set<std::string> hashes;
+  for (const auto& r : summary["ranks"]) hashes.insert(r["global_weights_hash"].get<std::string>());
+  EXPECT_EQ(hashes.size(), 1u) << summary.dump();
 }

@@ -16,6 +16,7 @@
 #include "tests/transport/backend_fault_tests.hpp"
 #include "tests/transport/backend_tests.hpp"
 #include "tests/transport/ucx_cluster.hpp"
+#include "transport/site_directory.hpp"
 #include "transport/ucx/gate.hpp"
 #include "transport/ucx/ucx_env.hpp"
 
@@ -117,6 +118,115 @@ TEST(UcxHandshake, MissingPeerTimesOutNamingIt) {
   EXPECT_LT(s, 3.0);
   EXPECT_TRUE(contains(msg, fmt::format("z/0 (127.0.0.1:{})", port))) << msg;
   EXPECT_TRUE(contains(msg, "a/0 (127.0.0.1:1)")) << msg;
+}
+
+// A site across nodes (docs/shapes.md): rank 0's gate serves its site's addresses to a rank
+// of another site that passes the handshake on the directory lane -- before either side has
+// connected (the sites look each other up first), and after set_directory, however late.
+TEST(UcxDirectory, RankZerosGateServesItsSitesAddressesToAnotherSite) {
+  auto cfg = small_config();
+  UcxTransport lyon(cfg, ident("lyon"));
+  const int port = lyon.listen("127.0.0.1", 0);
+  UcxTransport paris(cfg, ident("paris"));
+  paris.listen("127.0.0.1", 0);
+  const std::vector<std::string> addrs = {"127.0.0.1", "127.0.0.2", "198.18.3.7", "10.1.2.3"};
+  // Asked before the directory is set: the request waits for it (within the handshake deadline).
+  auto asked = std::async(std::launch::async, [&] { return paris.site_directory({"lyon", 0, "127.0.0.1", port}, 4); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  lyon.set_directory(addrs);
+  EXPECT_EQ(asked.get(), addrs);
+  // Again, at once; and the rank count the config gives that site must match.
+  EXPECT_EQ(paris.site_directory({"lyon", 0, "127.0.0.1", port}, 4), addrs);
+  std::string msg;
+  try {
+    paris.site_directory({"lyon", 0, "127.0.0.1", port}, 2);
+  } catch (const TransportError& e) {
+    msg = e.what();
+  }
+  EXPECT_TRUE(contains(msg, "4 ranks, the config gives that site 2")) << msg;
+}
+
+TEST(UcxDirectory, AWrongKeyOrTheSitesOwnRankIsRefused) {
+  auto cfg = small_config();
+  cfg.connect_timeout_s = 3;
+  UcxTransport lyon(cfg, ident("lyon"));
+  const int port = lyon.listen("127.0.0.1", 0);
+  lyon.set_directory({"127.0.0.1", "127.0.0.2"});
+  auto bad = cfg;
+  bad.psk = key_bytes("another-key-0123456789-abcdef");
+  UcxTransport stranger(bad, ident("paris"));
+  stranger.listen("127.0.0.1", 0);
+  std::string msg;
+  try {
+    stranger.site_directory({"lyon", 0, "127.0.0.1", port}, 2);
+  } catch (const TransportError& e) {
+    msg = e.what();
+  }
+  EXPECT_FALSE(msg.empty());
+  EXPECT_FALSE(contains(msg, "127.0.0.2")) << msg;
+  UcxTransport own(cfg, ident("lyon", 1));
+  own.listen("127.0.0.1", 0);
+  msg.clear();
+  try {
+    own.site_directory({"lyon", 0, "127.0.0.1", port}, 2);
+  } catch (const TransportError& e) {
+    msg = e.what();
+  }
+  EXPECT_TRUE(contains(msg, "a directory request from this site's own rank")) << msg;
+}
+
+// A peer that hears nothing (no directory set) gives up at its deadline naming the site.
+TEST(UcxDirectory, NoDirectoryTimesOutNamingTheSite) {
+  auto cfg = small_config();
+  cfg.handshake_timeout_s = 0.5;
+  UcxTransport lyon(cfg, ident("lyon"));
+  const int port = lyon.listen("127.0.0.1", 0);
+  UcxTransport paris(cfg, ident("paris"));
+  paris.listen("127.0.0.1", 0);
+  std::string msg;
+  try {
+    paris.site_directory({"lyon", 0, "127.0.0.1", port}, 2, 1.5);
+  } catch (const TimeoutError& e) {
+    msg = e.what();
+  }
+  EXPECT_TRUE(contains(msg, fmt::format("the site directory of lyon at 127.0.0.1:{}", port))) << msg;
+}
+
+TEST(SiteDirectory, RoundTripsAndRefusesMalformedBytes) {
+  const std::vector<std::string> addrs = {"198.18.0.1", "198.18.1.2", "127.0.0.1"};
+  const auto b = encode_site_directory(addrs);
+  ASSERT_EQ(b.size(), kDirectoryHeaderBytes + 12);
+  EXPECT_EQ(decode_site_directory(b, 3, "x"), addrs);
+  auto fails = [](std::vector<uint8_t> bytes, uint32_t ranks, const std::string& want) {
+    try {
+      decode_site_directory(bytes, ranks, "lyon/0");
+    } catch (const TransportError& e) {
+      EXPECT_TRUE(contains(e.what(), want)) << e.what();
+      return;
+    }
+    ADD_FAILURE() << "accepted: " << want;
+  };
+  fails({b.begin(), b.begin() + 5}, 3, "shorter than its 12-byte header");
+  auto m = b;
+  m[0] ^= 1;
+  fails(m, 3, "bad magic");
+  m = b;
+  m[4] = 9;
+  fails(m, 3, "version 9");
+  m = b;
+  m[7] = 1;
+  fails(m, 3, "reserved bytes");
+  fails(b, 4, "3 ranks, the config gives that site 4");
+  fails({b.begin(), b.end() - 1}, 3, "bytes, expected 24");
+  m = b;
+  m.push_back(0);
+  fails(m, 3, "bytes, expected 24");
+  m = b;
+  std::fill(m.begin() + 16, m.begin() + 20, 0);
+  fails(m, 3, "rank 1 has no address");
+  EXPECT_THROW(encode_site_directory({}), TransportError);
+  EXPECT_THROW(encode_site_directory({"lyon"}), TransportError);
+  EXPECT_THROW(encode_site_directory({"0.0.0.0"}), TransportError);
 }
 
 TEST(UcxHandshake, LatePeerIsRetriedUntilItListens) {

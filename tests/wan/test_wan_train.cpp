@@ -161,7 +161,8 @@ TEST_F(WanTrain, LossyFortyMsRunMatchesLocalHash) {
 
 // A site across nodes (docs/shapes.md): each site is two node namespaces on a site LAN behind
 // the WAN router (tools/wan/run --nodes-per-site 2), one rank per node, each rank at its node's
-// address (sites[].hosts). The run ends with the same global weights as the same config on
+// address: west's given per rank (sites[].hosts), east's found by its ranks (sites[].nodes,
+// tools/wan/run --find-addresses east). The run ends with the same global weights as the same config on
 // loopback, and each site's collectives really cross between its nodes: the second node's
 // link carried far more than that rank's WAN traffic (a ring all-reduce of the gradient every
 // inner step against a compressed shard every H steps).
@@ -183,12 +184,19 @@ TEST_F(WanTrain, ASiteOfTwoNodesMatchesTheLocalHashAndItsCollectivesCrossTheNode
   ASSERT_TRUE(local.value("completed", false));
 
   const fs::path out = dir_ / "emu";
+  // west is given one address per rank (hosts); east only node 0's (nodes: 2): its rank 1
+  // finds its node's address and west learns it from east's rank 0.
   const Result r = sh(kRoot + "/tools/wan/run --prefix " + kPrefix +
-                          " --no-check --nodes-per-site 2 --ranks-per-site 2 --timeout 120 --output-dir " +
+                          " --no-check --nodes-per-site 2 --ranks-per-site 2 --find-addresses east --timeout 120 "
+                          "--output-dir " +
                           out.string() + " " + scenario("nodes", "{delay_ms: 5, rate_mbit: 1000}") + " " + p.string(),
                       200);
   ASSERT_EQ(r.rc, 0) << r.out;
   EXPECT_NE(r.out.find("[west/1]"), std::string::npos) << r.out;
+  // east/1 listens at an address no config gave it: its node's, found from the route to node 0.
+  const size_t found = r.out.find("site east: 2 ranks on 2 nodes at ");
+  ASSERT_NE(found, std::string::npos) << r.out;
+  std::cout << "[measured] " << r.out.substr(found, r.out.find('\n', found) - found) << "\n";
   const json res = read_json(out / "wan-result.json");
   ASSERT_TRUE(res["summary"].is_object()) << res.dump();
   const json& s = res["summary"];

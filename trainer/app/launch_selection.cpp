@@ -13,7 +13,7 @@ namespace geoloco::app {
 std::vector<std::string> site_nodes(const trainer::SiteConfig& site) {
   std::vector<std::string> nodes;
   for (int r = 0; r < site.ranks; ++r)
-    if (std::find(nodes.begin(), nodes.end(), site.host_of(r)) == nodes.end()) nodes.push_back(site.host_of(r));
+    if (std::find(nodes.begin(), nodes.end(), site.node_key(r)) == nodes.end()) nodes.push_back(site.node_key(r));
   return nodes;
 }
 
@@ -35,10 +35,10 @@ std::vector<LaunchRank> select_launch_ranks(const trainer::RunConfig& cfg, const
       throw InputError("--node I: give exactly one --site (the site whose I-th node this machine is)");
     const auto& s = cfg.sites[static_cast<size_t>(chosen[0])];
     const auto nodes = site_nodes(s);
-    if (s.hosts.empty() || nodes.size() < 2)
+    if (nodes.size() < 2)
       throw InputError(
-          fmt::format("--node {}: site {} runs on one node (every rank at {}); give sites[].hosts, one "
-                      "address per rank, for a site that spans nodes",
+          fmt::format("--node {}: site {} runs on one node (every rank at {}); give sites[].nodes (its ranks "
+                      "find their own addresses) or sites[].hosts (one address per rank) for a site that spans nodes",
                       node, s.name, s.host));
     if (node >= static_cast<int>(nodes.size()))
       throw InputError(fmt::format("--node {}: site {} has {} nodes ({}); expected 0..{}", node, s.name, nodes.size(),
@@ -47,9 +47,8 @@ std::vector<LaunchRank> select_launch_ranks(const trainer::RunConfig& cfg, const
   std::vector<LaunchRank> out;
   for (int i : chosen) {
     const auto& s = cfg.sites[static_cast<size_t>(i)];
-    const std::string on = node >= 0 ? site_nodes(s)[static_cast<size_t>(node)] : std::string();
     for (int r = 0; r < s.ranks; ++r)
-      if (node < 0 || s.host_of(r) == on) out.push_back({i, r});
+      if (node < 0 || s.node_of(r) == node) out.push_back({i, r});
   }
   return out;
 }

@@ -2,7 +2,7 @@
 // `--site NAME` (repeatable) only those sites' -- each campus starts its own part, as torchrun
 // does per node, so a run across campuses needs neither Slurm nor one machine that sees them
 // all -- and with `--node I` only the ranks of one site that live on its I-th node (the I-th
-// distinct address of its `hosts`, in rank order).
+// distinct address of its `hosts` in rank order, or the I-th run of ranks under `nodes`).
 #pragma once
 
 #include <string>
@@ -18,11 +18,11 @@ struct LaunchRank {
   bool operator==(const LaunchRank&) const = default;
 };
 
-// The site's nodes: its distinct rank addresses in order of their first rank.
+// The site's nodes (SiteConfig::node_key) in order of their first rank.
 std::vector<std::string> site_nodes(const trainer::SiteConfig& site);
 
 // Throws InputError naming the problem: an unknown site, --node without exactly one --site, a
-// site without per-rank `hosts` (one node), a node index out of range.
+// site on one node (neither `nodes` nor per-rank `hosts`), a node index out of range.
 std::vector<LaunchRank> select_launch_ranks(const trainer::RunConfig& cfg, const std::vector<std::string>& sites,
                                             int node);
 

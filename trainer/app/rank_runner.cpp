@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <memory>
 
 #include "outer_optimizer/diloco.hpp"
+#include "trainer/app/rank_address.hpp"
 #include "trainer/app/run_summary.hpp"
 #include "trainer/core/error.hpp"
 #include "trainer/loop/trainer.hpp"
@@ -51,6 +53,34 @@ nlohmann::json run_totals(const trainer::RunConfig& cfg, const std::vector<nlohm
   return t;
 }
 
+// Peers at a site whose ranks found their addresses (beyond its node 0): asked of that site's
+// rank 0 (its gate, at the configured host and port), one request per site. A joiner whose
+// request fails (that site is gone) keeps the configured host: its dial fails as unreachable
+// and the join goes on without that site.
+void resolve_peer_addresses(const trainer::RunConfig& cfg, const transport::ucx::UcxTransport& ucx,
+                            std::vector<transport::PeerInfo>& peers, bool join) {
+  for (const auto& other : cfg.sites) {
+    if (!other.finds_addresses()) continue;
+    bool needed = false;
+    for (const auto& p : peers) needed = needed || (p.site == other.name && other.node_of(p.rank) > 0);
+    if (!needed) continue;
+    std::vector<std::string> dir;
+    try {
+      // A joiner does not wait long for a site that may be gone (as its dials do).
+      const double wait = join ? std::min(transport::kJoinUnreachableS, cfg.transport->connect_timeout_s / 2) : 0;
+      dir = ucx.site_directory({other.name, 0, other.host, other.port}, other.ranks, wait);
+    } catch (const transport::TransportError& e) {
+      if (!join) throw;
+      spdlog::warn("site {}'s directory: {}; its ranks beyond node 0 are dialed at {}", other.name, e.what(),
+                   other.host);
+      continue;
+    }
+    for (auto& p : peers)
+      if (p.site == other.name) p.host = dir.at(static_cast<size_t>(p.rank));
+    spdlog::debug("site {}'s directory: {}", other.name, fmt::join(dir, ", "));
+  }
+}
+
 }  // namespace
 
 nlohmann::json run_rank(const trainer::RunConfig& given, const RankOptions& o) {
@@ -60,6 +90,8 @@ nlohmann::json run_rank(const trainer::RunConfig& given, const RankOptions& o) {
   // the rank when there is none.
   const bool on_gpu = sc.device == "cuda";
   const int gpu = on_gpu ? trainer::select_rank_device(given, site, rank, o.cuda_device) : -1;
+  // Where this rank listens (rank_address.hpp): the config's address, or one it found.
+  const std::string address = rank_address(sc, rank, o.bind_address);
   std::unique_ptr<parallel::Collective> coll;
   if (sc.ranks > 1) {
     parallel::RendezvousOptions ro;
@@ -68,7 +100,7 @@ nlohmann::json run_rank(const trainer::RunConfig& given, const RankOptions& o) {
     ro.size = sc.ranks;
     ro.store_host = sc.host;
     ro.store_port = sc.port + sc.ranks;
-    ro.bind_address = sc.host_of(rank);
+    ro.bind_address = address;
     ro.timeout = rendezvous_timeout(given);
     // A round's membership vote: the site's ranks wait for their leader's consensus, which may
     // wait up to outer.quorum_wait_s below quorum.
@@ -82,6 +114,15 @@ nlohmann::json run_rank(const trainer::RunConfig& given, const RankOptions& o) {
   // site.strategy: auto on a cuda site without topology.file: chosen now from this host's
   // nvidia-smi topo -m, the same on every rank of the site (a copy of the config carries it).
   const trainer::RunConfig cfg = trainer::choose_strategy_at_start(given, site, rank, coll.get());
+  // A site whose ranks found their addresses: every rank learns all of them (rank 0's gate
+  // serves them to the other sites).
+  std::vector<std::string> site_addresses;
+  if (sc.finds_addresses() && coll) {
+    for (const auto& b : coll->all_gather_bytes(std::as_bytes(std::span<const char>(address.data(), address.size()))))
+      site_addresses.emplace_back(reinterpret_cast<const char*>(b.data()), b.size());
+    if (rank == 0)
+      spdlog::info("site {}: {} ranks on {} nodes at {}", sc.name, sc.ranks, sc.nodes, fmt::join(site_addresses, ", "));
+  }
   std::unique_ptr<transport::Transport> tp;
   if (cfg.sites.size() > 1) {
     transport::Identity self{sc.name, rank, cfg.run.name, cfg.hash};
@@ -100,7 +141,9 @@ nlohmann::json run_rank(const trainer::RunConfig& given, const RankOptions& o) {
       tp = o.connect_transport(self, peers, mode);
     } else {
       auto ucx = std::make_unique<transport::ucx::UcxTransport>(*cfg.transport, self);
-      ucx->listen(sc.host_of(rank), sc.port + rank);
+      ucx->listen(address, sc.port + rank);
+      if (rank == 0 && !site_addresses.empty()) ucx->set_directory(site_addresses);
+      resolve_peer_addresses(cfg, *ucx, peers, o.join);
       ucx->connect(peers, mode);
       tp = std::move(ucx);
       spdlog::info("connected to {} peer site(s) over UCX", peers.size());

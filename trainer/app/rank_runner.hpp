@@ -36,6 +36,9 @@ struct RankOptions {
   ConnectTransport connect_transport;
   // Injected into the outer loop (outer_optimizer/outer_hooks.hpp).
   outer::OuterHooks outer_hooks;
+  // A rank of a site across nodes (sites[].nodes) beyond node 0: the address it binds
+  // (--bind-address or GEOLOCO_BIND_ADDRESS); "" finds it (rank_address.hpp).
+  std::string bind_address;
 };
 
 // Returns the run summary at global rank 0 (also written to summary.json), this rank's own

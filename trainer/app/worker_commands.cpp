@@ -33,6 +33,7 @@ struct WorkerArgs {
   bool join = false;
   int64_t stop_at = 0;
   std::string capture_dir;
+  std::string bind_address;  // --bind-address (else GEOLOCO_BIND_ADDRESS): a rank that finds its own address
 };
 
 std::string self_exe() {
@@ -70,6 +71,9 @@ void run_worker(const WorkerArgs& a) {
   o.join = a.join;
   o.stop_at_step = a.stop_at;
   o.outer_hooks.capture_dir = a.capture_dir;
+  o.bind_address = a.bind_address;
+  if (const char* env = std::getenv("GEOLOCO_BIND_ADDRESS"); o.bind_address.empty() && env != nullptr)
+    o.bind_address = env;
   // The launcher's terminal status view: the site's rank 0 reports there, and the per-step
   // progress lines it replaces are not printed.
   if (const char* fd = std::getenv("GEOLOCO_STATUS_FD"); launched && fd != nullptr && rank == 0) {
@@ -128,6 +132,10 @@ void run_launch(const LaunchArgs& a) {
       if (!a.capture_dir.empty()) {
         p.argv.push_back("--capture-pseudograd");
         p.argv.push_back(a.capture_dir);
+      }
+      if (!a.bind_address.empty()) {
+        p.argv.push_back("--bind-address");
+        p.argv.push_back(a.bind_address);
       }
       // A restart joins the running job from its peers (never --resume: the others went on).
       for (const auto& arg : p.argv)
@@ -192,6 +200,9 @@ void add_common(CLI::App* cmd, WorkerArgs& a) {
                   "write every outer round's pseudo-gradient of each rank's shard to DIR as safetensors "
                   "(benchmarks: bench/compression/capture.sh)")
       ->check(CLI::ExistingDirectory);
+  cmd->add_option("--bind-address", a.bind_address,
+                  "this node's IPv4 address, for the ranks of a site across nodes (sites[].nodes) beyond node 0 "
+                  "(default: GEOLOCO_BIND_ADDRESS, else the interface that reaches the site's host)");
 }
 
 }  // namespace
@@ -223,8 +234,8 @@ void add_worker_commands(CLI::App& app) {
     cmd->add_option("--site", a->only_sites,
                     "start only this site's ranks here (repeatable): each campus launches its own part of the run");
     cmd->add_option("--node", a->node,
-                    "with one --site whose ranks span nodes (sites[].hosts): only the ranks on its I-th node "
-                    "(the I-th distinct address, in rank order)")
+                    "with one --site whose ranks span nodes (sites[].nodes or sites[].hosts): only the ranks on its "
+                    "I-th node (the I-th run of ranks, or the I-th distinct address in rank order)")
         ->check(CLI::NonNegativeNumber);
     cmd->add_option("--restart-backoff-s", a->restart_backoff_s,
                     "wait before a site's first restart, doubled for each further one (at most 30 s)")

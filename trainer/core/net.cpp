@@ -131,6 +131,27 @@ IoResult recv_all(int fd, void* data, size_t len, Clock::time_point deadline) {
   return {IoStatus::kOk, done, 0};
 }
 
+std::string route_source_address(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* raw = nullptr;
+  if (const int rc = ::getaddrinfo(host.c_str(), "9", &hints, &raw); rc != 0)
+    throw Error(fmt::format("finding this node's address: '{}' does not resolve to IPv4: {}", host, gai_strerror(rc)));
+  AddrInfoPtr ai(raw);
+  Fd fd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (!fd) throw Error(fmt::format("finding this node's address: socket: {}", std::strerror(errno)));
+  if (::connect(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0)
+    throw Error(fmt::format("finding this node's address: no route to {}: {}", host, std::strerror(errno)));
+  sockaddr_in local{};
+  socklen_t len = sizeof local;
+  if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &len) != 0)
+    throw Error(fmt::format("finding this node's address: getsockname: {}", std::strerror(errno)));
+  char text[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &local.sin_addr, text, sizeof text);
+  return text;
+}
+
 ConnectResult try_connect(const std::string& host, int port, Clock::time_point deadline) {
   ConnectResult out;
   out.error = "no address";

@@ -95,6 +95,12 @@ struct Accepted {
 // that is already waiting (after poll_until said the listener is readable).
 Accepted accept_until(int listen_fd, Clock::time_point deadline, bool nonblocking = false);
 
+// The local IPv4 address this host's routing table uses to reach `host` (a dotted IPv4
+// address or a name): a UDP socket connected to it (no packet is sent) and its own address
+// read back. The address a rank binds when it finds its own (a site across nodes, whose
+// config names only node 0's address). Throws geoloco::Error naming `host` and the failure.
+std::string route_source_address(const std::string& host);
+
 // "ip:port" of a socket's peer ("?" when the socket has none).
 std::string peer_address(int fd);
 

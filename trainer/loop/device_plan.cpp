@@ -74,11 +74,11 @@ nlohmann::json DeviceBufferPlan::to_json() const {
 }
 
 LocalRank local_rank_of(const RunConfig& cfg, int site, int rank) {
-  const std::string& me = cfg.sites.at(static_cast<size_t>(site)).host_of(rank);
+  const std::string me = cfg.sites.at(static_cast<size_t>(site)).node_key(rank);
   LocalRank lr{0, 0};
   for (size_t s = 0; s < cfg.sites.size(); ++s)
     for (int r = 0; r < cfg.sites[s].ranks; ++r) {
-      if (cfg.sites[s].host_of(r) != me) continue;
+      if (cfg.sites[s].node_key(r) != me) continue;
       if (static_cast<int>(s) < site || (static_cast<int>(s) == site && r < rank)) ++lr.rank;
       ++lr.ranks;
     }

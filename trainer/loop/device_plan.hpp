@@ -52,7 +52,7 @@ DeviceBufferPlan plan_device_buffers(StrategyKind kind, int64_t n, int rank, int
 
 struct RunConfig;
 // The local rank of (site, rank) among every rank of the config whose address
-// (SiteConfig::host_of) is the same, in config order (sites, then ranks), and how many
+// (SiteConfig::node_key) is the same, in config order (sites, then ranks), and how many
 // there are: rank r of a site spread over several nodes gets its node's GPUs, and two sites
 // on one node take disjoint GPUs.
 struct LocalRank {

@@ -2,8 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
+#include <string_view>
 
 #include "trainer/checkpoint/model_checkpoint.hpp"
 #include "trainer/core/hash.hpp"
@@ -160,11 +162,18 @@ std::vector<SiteConfig> parse_sites(const config::Node& root) {
       if (n.has("host")) n.fail("host", "give either host (every rank) or hosts (one per rank), not both");
       s.host = s.hosts[0];
     }
+    s.nodes = static_cast<int>(n.get_int("nodes", 1, 1, s.ranks));
+    if (s.nodes > 1) {
+      if (!s.hosts.empty())
+        n.fail("nodes", "give either nodes (its ranks find their own addresses) or hosts (one per rank), not both");
+      if (s.ranks % s.nodes != 0)
+        n.fail("nodes", fmt::format("{} ranks do not split evenly over {} nodes", s.ranks, s.nodes));
+    }
     s.port = static_cast<int>(n.get_int("port", s.port, 1024, 65535));
     if (s.port + s.ranks > 65535) n.fail("port", fmt::format("port {} + {} ranks exceeds 65535", s.port, s.ranks));
     // Rank r uses port + r; the site's rendezvous uses port + ranks.
     for (int r = 0; r <= s.ranks; ++r) {
-      if (!ports.insert({r < s.ranks ? s.host_of(r) : s.host, s.port + r}).second)
+      if (!ports.insert({r < s.ranks ? s.node_key(r) : s.host, s.port + r}).second)
         n.fail("port",
                fmt::format("port range {}..{} on {} overlaps another site's", s.port, s.port + s.ranks, s.host));
     }
@@ -299,6 +308,23 @@ RunConfig parse_run_config(const config::Document& doc) {
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
   return parse_run_config(config::load_file(path, overrides));
+}
+
+int SiteConfig::node_of(int rank) const {
+  if (hosts.empty()) return static_cast<int>(static_cast<int64_t>(rank) * nodes / ranks);
+  // The index of hosts[rank] among the distinct addresses in rank order.
+  std::vector<std::string_view> seen;
+  for (const auto& h : hosts) {
+    if (std::find(seen.begin(), seen.end(), h) == seen.end()) seen.push_back(h);
+    if (h == hosts.at(static_cast<size_t>(rank))) break;
+  }
+  return static_cast<int>(seen.size()) - 1;
+}
+
+std::string SiteConfig::node_key(int rank) const {
+  if (!finds_addresses()) return host_of(rank);
+  const int node = node_of(rank);
+  return node == 0 ? host : fmt::format("{}#node{}", name, node);
 }
 
 }  // namespace geoloco::trainer

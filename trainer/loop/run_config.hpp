@@ -68,9 +68,14 @@ struct SiteConfig {
   int ranks = 1;
   std::string host = "127.0.0.1";  // where this site's ranks listen (rank 0 serves the rendezvous)
   std::vector<std::string> hosts;  // per-rank addresses when a site spans several nodes (else all `host`)
-  int port = 29500;                // rank r listens on port + r (WAN); rendezvous on port + ranks
-  std::string strategy = "ddp";    // ddp | zero1 | zero2 | fsdp | hybrid (auto in the YAML: chosen at load or start)
-  int group_size = 0;              // hybrid: ranks per group, sharded inside, replicated across
+  // Without `hosts`: the site spans this many nodes, ranks in equal runs (rank r on node
+  // r * nodes / ranks). Node 0's ranks bind `host` (rank 0 serves the rendezvous and the site
+  // directory); the others find their own address (`--bind-address`, GEOLOCO_BIND_ADDRESS,
+  // or the interface that reaches `host`) and the other sites learn it from rank 0.
+  int nodes = 1;
+  int port = 29500;              // rank r listens on port + r (WAN); rendezvous on port + ranks
+  std::string strategy = "ddp";  // ddp | zero1 | zero2 | fsdp | hybrid (auto in the YAML: chosen at load or start)
+  int group_size = 0;            // hybrid: ranks per group, sharded inside, replicated across
   // strategy: auto -- the site's GPU topology and what the cost model needs besides.
   struct TopologySource {
     std::string file;           // nvidia-smi topo -m text or topology YAML; "" on a cuda site: nvidia-smi at start
@@ -91,6 +96,13 @@ struct SiteConfig {
   double slowdown = 1;
 
   const std::string& host_of(int rank) const { return hosts.empty() ? host : hosts.at(static_cast<size_t>(rank)); }
+  // Its ranks beyond node 0 find their own addresses (nodes > 1 without hosts).
+  bool finds_addresses() const { return hosts.empty() && nodes > 1; }
+  // The node rank `rank` runs on (an index in node order: hosts' distinct addresses, or nodes).
+  int node_of(int rank) const;
+  // Names the machine rank `rank` runs on, equal for ranks (of any site) on the same machine
+  // as far as the config knows: its address, or "<site>#node<j>" for a node that finds its own.
+  std::string node_key(int rank) const;
 };
 
 struct RunConfig {

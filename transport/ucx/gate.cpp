@@ -12,6 +12,7 @@
 
 #include "trainer/core/log.hpp"
 #include "trainer/core/net.hpp"
+#include "transport/site_directory.hpp"
 #include "transport/transport_error.hpp"
 
 namespace geoloco::transport::ucx {
@@ -86,6 +87,15 @@ void Gate::set_peers(const std::vector<PeerInfo>& peers) {
   cv_.notify_all();
 }
 
+void Gate::set_directory(std::vector<std::string> addresses) {
+  auto bytes = encode_site_directory(addresses);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    directory_ = std::move(bytes);
+  }
+  cv_.notify_all();
+}
+
 std::string Gate::refusal_for(const std::string& site, int rank) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = refusals_.find(fmt::format("{}/{}", site, rank));
@@ -142,17 +152,28 @@ void Gate::serve(Fd fd, std::string remote) {
       Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(handshake_timeout_s_));
   std::vector<uint8_t> buf;
   if (auto e = recv_msg(fd.get(), buf, deadline); !e.empty()) return refuse(fd.get(), remote, "", e);
-  std::vector<PeerInfo> peers;
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    // Peers dialing before our connect() wait here for the peer list.
-    if (!cv_.wait_until(lock, deadline, [&] { return peers_.has_value() || stopping_; }) || stopping_) return;
-    peers = *peers_;
-  }
   // Only a known peer's refusals are kept for the connect-timeout message (an impostor must
   // not be able to fill that table).
   std::string claimed;
+  bool directory = false, unready = false;
   auto admit = [&](const HsMessage& hello) -> std::string {
+    if (hello.lane == kDirectoryLane) {
+      // Any rank of another site may ask (the handshake proves it holds the run's key), before
+      // our connect(): the other sites look their peers up before they dial.
+      if (hello.site == local_.self.site) return "a directory request from this site's own rank";
+      directory = true;
+      return {};
+    }
+    std::vector<PeerInfo> peers;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      // Peers dialing before our connect() wait here for the peer list.
+      if (!cv_.wait_until(lock, deadline, [&] { return peers_.has_value() || stopping_; }) || stopping_) {
+        unready = true;  // closed without a refusal: the dialer tries again
+        return "not connecting yet";
+      }
+      peers = *peers_;
+    }
     const PeerInfo* peer = nullptr;
     for (auto& p : peers)
       if (p.site == hello.site && p.rank == hello.rank) peer = &p;
@@ -173,11 +194,21 @@ void Gate::serve(Fd fd, std::string remote) {
       if (!claimed.empty()) refusals_[claimed] = fmt::format("{} from {} refused us: {}", claimed, remote, step.error);
       return;
     }
-    if (step.outcome == O::kRefused) return refuse(fd.get(), remote, claimed, step.error);
+    if (step.outcome == O::kRefused) return unready ? void() : refuse(fd.get(), remote, claimed, step.error);
     if (step.reply)
       if (auto e = send_msg(fd.get(), *step.reply, deadline); !e.empty()) return;
     if (step.outcome == O::kAuthenticated) break;
     if (auto e = recv_msg(fd.get(), buf, deadline); !e.empty()) return refuse(fd.get(), remote, claimed, e);
+  }
+  if (directory) {
+    std::vector<uint8_t> dir;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!cv_.wait_until(lock, deadline, [&] { return directory_.has_value() || stopping_; }) || stopping_) return;
+      dir = *directory_;
+    }
+    if (auto e = write_all(fd.get(), dir.data(), dir.size(), deadline); !e.empty())
+      spdlog::warn("transport: sending the site directory to {}: {}", remote, e);
   }
   // Wait for the dialer to close first so our side does not sit in TIME_WAIT.
   uint8_t b;
@@ -191,7 +222,8 @@ namespace {
 // One attempt. Returns the UCX port, or nullopt with `err` set (retryable); throws
 // HandshakeError when retrying cannot help.
 std::optional<int> gate_attempt(const PeerInfo& peer, const HsLocal& local, double handshake_timeout_s,
-                                Clock::time_point deadline, std::string& err) {
+                                Clock::time_point deadline, std::string& err, uint16_t lane = kGateLane,
+                                int directory_ranks = 0, std::vector<std::string>* directory = nullptr) {
   struct in_addr ip {};
   if (inet_pton(AF_INET, peer.host.c_str(), &ip) != 1)
     throw HandshakeError(fmt::format("peer {}: host is not an IPv4 address", peer.name()));
@@ -203,7 +235,7 @@ std::optional<int> gate_attempt(const PeerInfo& peer, const HsLocal& local, doub
   Fd fd = std::move(c.fd);
   const auto hs_deadline = std::min(deadline, Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                                                  std::chrono::duration<double>(handshake_timeout_s)));
-  auto hs = HandshakeSession::dialer(local, peer.site, peer.rank, kGateLane, /*expect_port=*/true);
+  auto hs = HandshakeSession::dialer(local, peer.site, peer.rank, lane, /*expect_port=*/true);
   std::vector<uint8_t> out = hs.hello(), in;
   const char* waiting = "hello-ack";
   while (true) {
@@ -223,7 +255,24 @@ std::optional<int> gate_attempt(const PeerInfo& peer, const HsLocal& local, doub
       send_msg(fd.get(), *step.reply, Clock::now() + std::chrono::milliseconds(200));
       throw HandshakeError(fmt::format("handshake with {} failed: {}", peer.name(), step.error));
     }
-    if (step.outcome == O::kAuthenticated) return static_cast<int>(hs.port());
+    if (step.outcome == O::kAuthenticated) {
+      if (directory) {
+        // The site directory follows: its header, then exactly the body it announces.
+        std::vector<uint8_t> bytes(kDirectoryHeaderBytes);
+        if (auto e = read_exact(fd.get(), bytes.data(), bytes.size(), hs_deadline); !e.empty()) {
+          err = fmt::format("waiting for the site directory: {}", e);
+          return std::nullopt;
+        }
+        const size_t body = site_directory_body_bytes(bytes, static_cast<uint32_t>(directory_ranks), peer.name());
+        bytes.resize(kDirectoryHeaderBytes + body);
+        if (auto e = read_exact(fd.get(), bytes.data() + kDirectoryHeaderBytes, body, hs_deadline); !e.empty()) {
+          err = fmt::format("reading the site directory: {}", e);
+          return std::nullopt;
+        }
+        *directory = decode_site_directory(bytes, static_cast<uint32_t>(directory_ranks), peer.name());
+      }
+      return static_cast<int>(hs.port());
+    }
     out = std::move(*step.reply);
     waiting = "auth-ok";
   }
@@ -247,6 +296,19 @@ int gate_dial(const PeerInfo& peer, const HsLocal& local, double handshake_timeo
     std::this_thread::sleep_until(std::min(retry, deadline));
   }
   throw TimeoutError(fmt::format("{} ({})", peer.name(), last));
+}
+
+std::vector<std::string> gate_directory(const PeerInfo& rank0, int ranks, const HsLocal& local,
+                                        double handshake_timeout_s, Clock::time_point deadline) {
+  std::string last = "no attempt";
+  while (Clock::now() < deadline) {
+    std::string err;
+    std::vector<std::string> dir;
+    if (gate_attempt(rank0, local, handshake_timeout_s, deadline, err, kDirectoryLane, ranks, &dir)) return dir;
+    last = err;
+    std::this_thread::sleep_until(std::min(Clock::now() + std::chrono::milliseconds(200), deadline));
+  }
+  throw TimeoutError(fmt::format("the site directory of {} at {}:{} ({})", rank0.site, rank0.host, rank0.port, last));
 }
 
 }  // namespace geoloco::transport::ucx

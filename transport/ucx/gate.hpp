@@ -9,7 +9,8 @@
 // one short-lived thread each (at most kMaxGateClients at once) and never touch UCX.
 //
 // Wire: each message is u16 little-endian length (<= kMaxHandshakeBytes) + a handshake
-// message (handshake.hpp); every read has the handshake deadline. The protocol itself is
+// message (handshake.hpp); every read has the handshake deadline. A handshake on the directory
+// lane (kDirectoryLane) is followed by the site directory (site_directory.hpp) instead. The protocol itself is
 // HandshakeSession's (handshake_session.hpp), the same the UCX lanes run.
 #pragma once
 
@@ -44,6 +45,10 @@ class Gate {
   int port() const { return port_; }
   // Until this is called, hellos wait (up to the handshake deadline) for the peer list.
   void set_peers(const std::vector<PeerInfo>& peers);
+  // Rank 0 of a site whose ranks found their own addresses: from now on the gate answers a
+  // directory request (kDirectoryLane, any rank of another site that passes the handshake;
+  // it needs no peer list) with these addresses, one per rank (site_directory.hpp).
+  void set_directory(std::vector<std::string> addresses);
   // From now on a known peer may dial us whatever the dial rule says: a process rejoining the
   // running job (the UCX lanes check that its old connection is gone).
   void open_to_joiners() { joiners_.store(true); }
@@ -69,6 +74,7 @@ class Gate {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::optional<std::vector<PeerInfo>> peers_;
+  std::optional<std::vector<uint8_t>> directory_;  // encoded (site_directory.hpp)
   std::map<std::string, std::string> refusals_;
   struct Client {
     std::thread thread;
@@ -87,5 +93,11 @@ class Gate {
 // whose process is not there.
 int gate_dial(const PeerInfo& peer, const HsLocal& local, double handshake_timeout_s,
               std::chrono::steady_clock::time_point deadline, double unreachable_s = 0);
+
+// Asks `rank0` (rank 0 of another site, at its gate) for its site's directory: the address of
+// each of its `ranks` ranks. Retries as gate_dial does until `deadline` (TimeoutError, with
+// the last error); throws HandshakeError when refused, TransportError for a malformed answer.
+std::vector<std::string> gate_directory(const PeerInfo& rank0, int ranks, const HsLocal& local,
+                                        double handshake_timeout_s, std::chrono::steady_clock::time_point deadline);
 
 }  // namespace geoloco::transport::ucx

@@ -27,6 +27,17 @@ HsLocal UcxTransport::local() const {
   return HsLocal{self_, cfg_.chunk_bytes, static_cast<uint16_t>(cfg_.lanes), version_, cfg_.psk};
 }
 
+void UcxTransport::set_directory(std::vector<std::string> addresses) {
+  std::lock_guard<std::mutex> lock(info_mu_);
+  if (gate_ == nullptr) throw TransportError("transport: set_directory() before listen()");
+  gate_->set_directory(std::move(addresses));
+}
+
+std::vector<std::string> UcxTransport::site_directory(const PeerInfo& rank0, int ranks, double timeout_s) const {
+  return gate_directory(rank0, ranks, local(), cfg_.handshake_timeout_s,
+                        Clock::now() + seconds_d(timeout_s > 0 ? timeout_s : cfg_.connect_timeout_s));
+}
+
 void UcxTransport::connect(std::vector<PeerInfo> peers, ConnectMode mode) {
   check_peer_list(peers);
   const bool join = mode == ConnectMode::kJoin;

@@ -55,6 +55,12 @@ class UcxTransport final : public EngineTransport {
   static constexpr double kJoinUnreachableS = transport::kJoinUnreachableS;
   // listen() then connect().
   void start(const std::string& host, int port, std::vector<PeerInfo> peers);
+  // Rank 0 of a site whose ranks found their own addresses, after listen(): its gate serves
+  // `addresses` (one per rank of this site) to the other sites (gate.hpp).
+  void set_directory(std::vector<std::string> addresses);
+  // The addresses of the `ranks` ranks of another site, asked of its rank 0 (`rank0`: that
+  // site, rank 0, its configured host and port) within `timeout_s` (<= 0: connect_timeout_s).
+  std::vector<std::string> site_directory(const PeerInfo& rank0, int ranks, double timeout_s = 0) const;
 
   // UCX settings applied at startup ("NAME=value").
   std::vector<std::string> settings() const override;
