@@ -3,8 +3,9 @@
 # network namespaces on a bridge (198.19.200.0/24, this test's own), each running its own
 # slurmd (`slurmd -N gn<k>`); slurmctld and the clients (sinfo, srun) run in a third namespace
 # on the same bridge; munged's socket is a file, shared by all. Then
-#   srun --nodes=2 --ntasks-per-node=1 geoloco worker run.yaml --set sites.0.hosts=[n0, n1]
-# must put rank 0 on gn0 and rank 1 on gn1 (SLURM_PROCID -> rank), and the site's collectives
+#   srun --nodes=2 --ntasks-per-node=1 geoloco worker run.yaml --set sites.0.host=n0 --set sites.0.nodes=2
+# must put rank 0 on gn0 and rank 1 on gn1 (SLURM_PROCID -> rank), rank 1 must find gn1's
+# address itself (the config names only node 0's), and the site's collectives
 # must cross between the nodes: the run completes with both ranks on one parameter hash, and
 # gn1's interface carried at least a model's worth of bytes per inner step.
 #
@@ -108,15 +109,18 @@ cat "$T/where.out"
 grep -qx "task 0 on gn0" "$T/where.out" || fail "task 0 is not on gn0"
 grep -qx "task 1 on gn1" "$T/where.out" || fail "task 1 is not on gn1"
 
-# One site "s" of 2 ranks, one per node: rank r at node r's address (--set below).
+# One site "s" of 2 ranks, one per node (nodes: 2): rank 0 at gn0's address, the one the config
+# gives; rank 1 finds gn1's (the interface that reaches gn0).
 slurm_write_run slurm-nodes "{n_layer: 2, n_head: 2, n_embd: 64, block_size: 32, vocab_size: 64}" \
   "port: ${site_port}"
 
 before="$(ip -n "$pfx-n1" -s -j link show eth0 | jq '.[0].stats64.tx.bytes + .[0].stats64.rx.bytes')"
 run_srun 90 "$T/srun.out" --nodes=2 --ntasks-per-node=1 -n 2 --overcommit --kill-on-bad-exit=1 --time=2 \
-  -J geoloco-slurm-nodes --chdir="$T" "$geoloco" worker "$T/run.yaml" --set "sites.0.hosts=[$net.2,$net.3]"
+  -J geoloco-slurm-nodes --chdir="$T" "$geoloco" worker "$T/run.yaml" --set "sites.0.host=$net.2" \
+  --set sites.0.nodes=2
 sed 's/^/  srun| /' "$T/srun.out"
 [[ $rc -eq 0 ]] || fail "srun --nodes=2 exited with $rc"
+grep -q "2 ranks on 2 nodes at $net.2, $net.3" "$T/srun.out" || fail "rank 1 did not bind gn1's address ($net.3)"
 after="$(ip -n "$pfx-n1" -s -j link show eth0 | jq '.[0].stats64.tx.bytes + .[0].stats64.rx.bytes')"
 
 slurm_check_site_run
