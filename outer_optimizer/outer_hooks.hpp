@@ -32,6 +32,10 @@ struct OuterHooks {
     uint64_t from_round = 0;
   };
   std::optional<LeaveOut> leave_out;
+  // Test: no round is decided on the consensus's fast path (ConsensusConfig::expected): every
+  // round runs a ballot, which below a majority first waits degrade_s for one, so a cut that
+  // heals finds both sides inside the same round's consensus (the heal race of docs/elastic.md).
+  bool no_fast_path = false;
   // Test: a donor at site index `site` flips one bit of join chunk `chunk` after hashing it,
   // the first `times` times it sends it (memory gone bad between the snapshot and the wire),
   // so the joiner must detect it and fetch the chunk again.

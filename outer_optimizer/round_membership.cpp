@@ -111,8 +111,8 @@ std::vector<std::byte> RoundMembership::agree(uint64_t round, SiteMask site_hold
   try {
     if (peers_.sites() == 1) return encode_verdict(Verdict::kDecided, site_holds, true, "");
     ConsensusConfig cc = cc_;
-    cc.expected = expected;  // the fast path: every site still in holds them all
-    cc.in_run = in_run;      // below a majority: sites out of it (the other side of a split) take no part
+    cc.expected = hooks_.no_fast_path ? 0 : expected;  // the fast path: every site still in holds them all
+    cc.in_run = in_run;  // below a majority: sites out of it (the other side of a split) take no part
     // A site that holds every contribution early votes at once, while the others may still be
     // waiting for a late site up to the round's deadline: a site not heard from yet in this
     // round (alive, still in its exchange) is waited for that much longer.

@@ -96,6 +96,14 @@ TEST(Cli, ValidateDescribesSitesOfDifferentShapes) {
   r = run("validate " + cfg + " --set sites.1.grad_accum=4");  // 4 x 4 x 1 = 16: even again
   EXPECT_EQ(r.out.find("different batches"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("lyonx1 (ddp, grad_accum 4)"), std::string::npos) << r.out;
+  // A site across nodes that finds its addresses: validate says how its nodes start.
+  r = run("validate " + cfg + " --set sites.0.nodes=2");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("site paris: 2 ranks on 2 nodes (1 per node); node 0's bind 127.0.0.1, the others find their "
+                       "own address"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("--site paris --node I"), std::string::npos) << r.out;
 }
 
 // Every example in configs/ validates as shipped (a GPU config where CUDA is built in; without

@@ -914,13 +914,22 @@ TEST(Elastic, SitesOfDifferentSizesLoseTheQuorumWithOverlapAndResumeAsIfNeverCut
 // kept, milan and oslo leave naming both sides and the tokens they discard, restart and
 // rejoin, and all four end on one hash.
 namespace {
-void partition_heals_and_the_lowest_index_is_kept(double cut_s) {
+// mid_consensus: every round runs a ballot (no fast path) that first waits 1 s for a majority
+// (consensus_retry_s 2), so the sides spend most of each round of the cut in that wait and the
+// cut heals while both are inside the same round's consensus.
+void partition_heals_and_the_lowest_index_is_kept(double cut_s, bool mid_consensus = false) {
   TempDir d;
   auto cfg = sites_config(d, 4, 1, ", min_sites: 1, join_chunk_bytes: 4096, join_wait_s: 20");
   cfg.train.steps = 10000;
   cfg.outer.interval = 10;
   outer::OuterHooks hooks;
   hooks.pace = outer::OuterHooks::Pace{-1, 0.01};  // every site: both sides still train after the heal
+  if (mid_consensus) {
+    cfg.outer.consensus_retry_s = 2;
+    cfg.outer.quorum_wait_s = 10;
+    cfg.transport->transfer_timeout_s = cut_s + 4;  // the connections outlive the cut
+    hooks.no_fast_path = true;
+  }
   const auto cut = two_against_two_cut(cut_s);
   std::vector<Outcome> first;
   const auto out = run_with_rejoin(cfg, cut, "milan,oslo", &first, hooks);
@@ -957,6 +966,15 @@ void partition_heals_and_the_lowest_index_is_kept(double cut_s) {
 // A 4 s cut: the connections outlive it (shorter than transport.transfer_timeout_s, 5 s).
 TEST(Elastic, AfterAPartitionWithMinSitesOneTheSideWithTheLowestIndexIsKeptAndTheOtherRejoins) {
   partition_heals_and_the_lowest_index_is_kept(4);
+}
+
+// The heal race (docs/elastic.md): the cut heals while both sides are in the same round's
+// ballot, waiting for a majority. Each side's leaders count only their side's sites in it
+// (ConsensusConfig::in_run), so each side decides its round and the heal rule settles the split
+// as above; without that, the four sites decide one membership together and one side stops as
+// "left out" instead (then the other by the rule).
+TEST(Elastic, AfterAPartitionThatHealsMidConsensusEachSideDecidesItsRoundAndTheRuleActs) {
+  partition_heals_and_the_lowest_index_is_kept(6.5, /*mid_consensus=*/true);
 }
 
 // A 12 s cut: every connection across it times out and fails; the sides dial each other

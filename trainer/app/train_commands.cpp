@@ -55,6 +55,13 @@ void run_validate(const ConfigArgs& a) {
     if (s.strategy_auto && s.strategy != "auto")
       fmt::print("  site {}: strategy: auto chose {} from {}: {}\n", s.name, s.strategy, s.topology.file,
                  s.strategy_reason);
+  for (const auto& s : cfg.sites)
+    if (s.finds_addresses())
+      fmt::print(
+          "  site {}: {} ranks on {} nodes ({} per node); node 0's bind {}, the others find their own address "
+          "(--bind-address, GEOLOCO_BIND_ADDRESS, or the route to {}) and the other sites learn it from rank 0; "
+          "start each node with `geoloco launch {} --site {} --node I`\n",
+          s.name, s.ranks, s.nodes, s.ranks / s.nodes, s.host, s.host, a.config, s.name);
   if (!cfg.train.init_from.empty())
     fmt::print("  parameters start from {} (train.init_from; checked)\n", cfg.train.init_from);
   if (cfg.train.rehearsal.enabled)
