@@ -48,6 +48,21 @@ std::string config_text(const std::filesystem::path& out, int port, int steps, c
          "transport: {psk_file: k.psk, timeout_s: 60}\n";
 }
 
+// Runs the launches at once (launch<i>.log in `d`); each must succeed, and the run's summary
+// (written under d/out by the first site's launch) must hold 4 ranks on one global hash.
+void launch_parts_and_agree(const TempDir& d, const std::vector<std::vector<std::string>>& parts) {
+  std::vector<Proc> procs;
+  for (size_t i = 0; i < parts.size(); ++i)
+    procs.push_back(geoloco::testing::spawn(parts[i], (d.path() / ("launch" + std::to_string(i) + ".log")).string()));
+  for (auto& p : procs) EXPECT_EQ(geoloco::testing::wait_for(p, std::chrono::seconds(240)), 0) << slurp(p.log);
+  const auto summary = nlohmann::json::parse(slurp((d.path() / "out" / "summary.json").string()), nullptr, false);
+  ASSERT_TRUE(summary.is_object());
+  ASSERT_EQ(summary["ranks"].size(), 4u);
+  std::set<std::string> hashes;
+  for (const auto& r : summary["ranks"]) hashes.insert(r["global_weights_hash"].get<std::string>());
+  EXPECT_EQ(hashes.size(), 1u) << summary.dump();
+}
+
 }  // namespace
 
 TEST(LaunchParts, SitesAndNodesSelectTheirRanks) {
@@ -85,25 +100,15 @@ TEST(LaunchParts, EachCampusLaunchesItsOwnPartAndTheRunAgrees) {
   TempDir d;
   d.file("k.psk", "0123456789abcdef-test-key");
   const std::string cfg = d.file("c.yaml", config_text(d.path() / "out", fresh_port(), 12));
-  const std::vector<std::vector<std::string>> parts = {{"launch", cfg, "--plain", "--site", "lyon", "--node", "1"},
-                                                       {"launch", cfg, "--plain", "--site", "paris"},
-                                                       {"launch", cfg, "--plain", "--site", "lyon", "--node", "0"}};
-  std::vector<Proc> procs;
-  for (size_t i = 0; i < parts.size(); ++i)
-    procs.push_back(geoloco::testing::spawn(parts[i], (d.path() / ("launch" + std::to_string(i) + ".log")).string()));
-  for (auto& p : procs) EXPECT_EQ(geoloco::testing::wait_for(p, std::chrono::seconds(240)), 0) << slurp(p.log);
+  launch_parts_and_agree(d, {{"launch", cfg, "--plain", "--site", "lyon", "--node", "1"},
+                             {"launch", cfg, "--plain", "--site", "paris"},
+                             {"launch", cfg, "--plain", "--site", "lyon", "--node", "0"}});
   const std::string paris_log = slurp((d.path() / "launch1.log").string());
   EXPECT_NE(paris_log.find("launching 1 of the run's 4 ranks here: paris"), std::string::npos) << paris_log;
   const std::string lyon1 = slurp((d.path() / "launch0.log").string());
   EXPECT_NE(lyon1.find("launching 2 of the run's 4 ranks here: lyon node 1"), std::string::npos) << lyon1;
   EXPECT_NE(lyon1.find("[lyon/2]"), std::string::npos) << lyon1;
   EXPECT_EQ(lyon1.find("[lyon/0]"), std::string::npos) << lyon1;
-  const auto summary = nlohmann::json::parse(slurp((d.path() / "out" / "summary.json").string()), nullptr, false);
-  ASSERT_TRUE(summary.is_object());
-  ASSERT_EQ(summary["ranks"].size(), 4u);
-  std::set<std::string> hashes;
-  for (const auto& r : summary["ranks"]) hashes.insert(r["global_weights_hash"].get<std::string>());
-  EXPECT_EQ(hashes.size(), 1u) << summary.dump();
   EXPECT_NE(paris_log.find("outer steps across 2 sites"), std::string::npos) << paris_log;
 }
 
@@ -161,22 +166,11 @@ TEST(LaunchParts, ASiteWhoseNodesFindTheirAddressesIsReachedThroughItsDirectory)
   d.file("k.psk", "0123456789abcdef-test-key");
   const std::string cfg =
       d.file("c.yaml", config_text(d.path() / "out", fresh_port(), 12, "ranks: 2", "ranks: 2, nodes: 2"));
-  const std::vector<std::vector<std::string>> parts = {
-      {"launch", cfg, "--plain", "--site", "lyon", "--node", "1", "--bind-address", "127.0.0.2"},
-      {"launch", cfg, "--plain", "--site", "paris"},
-      {"launch", cfg, "--plain", "--site", "lyon", "--node", "0"}};
-  std::vector<Proc> procs;
-  for (size_t i = 0; i < parts.size(); ++i)
-    procs.push_back(geoloco::testing::spawn(parts[i], (d.path() / ("launch" + std::to_string(i) + ".log")).string()));
-  for (auto& p : procs) EXPECT_EQ(geoloco::testing::wait_for(p, std::chrono::seconds(240)), 0) << slurp(p.log);
+  launch_parts_and_agree(d, {{"launch", cfg, "--plain", "--site", "lyon", "--node", "1", "--bind-address", "127.0.0.2"},
+                             {"launch", cfg, "--plain", "--site", "paris"},
+                             {"launch", cfg, "--plain", "--site", "lyon", "--node", "0"}});
   const std::string lyon1 = slurp((d.path() / "launch0.log").string());
   EXPECT_NE(lyon1.find("lyon/1 listening on 127.0.0.2:"), std::string::npos) << lyon1;
   const std::string lyon0 = slurp((d.path() / "launch2.log").string());
   EXPECT_NE(lyon0.find("site lyon: 2 ranks on 2 nodes at 127.0.0.1, 127.0.0.2"), std::string::npos) << lyon0;
-  const auto summary = nlohmann::json::parse(slurp((d.path() / "out" / "summary.json").string()), nullptr, false);
-  ASSERT_TRUE(summary.is_object());
-  ASSERT_EQ(summary["ranks"].size(), 4u);
-  std::set<std::string> hashes;
-  for (const auto& r : summary["ranks"]) hashes.insert(r["global_weights_hash"].get<std::string>());
-  EXPECT_EQ(hashes.size(), 1u) << summary.dump();
 }

@@ -42,6 +42,16 @@ int tcp_connect(int port) {
   return fd;
 }
 
+// Why `t`'s request for the directory of `rank0`'s site failed ("" when it did not).
+std::string directory_error(const UcxTransport& t, const PeerInfo& rank0, int ranks, double timeout_s = 0) {
+  try {
+    t.site_directory(rank0, ranks, timeout_s);
+  } catch (const TransportError& e) {
+    return e.what();
+  }
+  return "";
+}
+
 }  // namespace
 
 // A message of at most eager_bytes skips the rendezvous; a longer one is UCX's choice
@@ -137,12 +147,7 @@ TEST(UcxDirectory, RankZerosGateServesItsSitesAddressesToAnotherSite) {
   EXPECT_EQ(asked.get(), addrs);
   // Again, at once; and the rank count the config gives that site must match.
   EXPECT_EQ(paris.site_directory({"lyon", 0, "127.0.0.1", port}, 4), addrs);
-  std::string msg;
-  try {
-    paris.site_directory({"lyon", 0, "127.0.0.1", port}, 2);
-  } catch (const TransportError& e) {
-    msg = e.what();
-  }
+  const std::string msg = directory_error(paris, {"lyon", 0, "127.0.0.1", port}, 2);
   EXPECT_TRUE(contains(msg, "4 ranks, the config gives that site 2")) << msg;
 }
 
@@ -156,22 +161,12 @@ TEST(UcxDirectory, AWrongKeyOrTheSitesOwnRankIsRefused) {
   bad.psk = key_bytes("another-key-0123456789-abcdef");
   UcxTransport stranger(bad, ident("paris"));
   stranger.listen("127.0.0.1", 0);
-  std::string msg;
-  try {
-    stranger.site_directory({"lyon", 0, "127.0.0.1", port}, 2);
-  } catch (const TransportError& e) {
-    msg = e.what();
-  }
+  std::string msg = directory_error(stranger, {"lyon", 0, "127.0.0.1", port}, 2);
   EXPECT_FALSE(msg.empty());
   EXPECT_FALSE(contains(msg, "127.0.0.2")) << msg;
   UcxTransport own(cfg, ident("lyon", 1));
   own.listen("127.0.0.1", 0);
-  msg.clear();
-  try {
-    own.site_directory({"lyon", 0, "127.0.0.1", port}, 2);
-  } catch (const TransportError& e) {
-    msg = e.what();
-  }
+  msg = directory_error(own, {"lyon", 0, "127.0.0.1", port}, 2);
   EXPECT_TRUE(contains(msg, "a directory request from this site's own rank")) << msg;
 }
 
@@ -183,12 +178,8 @@ TEST(UcxDirectory, NoDirectoryTimesOutNamingTheSite) {
   const int port = lyon.listen("127.0.0.1", 0);
   UcxTransport paris(cfg, ident("paris"));
   paris.listen("127.0.0.1", 0);
-  std::string msg;
-  try {
-    paris.site_directory({"lyon", 0, "127.0.0.1", port}, 2, 1.5);
-  } catch (const TimeoutError& e) {
-    msg = e.what();
-  }
+  EXPECT_THROW(paris.site_directory({"lyon", 0, "127.0.0.1", port}, 2, 1.5), TimeoutError);
+  const std::string msg = directory_error(paris, {"lyon", 0, "127.0.0.1", port}, 2, 1.5);
   EXPECT_TRUE(contains(msg, fmt::format("the site directory of lyon at 127.0.0.1:{}", port))) << msg;
 }
 
