@@ -50,17 +50,19 @@ std::string config_text(const std::filesystem::path& out, int port, int steps, c
 
 // Runs the launches at once (launch<i>.log in `d`); each must succeed, and the run's summary
 // (written under d/out by the first site's launch) must hold 4 ranks on one global hash.
-void launch_parts_and_agree(const TempDir& d, const std::vector<std::vector<std::string>>& parts) {
+nlohmann::json launch_parts_and_agree(const TempDir& d, const std::vector<std::vector<std::string>>& parts) {
   std::vector<Proc> procs;
   for (size_t i = 0; i < parts.size(); ++i)
     procs.push_back(geoloco::testing::spawn(parts[i], (d.path() / ("launch" + std::to_string(i) + ".log")).string()));
   for (auto& p : procs) EXPECT_EQ(geoloco::testing::wait_for(p, std::chrono::seconds(240)), 0) << slurp(p.log);
   const auto summary = nlohmann::json::parse(slurp((d.path() / "out" / "summary.json").string()), nullptr, false);
-  ASSERT_TRUE(summary.is_object());
-  ASSERT_EQ(summary["ranks"].size(), 4u);
+  EXPECT_TRUE(summary.is_object());
+  if (!summary.is_object()) return summary;
+  EXPECT_EQ(summary["ranks"].size(), 4u);
   std::set<std::string> hashes;
-  for (const auto& r : summary["ranks"]) hashes.insert(r["global_weights_hash"].get<std::string>());
+  for (const auto& r : summary["ranks"]) hashes.insert(r.value("global_weights_hash", std::string()));
   EXPECT_EQ(hashes.size(), 1u) << summary.dump();
+  return summary;
 }
 
 }  // namespace
@@ -166,9 +168,16 @@ TEST(LaunchParts, ASiteWhoseNodesFindTheirAddressesIsReachedThroughItsDirectory)
   d.file("k.psk", "0123456789abcdef-test-key");
   const std::string cfg =
       d.file("c.yaml", config_text(d.path() / "out", fresh_port(), 12, "ranks: 2", "ranks: 2, nodes: 2"));
-  launch_parts_and_agree(d, {{"launch", cfg, "--plain", "--site", "lyon", "--node", "1", "--bind-address", "127.0.0.2"},
-                             {"launch", cfg, "--plain", "--site", "paris"},
-                             {"launch", cfg, "--plain", "--site", "lyon", "--node", "0"}});
+  const auto summary = launch_parts_and_agree(
+      d, {{"launch", cfg, "--plain", "--site", "lyon", "--node", "1", "--bind-address", "127.0.0.2"},
+          {"launch", cfg, "--plain", "--site", "paris"},
+          {"launch", cfg, "--plain", "--site", "lyon", "--node", "0"}});
+  // Every rank's summary says where it listened.
+  std::set<std::string> where;
+  for (const auto& r : summary.value("ranks", nlohmann::json::array()))
+    where.insert(fmt::format("{}/{} {}", r.value("site", ""), r.value("rank", -1), r.value("address", "")));
+  EXPECT_EQ(where,
+            (std::set<std::string>{"paris/0 127.0.0.1", "paris/1 127.0.0.1", "lyon/0 127.0.0.1", "lyon/1 127.0.0.2"}));
   const std::string lyon1 = slurp((d.path() / "launch0.log").string());
   EXPECT_NE(lyon1.find("lyon/1 listening on 127.0.0.2:"), std::string::npos) << lyon1;
   const std::string lyon0 = slurp((d.path() / "launch2.log").string());

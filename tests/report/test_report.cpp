@@ -260,8 +260,9 @@ TEST(ReportPage, EachSitesStrategyAndWhy) {
          R"({"run":"synthetic","completed":true,"steps":40,"ranks":[)"
          R"({"site":"paris","memory":{"strategy":"hybrid","group_size":2},"site_bytes_per_step":5.0e6,)"
          R"("cross_group_bytes_per_step":1.7e6,"strategy_choice":{"strategy":"hybrid","group_size":2,)"
-         R"("topology":"links/topo_bridged_pairs.yaml","reason":"hybrid is the fastest strategy"}},)"
-         R"({"site":"paris","memory":{"strategy":"hybrid","group_size":2}},)"
+         R"("topology":"links/topo_bridged_pairs.yaml","reason":"hybrid is the fastest strategy"},)"
+         R"("address":"198.19.1.2"},)"
+         R"({"site":"paris","memory":{"strategy":"hybrid","group_size":2},"address":"198.19.1.3"},)"
          R"({"site":"lyon","memory":{"strategy":"fsdp"},"site_bytes_per_step":5.05e6}]})");
   ReportFlags f;
   f.runs = {d.file("run")};
@@ -270,11 +271,12 @@ TEST(ReportPage, EachSitesStrategyAndWhy) {
   const size_t at = html.find("<h3>Sites</h3>");
   ASSERT_NE(at, std::string::npos);
   const std::string table = html.substr(at, html.find("</table>", at) - at);
-  EXPECT_NE(table.find("<td>paris</td><td>2</td><td>hybrid (groups of 2)</td><td>5e+06</td><td>1.7e+06</td>"
+  EXPECT_NE(table.find("<td>paris</td><td>2</td><td>198.19.1.2 (1), 198.19.1.3 (1)</td><td>hybrid (groups of 2)</td>"
+                       "<td>5e+06</td><td>1.7e+06</td>"
                        "<td>strategy: auto (links/topo_bridged_pairs.yaml): hybrid is the fastest strategy</td>"),
             std::string::npos)
       << table;
-  EXPECT_NE(table.find("<td>lyon</td><td>1</td><td>fsdp</td><td>5.05e+06</td><td></td><td>as configured</td>"),
+  EXPECT_NE(table.find("<td>lyon</td><td>1</td><td></td><td>fsdp</td><td>5.05e+06</td><td></td><td>as configured</td>"),
             std::string::npos)
       << table;
 }

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 #include <vector>
 
@@ -61,22 +62,34 @@ std::string html_escape(const std::string& s) {
 
 namespace {
 
-// Each site's intra-site strategy from the per-rank summaries: ranks, strategy (hybrid's group
-// size), the bytes a rank sends over the site's collectives per step (hybrid: how much of it
-// leaves the rank's group), and why (strategy: auto's reason, or the config).
+// Each site's intra-site strategy from the per-rank summaries: ranks, the addresses they
+// listened at (a site across nodes: one per node), strategy (hybrid's group size), the bytes a
+// rank sends over the site's collectives per step (hybrid: how much of it leaves the rank's
+// group), and why (strategy: auto's reason, or the config).
 std::string sites_table(const nlohmann::json& summary) {
   if (!summary.contains("ranks") || !summary["ranks"].is_array() || summary["ranks"].empty()) return "";
   std::vector<std::string> order;
   std::map<std::string, std::pair<int, nlohmann::json>> by_site;  // first rank's summary, rank count
+  // By site: its ranks' addresses in order of first appearance, with how many ranks each.
+  std::map<std::string, std::vector<std::pair<std::string, int>>> addresses;
   for (const auto& r : summary["ranks"]) {
     if (!r.is_object()) continue;
     const std::string site = r.value("site", std::string("?"));
     auto [it, fresh] = by_site.try_emplace(site, 0, r);
     if (fresh) order.push_back(site);
     ++it->second.first;
+    if (!r.contains("address") || !r["address"].is_string()) continue;
+    auto& list = addresses[site];
+    const std::string a = r["address"].get<std::string>();
+    auto at = std::find_if(list.begin(), list.end(), [&](const auto& e) { return e.first == a; });
+    if (at == list.end())
+      list.emplace_back(a, 1);
+    else
+      ++at->second;
   }
   std::string h =
-      "<h3>Sites</h3><table><tr><th>site</th><th>ranks</th><th>strategy</th><th>site bytes / step / rank</th>"
+      "<h3>Sites</h3><table><tr><th>site</th><th>ranks</th><th>addresses (ranks)</th><th>strategy</th>"
+      "<th>site bytes / step / rank</th>"
       "<th>of which out of the group</th><th>why</th></tr>";
   for (const auto& site : order) {
     const auto& [ranks, r] = by_site.at(site);
@@ -90,8 +103,10 @@ std::string sites_table(const nlohmann::json& summary) {
             : std::string("as configured");
     const std::string across =
         r.contains("cross_group_bytes_per_step") ? scalar_text(r["cross_group_bytes_per_step"]) : std::string("");
-    h += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", html_escape(site),
-                     ranks, html_escape(strategy),
+    std::string where;
+    for (const auto& [a, n] : addresses[site]) where += fmt::format("{}{} ({})", where.empty() ? "" : ", ", a, n);
+    h += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                     html_escape(site), ranks, html_escape(where), html_escape(strategy),
                      html_escape(scalar_text(r.value("site_bytes_per_step", nlohmann::json(0)))), html_escape(across),
                      html_escape(why));
   }

@@ -168,6 +168,7 @@ nlohmann::json run_rank(const trainer::RunConfig& given, const RankOptions& o) {
     trainer.set_outer(diloco.get());
   }
   nlohmann::json mine = trainer.run();
+  mine["address"] = address;  // where this rank listened (configured, given or found)
 
   // Gather every rank's summary at global rank 0: within the site over the collective, then
   // each site's rank 0 sends its site's list to site 0's rank 0 over the transport.
