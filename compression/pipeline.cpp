@@ -195,23 +195,9 @@ FrameInfo Pipeline::encode_impl(std::span<const float> values, std::span<float> 
   }
 
   FrameHeader h;
-  h.codec = config_.codec;
-  h.block = config_.block;
-  h.topk_k = config_.topk ? config_.topk_per_block() : 0;
-  h.flags = config_.topk ? kFlagTopk : 0;
-  h.elements = n;
-  const PayloadLayout layout = payload_layout(h.codec, h.block, h.topk_k, n);
-  h.raw_bytes = layout.total;
-
-  // Without zstd the payload is built in place in the frame; with it, in raw_ first.
-  uint8_t* raw;
-  if (!zc_.empty()) {
-    raw_.resize(layout.total);
-    raw = raw_.data();
-  } else {
-    frame_out.resize(kHeaderBytes + layout.total + kTrailerBytes);
-    raw = frame_out.data() + kHeaderBytes;
-  }
+  PayloadLayout layout;
+  begin_header(h, n, layout);
+  uint8_t* raw = payload_buffer(layout, frame_out);
   // Top-k selection (into kept_) and the value codec, range by range (coded_ranges).
   const auto ranges = coded_ranges(layout, h.codec, h.block);
   if (h.topk()) kept_.resize(layout.kept);
@@ -233,6 +219,37 @@ FrameInfo Pipeline::encode_impl(std::span<const float> values, std::span<float> 
     decode_payload(h, raw, decoded_);
   }
 
+  const FrameInfo info = finish_frame(h, layout, raw, frame_out);
+  if (with_ef) {
+    for_each_range(n, threads_, [&](size_t b, size_t e) {
+      for (size_t i = b; i < e; ++i) ef[i] = corrected_[i] - decoded_[i];
+    });
+  }
+  return info;
+}
+
+void Pipeline::begin_header(FrameHeader& h, uint64_t elements, PayloadLayout& layout) const {
+  h.codec = config_.codec;
+  h.block = config_.block;
+  h.topk_k = config_.topk ? config_.topk_per_block() : 0;
+  h.flags = config_.topk ? kFlagTopk : 0;
+  h.elements = elements;
+  layout = payload_layout(h.codec, h.block, h.topk_k, elements);
+  h.raw_bytes = layout.total;
+}
+
+uint8_t* Pipeline::payload_buffer(const PayloadLayout& layout, std::vector<uint8_t>& frame_out) {
+  // Without zstd the payload is built in place in the frame; with it, in raw_ first.
+  if (!zc_.empty()) {
+    raw_.resize(layout.total);
+    return raw_.data();
+  }
+  frame_out.resize(kHeaderBytes + layout.total + kTrailerBytes);
+  return frame_out.data() + kHeaderBytes;
+}
+
+FrameInfo Pipeline::finish_frame(FrameHeader& h, const PayloadLayout& layout, const uint8_t* raw,
+                                 std::vector<uint8_t>& frame_out) {
   size_t stored = layout.total;
   if (!zc_.empty() && layout.total > 0) {
     frame_out.resize(kHeaderBytes + layout.total + kTrailerBytes);
@@ -251,15 +268,30 @@ FrameInfo Pipeline::encode_impl(std::span<const float> values, std::span<float> 
   write_header(h, frame_out.data());
   const size_t body = kHeaderBytes + stored;
   bytes::store<uint64_t>(frame_out.data() + body, frame_checksum({frame_out.data(), body}));
-
-  if (with_ef) {
-    for_each_range(n, threads_, [&](size_t b, size_t e) {
-      for (size_t i = b; i < e; ++i) ef[i] = corrected_[i] - decoded_[i];
-    });
-  }
   const FrameInfo info = info_of(h);
   totals_.add(info);
   return info;
+}
+
+FrameInfo Pipeline::encode_staged(std::span<const uint8_t> scales, std::span<const uint8_t> codes, uint64_t elements,
+                                  std::vector<uint8_t>& frame_out) {
+  if (config_.topk || !codec_has_scales(config_.codec))
+    throw Error(
+        fmt::format("compression: a staged payload needs a dense scaled codec (int8, int4, fp4, int2), "
+                    "not {}{}",
+                    codec_name(config_.codec), config_.topk ? " with top-k" : ""));
+  if (elements > kMaxElements) throw Error(fmt::format("compression: shard of {} elements exceeds 2^40", elements));
+  FrameHeader h;
+  PayloadLayout layout;
+  begin_header(h, elements, layout);
+  if (scales.size() != layout.scales_bytes || codes.size() != layout.codes_bytes)
+    throw Error(fmt::format("compression: staged payload of {} scale and {} code bytes; {} {} values take {} and {}",
+                            scales.size(), codes.size(), elements, codec_name(config_.codec), layout.scales_bytes,
+                            layout.codes_bytes));
+  uint8_t* raw = payload_buffer(layout, frame_out);
+  if (!scales.empty()) std::memcpy(raw + layout.scales_offset, scales.data(), scales.size());
+  if (!codes.empty()) std::memcpy(raw + layout.codes_offset, codes.data(), codes.size());
+  return finish_frame(h, layout, raw, frame_out);
 }
 
 void Pipeline::decode_payload(const FrameHeader& h, const uint8_t* payload, std::span<float> out) {

@@ -78,6 +78,14 @@ class Pipeline {
   FrameInfo encode_with_residual(std::span<const float> values, std::span<float> residual,
                                  std::vector<uint8_t>& frame_out);
 
+  // The frame of `elements` values quantized elsewhere (a GPU: trainer/cuda/quantize_kernel.hpp)
+  // from their scales (one little-endian fp32 per block) and packed codes: the bytes encode()
+  // makes of the same values (the payload laid out, zstd, header, checksum). A dense scaled
+  // codec only (int8, int4, fp4, int2; no top-k): else Error. Throws Error when the sizes do
+  // not match the layout of `elements` values.
+  FrameInfo encode_staged(std::span<const uint8_t> scales, std::span<const uint8_t> codes, uint64_t elements,
+                          std::vector<uint8_t>& frame_out);
+
   // Decodes a frame of any codec into out (out.size() == expected_elements). Throws
   // FrameError on any malformed input, including a frame whose element count differs from
   // expected_elements. `out` is unspecified after a throw.
@@ -98,6 +106,14 @@ class Pipeline {
   // encode(), with error feedback on `residual` (values.size() elements) when `with_ef`.
   FrameInfo encode_impl(std::span<const float> values, std::span<float> residual, bool with_ef,
                         std::vector<uint8_t>& frame_out);
+  // The header `h` (codec, block, top-k, elements set) completed from the config and layout.
+  void begin_header(FrameHeader& h, uint64_t elements, PayloadLayout& layout) const;
+  // Where the raw payload of `layout` is built: in place in `frame_out` without zstd, else in
+  // raw_ (finish_frame compresses it into the frame).
+  uint8_t* payload_buffer(const PayloadLayout& layout, std::vector<uint8_t>& frame_out);
+  // zstd (when on and it shrinks the payload), header and checksum around the raw payload.
+  FrameInfo finish_frame(FrameHeader& h, const PayloadLayout& layout, const uint8_t* raw,
+                         std::vector<uint8_t>& frame_out);
   // Decodes the raw (pre-zstd) payload described by `h` into out.
   void decode_payload(const FrameHeader& h, const uint8_t* payload, std::span<float> out);
 

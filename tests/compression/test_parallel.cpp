@@ -11,6 +11,7 @@
 #include "compression/bytes.hpp"
 #include "compression/parallel.hpp"
 #include "compression/synthetic.hpp"
+#include "compression/values.hpp"
 #include "compression/zstd_stage.hpp"
 #include "test_util.hpp"
 
@@ -153,5 +154,44 @@ TEST(CodecThreads, ParallelForRunsEveryTaskAndRethrowsTheLowestFailure) {
     } catch (const Error& e) {
       EXPECT_STREQ(e.what(), "task 3") << threads;
     }
+  }
+}
+
+// A payload quantized elsewhere (a GPU: trainer/cuda/quantize_kernel.hpp, bit-identical to
+// encode_values) framed by encode_staged: the very frame encode() makes of the same values,
+// with and without zstd, on any thread count; wrong sizes and codecs it cannot frame refused.
+TEST(StagedPayload, FramesAsEncodeDoes) {
+  for (const Codec codec : {Codec::kInt8, Codec::kInt4, Codec::kFp4, Codec::kInt2})
+    for (const size_t n : {size_t{5}, size_t{1000}, size_t{300017}})
+      for (const int zstd : {0, 1})
+        for (const int threads : {1, 2}) {
+          SCOPED_TRACE(::testing::Message()
+                       << codec_name(codec) << " n=" << n << " zstd " << zstd << " threads " << threads);
+          const auto x = synthetic_pseudo_gradient(n, 1000 + n);
+          Pipeline ref(codec_config(codec, false, zstd, 1)), staged(codec_config(codec, false, zstd, threads));
+          std::vector<uint8_t> want, got, scratch;
+          ref.encode(x, nullptr, want);
+          const PayloadLayout layout = payload_layout(codec, 128, 0, n);
+          std::vector<uint8_t> scales(layout.scales_bytes), codes(layout.codes_bytes);
+          encode_values(codec, x, 128, scales.data(), codes.data(), scratch);
+          const FrameInfo info = staged.encode_staged(scales, codes, n, got);
+          EXPECT_EQ(got, want);
+          EXPECT_EQ(info.frame_bytes, want.size());
+          EXPECT_EQ(staged.encoded_totals().frames, 1u);
+        }
+  Pipeline p(codec_config(Codec::kInt4, false, 1, 1));
+  std::vector<uint8_t> out;
+  const PayloadLayout l = payload_layout(Codec::kInt4, 128, 0, 1000);
+  try {
+    p.encode_staged(std::vector<uint8_t>(l.scales_bytes), std::vector<uint8_t>(l.codes_bytes + 1), 1000, out);
+    ADD_FAILURE() << "a payload of the wrong size was framed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("staged payload of 32 scale and 501 code bytes"), std::string::npos)
+        << e.what();
+  }
+  for (PipelineConfig c : {codec_config(Codec::kFp16, false, 0, 1), codec_config(Codec::kInt8, false, 0, 1)}) {
+    if (c.codec == Codec::kInt8) c.topk = 0.1;
+    Pipeline q(c);
+    EXPECT_THROW(q.encode_staged({}, {}, 0, out), Error) << c.describe();
   }
 }

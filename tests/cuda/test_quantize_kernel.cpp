@@ -1,14 +1,17 @@
 // The device quantization kernels (trainer/cuda/quantize_kernel.hpp) against the CPU codec
 // (compression/values.hpp): for every scaled codec, group sizes with and without a short last
-// group, heavy-tailed data, all-zero and tiny (subnormal-scale) groups, the scales and packed
-// codes must be the CPU encoder's bytes exactly, and the error-feedback residual the CPU
-// pipeline's (corrected - decoded) bit for bit. Runs on a GPU and on the CUDA emulator.
+// group, heavy-tailed data, all-zero and tiny (subnormal-scale) groups, ties and thresholds,
+// the scales and packed codes must be the CPU encoder's bytes exactly, the error-feedback
+// residual the CPU pipeline's (corrected - decoded) bit for bit, and the frame the host makes
+// of the staged bytes (Pipeline::encode_staged) the CPU pipeline's frame. Runs on a GPU and on
+// the CUDA emulator.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "compression/pipeline.hpp"
 #include "compression/values.hpp"
 #include "gpu_test_util.hpp"
 #include "trainer/cuda/quantize_kernel.hpp"
@@ -92,12 +95,24 @@ void expect_same_as_cpu(const Case& c, size_t n, size_t group, uint64_t seed) {
     const float want = x[i] - decoded[i];
     ASSERT_EQ(std::memcmp(&res[i], &want, 4), 0) << "residual at " << i << ": " << res[i] << " vs " << want;
   }
+  // The staged bytes framed on the host are the frame the CPU pipeline makes of x (zstd on).
+  compression::PipelineConfig pc;
+  pc.codec = c.cpu;
+  pc.block = static_cast<uint32_t>(group);
+  pc.zstd_level = 1;
+  compression::Pipeline cpu(pc), host(pc);
+  std::vector<uint8_t> want_frame, got_frame;
+  cpu.encode(x, nullptr, want_frame);
+  std::vector<uint8_t> scale_bytes(groups * 4);
+  std::memcpy(scale_bytes.data(), scales.data(), scale_bytes.size());
+  host.encode_staged(scale_bytes, codes, n, got_frame);
+  EXPECT_EQ(got_frame, want_frame);
 }
 
 TEST(QuantizeKernel, ScalesCodesAndResidualAreTheCpuCodecsBits) {
   GEOLOCO_REQUIRE_GPU();
   for (const Case& c : kCases)
-    for (const auto& [n, group] : std::vector<std::pair<size_t, size_t>>{{4096, 128}, {1000, 128}, {777, 64}, {5, 4}})
+    for (const auto& [n, group] : std::vector<std::pair<size_t, size_t>>{{4096, 128}, {1000, 128}, {777, 64}, {5, 16}})
       expect_same_as_cpu(c, n, group, 11 + n);
 }
 
