@@ -154,6 +154,10 @@ TEST(LaunchParts, ASiteOfNodesSelectsItsRunsOfRanksAndItsRanksFindTheirAddresses
       EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
     }
   };
+  // strategy: auto's model sees the site's nodes: topology.nodes follows them and may only repeat them.
+  EXPECT_EQ(lyon.topology.nodes, 2);
+  EXPECT_EQ(cfg.sites[0].topology.nodes, 1);
+  bad("ranks: 4, nodes: 2, topology: {nodes: 4}", "topology.nodes is 4, but the site's ranks are on 2 nodes (nodes)");
   bad("ranks: 3, nodes: 2", "3 ranks do not split evenly over 2 nodes");
   bad("ranks: 2, nodes: 3", "nodes");
   bad("ranks: 2, nodes: 2, hosts: [127.0.0.1, 127.0.0.2]", "give either nodes");

@@ -22,6 +22,18 @@ std::string fixture_path(const std::string& name) {
 }
 std::string config_path(const std::string& name) { return std::string(GEOLOCO_SOURCE_DIR) + "/configs/links/" + name; }
 
+// `geoloco topo` on a fixture for the 1.3B workload the tests share (24 layers, 0.8 s of
+// compute per micro-batch, 8 micro-batches).
+TopoFlags flags_1p3b(const std::string& fixture) {
+  TopoFlags f;
+  f.topology = fixture_path(fixture);
+  f.params = "1.3B";
+  f.layers = 24;
+  f.compute_s = 0.8;
+  f.micro_batches = 8;
+  return f;
+}
+
 std::string read(const std::string& path) {
   std::ifstream in(path);
   std::stringstream ss;
@@ -249,12 +261,7 @@ TEST(TopoNodes, ReplicatedNodesKeepTheirIslandsAndMeetOnTheNetwork) {
   EXPECT_EQ(replicate_over_nodes(node, 1, 25e9, 5e-6).gpus(), 8);
   EXPECT_THROW(replicate_over_nodes(node, 0, 25e9, 5e-6), InputError);
   EXPECT_THROW(replicate_over_nodes(node, 2, 0, 5e-6), InputError);
-  TopoFlags f;
-  f.topology = fixture_path("dgx_h100.txt");
-  f.params = "1.3B";
-  f.layers = 24;
-  f.compute_s = 0.8;
-  f.micro_batches = 8;
+  TopoFlags f = flags_1p3b("dgx_h100.txt");
   f.nodes = 2;
   auto json = nlohmann::json::parse((f.json = true, run_topo(f)));
   EXPECT_EQ(json["gpus"], 16);
@@ -315,12 +322,7 @@ TEST(TopoYaml, BadInputsNameTheKey) {
 }
 
 TEST(TopoCli, RunsAndRejectsBadFlags) {
-  TopoFlags f;
-  f.topology = fixture_path("bridged_pairs.txt");
-  f.params = "1.3B";
-  f.layers = 24;
-  f.compute_s = 0.8;
-  f.micro_batches = 8;
+  TopoFlags f = flags_1p3b("bridged_pairs.txt");
   auto out = run_topo(f);
   EXPECT_NE(out.find("recommended: hybrid"), std::string::npos) << out;
   EXPECT_NE(out.find("hybrid       "), std::string::npos) << out;

@@ -178,6 +178,14 @@ std::vector<SiteConfig> parse_sites(const config::Node& root) {
                fmt::format("port range {}..{} on {} overlaps another site's", s.port, s.port + s.ranks, s.host));
     }
     read_strategy(n, s);
+    // A site over several nodes (nodes, or distinct hosts) is that many nodes of its topology
+    // for strategy: auto's model; topology.nodes may only repeat it.
+    if (const int k = s.node_count(); k > 1) {
+      if (s.topology.nodes != 1 && s.topology.nodes != k)
+        n.fail("topology", fmt::format("topology.nodes is {}, but the site's ranks are on {} nodes ({})",
+                                       s.topology.nodes, k, s.hosts.empty() ? "nodes" : "hosts"));
+      s.topology.nodes = k;
+    }
     s.device = n.get_choice("device", d.device, {"cpu", "cuda"});
     if (s.device == "cuda" && !built_with_cuda()) n.fail("device", kBuiltWithoutCuda);
     // A smaller site may accumulate more micro-batches to train as many tokens per step.
@@ -308,6 +316,12 @@ RunConfig parse_run_config(const config::Document& doc) {
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
   return parse_run_config(config::load_file(path, overrides));
+}
+
+int SiteConfig::node_count() const {
+  if (hosts.empty()) return nodes;
+  std::set<std::string_view> distinct(hosts.begin(), hosts.end());
+  return static_cast<int>(distinct.size());
 }
 
 int SiteConfig::node_of(int rank) const {

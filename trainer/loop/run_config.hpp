@@ -82,7 +82,7 @@ struct SiteConfig {
     double gpu_tflops = 400;    // achieved bf16 TFLOP/s per GPU: the step's compute time
     double gpu_memory_gb = 80;  // per GPU
     double activations_gb = 0;  // per GPU, whatever the strategy
-    int nodes = 1;              // the site spans this many nodes of this topology
+    int nodes = 1;              // the site spans this many nodes of this topology (set from the site's own nodes)
     double node_link_gbs = 50;  // per GPU and direction between nodes (its share of the NICs)
     double node_link_latency_us = 5;
   } topology;
@@ -98,6 +98,8 @@ struct SiteConfig {
   const std::string& host_of(int rank) const { return hosts.empty() ? host : hosts.at(static_cast<size_t>(rank)); }
   // Its ranks beyond node 0 find their own addresses (nodes > 1 without hosts).
   bool finds_addresses() const { return hosts.empty() && nodes > 1; }
+  // The nodes its ranks run on: `nodes`, or the distinct addresses of `hosts`.
+  int node_count() const;
   // The node rank `rank` runs on (an index in node order: hosts' distinct addresses, or nodes).
   int node_of(int rank) const;
   // Names the machine rank `rank` runs on, equal for ranks (of any site) on the same machine
