@@ -2,6 +2,8 @@
 // overlapped, merges and all-gathers on the inner loop's thread, plans applied at period
 // boundaries, and the books (metrics, summary). See diloco.hpp.
 #include "outer_optimizer/diloco.hpp"
+
+#include "outer_optimizer/owner_exchange.hpp"
 #include "outer_optimizer/membership_driver.hpp"
 
 #include <fmt/format.h>
@@ -117,6 +119,8 @@ void Diloco::build_fragments(int fragments, std::span<const float> shard) {
     gather_local(*f, shard, f->global);
     f->pipeline = std::make_unique<compression::Pipeline>(pcfg_);
     if (pcfg_.error_feedback) f->ef = std::make_unique<compression::ErrorFeedback>(f->n);
+    if (pcfg_.error_feedback && ocfg_.owner_exchange())
+      f->owner_ef = std::make_unique<compression::ErrorFeedback>(f->n);
     f->opt = std::make_unique<OuterOptimizer>(ocfg_.optimizer, f->n);
     f->hash = hash64(f->global.data(), f->global.size() * sizeof(float));
     f->segments = cut_segments(f->local, shard_, peers_.layout(), site_, rank_);
@@ -142,6 +146,14 @@ void Diloco::gather_local(const Fragment& f, std::span<const float> shard, std::
   }
 }
 
+void Diloco::restore_owner_residual(Fragment& f, std::span<const float> shard) const {
+  gather_local(f, shard, f.owner_ef->residual());
+  const std::vector<bool> owned = owned_mask(f, site_, peers_.sites());
+  auto r = f.owner_ef->residual();
+  for (size_t i = 0; i < f.n; ++i)
+    if (!owned[i]) r[i] = 0.0f;
+}
+
 Diloco::ShardState Diloco::pack_state() const {
   // Each fragment's vectors scattered back to where their elements sit in the shard.
   auto pack = [&](auto get) {
@@ -161,6 +173,8 @@ Diloco::ShardState Diloco::pack_state() const {
   if (!frags_[0]->opt->state_b().empty())
     st.opt_b = pack([](const Fragment& f) { return std::span<const float>(f.opt->state_b()); });
   if (frags_[0]->ef) st.ef = pack([](const Fragment& f) { return std::span<const float>(f.ef->residual()); });
+  if (frags_[0]->owner_ef)
+    st.owner_ef = pack([](const Fragment& f) { return std::span<const float>(f.owner_ef->residual()); });
   return st;
 }
 
@@ -170,6 +184,7 @@ void Diloco::unpack_state(const ShardState& st) {
     if (!st.opt_a.empty()) gather_local(*f, st.opt_a, f->opt->state_a());
     if (!st.opt_b.empty()) gather_local(*f, st.opt_b, f->opt->state_b());
     if (!st.ef.empty() && f->ef) gather_local(*f, st.ef, f->ef->residual());
+    if (!st.owner_ef.empty() && f->owner_ef) restore_owner_residual(*f, st.owner_ef);
     f->hash = hash64(f->global.data(), f->global.size() * sizeof(float));
     f->segment_hash = segment_hashes(f->segments, f->global);
   }
@@ -730,6 +745,7 @@ void Diloco::record_round(const Fragment& f, int64_t step, uint64_t round, doubl
                       {"step", step},
                       {"sync_s", seconds},
                       {"bytes_per_peer", r.envelope_bytes},
+                      {"sent_bytes", r.sent_bytes},
                       {"frame_bytes", r.frame_bytes},
                       {"elements", r.elements},
                       {"compression_ratio", r.ratio},
@@ -780,6 +796,7 @@ nlohmann::json Diloco::summary() {
     j["plan_recalibrations"] = planner_.recalibrations();
   }
   j["outer_pace"] = ocfg_.pace;
+  j["outer_exchange"] = ocfg_.exchange;
   if (ocfg_.pace_by_time()) {
     j["pace"] = pace_json();
     j["pace"]["trained_steps"] = trained_steps_;
@@ -839,6 +856,8 @@ nlohmann::json Diloco::memory_json() const {
     global += f->global.capacity();
     if (f->opt) optimizer += f->opt->state_size();
     if (f->ef) residual += f->ef->residual().size();
+    // outer.exchange: owner: the owners' residual and the round's (f.owner_next) while it is decided.
+    if (f->owner_ef) residual += f->owner_ef->residual().size() + f->owner_next.capacity();
   }
   const uint64_t kept = (global + optimizer + residual) * sizeof(float), round = round_buffer_peak_;
   const double per = elements ? 1.0 / double(elements) : 0.0;

@@ -114,6 +114,7 @@ class Diloco : public trainer::OuterHook {
   // The outer state in shard layout (whatever the fragments): checkpoints and re-plans.
   struct ShardState {
     std::vector<float> global, opt_a, opt_b, ef;  // empty: not kept by this optimizer/codec
+    std::vector<float> owner_ef;                  // outer.exchange: owner: the owner residual
   };
   // A fragment's round buffers (delta: the snapshot, then the pseudo-gradient; decoded, avg): sized when its round starts,
   // released when it is applied if there are several fragments.
@@ -166,6 +167,9 @@ class Diloco : public trainer::OuterHook {
   // outer.pace: time the steps this site trained, and f.step_us set: a collective).
   uint64_t round_tokens(Fragment& f, int64_t step, trainer::SiteStrategy& strategy);
   void gather_local(const Fragment& f, std::span<const float> shard, std::span<float> out) const;
+  // The owner residual from shard layout, kept at the elements of the slices this site owns
+  // under the current fragments (owned elsewhere before a re-plan: zero).
+  void restore_owner_residual(Fragment& f, std::span<const float> shard) const;
   // Blocking sync of one fragment (the plain outer loop when F = 1).
   // `again`: the round is one a lost quorum left undecided, exchanged again after --resume.
   // A round its quorum was lost in (or launched and undecided then, with overlap): exchanged

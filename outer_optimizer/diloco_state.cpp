@@ -14,6 +14,7 @@
 #include <limits>
 
 #include "outer_optimizer/diloco.hpp"
+#include "outer_optimizer/owner_exchange.hpp"
 #include "outer_optimizer/join_wire.hpp"
 #include "outer_optimizer/membership_driver.hpp"
 #include "trainer/core/error.hpp"
@@ -76,6 +77,9 @@ Diloco::State Diloco::save_state() {
     s.views["opt_b"] = shard_views([](Fragment& f) { return std::span<const float>(f.opt->state_b()); });
   if (frags_[0]->ef)
     s.views["ef_residual"] = shard_views([](Fragment& f) { return std::span<const float>(f.ef->residual()); });
+  if (frags_[0]->owner_ef)
+    s.views["owner_ef_residual"] =
+        shard_views([](Fragment& f) { return std::span<const float>(f.owner_ef->residual()); });
   s.metadata["round"] = std::to_string(round_);
   if (lost) {
     // The rounds the quorum was lost in (with overlap: every round then in flight), to
@@ -165,12 +169,16 @@ void Diloco::restore_state(const trainer::SafetensorsFile& file) {
     r.step = file.meta_int(p + "step", 1, cfg_.train.steps);
     r.merge_step = listed ? file.meta_int(p + "merge_step", r.step, cfg_.train.steps) : r.step;
     const Fragment& frag = *frags_[static_cast<size_t>(r.fragment)];
-    const size_t K = frag.segments.size();
+    // One envelope per segment; with outer.exchange: owner one per segment and site (its slices).
+    const size_t per_segment = ocfg_.owner_exchange() ? static_cast<size_t>(peers_.sites()) : 1;
+    const size_t K = frag.segments.size() * per_segment;
     const int64_t segments = meta.count(p + "segments") ? file.meta_int(p + "segments", 0, 1 << 24) : 1;
     if (static_cast<size_t>(segments) != K)
-      throw FileError(file.path(), fmt::format("{}segments: {} saved contributions, but fragment {} has {} segments "
-                                               "here (did a site's rank count change?)",
-                                               p, segments, r.fragment, K));
+      throw FileError(file.path(),
+                      fmt::format("{}segments: {} saved contributions, but fragment {} takes {} here ({} segments{}: "
+                                  "did a site's rank count or outer.exchange change?)",
+                                  p, segments, r.fragment, K, frag.segments.size(),
+                                  per_segment > 1 ? fmt::format(" x {} slices", per_segment) : std::string()));
     for (size_t k = 0; k < K; ++k) {
       const auto env = file.u8(k == 0 ? p + "envelope" : fmt::format("{}envelope.{}", p, k));
       r.mine.envelopes.push_back(transport::make_payload(std::vector<uint8_t>(env.begin(), env.end())));
@@ -202,7 +210,10 @@ void Diloco::restore_state(const trainer::SafetensorsFile& file) {
         const auto& env = *r.mine.envelopes[k];
         const Envelope e = read_envelope(env, EnvelopeKind::kPseudoGradient, r.round, static_cast<uint32_t>(site_),
                                          static_cast<uint32_t>(rank_), env.size(), "this rank's saved contribution");
-        r.mine.infos.push_back(compression::Pipeline::inspect(e.body, frag.segments[k].size()));
+        const Segment& sg = frag.segments[k / per_segment];
+        const size_t elements =
+            per_segment > 1 ? owner_slice(sg, static_cast<int>(k % per_segment), peers_.sites()).size() : sg.size();
+        r.mine.infos.push_back(compression::Pipeline::inspect(e.body, elements));
       } catch (const Error& e) {
         throw FileError(file.path(), fmt::format("{}envelope{}: {}", p, k ? fmt::format(".{}", k) : "", e.what()));
       }
@@ -426,6 +437,15 @@ void Diloco::restore_outer(const trainer::SafetensorsFile& file, bool joining) {
   if (!frags_[0]->opt->state_a().empty()) st.opt_a = read("outer.opt_a");
   if (!frags_[0]->opt->state_b().empty()) st.opt_b = read("outer.opt_b");
   if (frags_[0]->ef && !joining) st.ef = read("outer.ef_residual");  // a joiner's residual starts at zero
+  // outer.exchange: owner: the owner residual (a checkpoint of an all-to-all run has none:
+  // the owners' error feedback starts at zero, as it does at a run's start).
+  if (frags_[0]->owner_ef && !joining) {
+    if (file.has("outer.owner_ef_residual"))
+      st.owner_ef = read("outer.owner_ef_residual");
+    else
+      spdlog::info("{}: no owner residual (written with outer.exchange: all_to_all); the owners' starts at zero",
+                   file.path());
+  }
   unpack_state(st);
   round_ = file.meta_int("outer.round", 0);
   step_ = file.meta_int("geoloco_step", 0);

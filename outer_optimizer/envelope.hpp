@@ -7,11 +7,12 @@
 //     4    2 version (3; 2 is still read)
 //     6    2 kind: 1 pseudo-gradient, 2 weights hash, 3 rank summary, 4 plan report, 5 plan decision,
 //              6 membership, 7-10 join (request, manifest, fetch, chunk: join_wire.hpp), 11 split status,
-//              12 resume steps
+//              12 resume steps, 13 an owner's average (outer.exchange: owner: owner_exchange.hpp)
 //     8    8 round (outer step)
 //    16    4 site index (config order)
 //    20    4 rank
-//    24    8 tokens the site processed in this round (pseudo-gradient), or the hash
+//    24    8 tokens the site processed in this round (pseudo-gradient), the hash, or (average)
+//              the mask of the sites averaged
 //    32    8 body bytes that follow
 //    40    4 attachment bytes that follow the body (at most kMaxAttachment)
 //    44    4 pseudo-gradient: the site's median inner step time in microseconds under
@@ -51,7 +52,8 @@ enum class EnvelopeKind : uint16_t {
   kJoinFetch = 9,
   kJoinChunk = 10,
   kSplitStatus = 11,
-  kResumeSteps = 12
+  kResumeSteps = 12,
+  kAverage = 13  // outer.exchange: owner: an owner's average of its slice; value: the sites averaged
 };
 
 struct Envelope {

@@ -10,6 +10,8 @@
 #include <cmath>
 #include <thread>
 
+#include "outer_optimizer/owner_exchange.hpp"
+#include "outer_optimizer/round_wait.hpp"
 #include "trainer/checkpoint/safetensors.hpp"
 #include "trainer/core/error.hpp"
 #include "trainer/core/hash.hpp"
@@ -31,15 +33,6 @@ auto in_outer_step(uint64_t round, int64_t step, F&& run) {
     throw;
   }
 }
-
-// Operations a failed round leaves behind are cancelled, not waited for: they own their
-// buffers, and the peers' deadlines are theirs to keep.
-struct CancelOnExit {
-  std::vector<transport::OpHandle>& ops;
-  ~CancelOnExit() {
-    for (auto& op : ops) op.cancel();
-  }
-};
 
 }  // namespace
 
@@ -107,35 +100,40 @@ void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64
                                  {{"round", std::to_string(round)}, {"step", std::to_string(step)}});
     }
 
-    // 2. Compress each segment, wrap, exchange with the piece's owner at every active site.
+    // 2. Compress each segment, wrap, exchange with the piece's owner at every active site
+    // (outer.exchange: owner: each slice of a segment to the site that owns it only).
+    const bool owner_mode = ctx.cfg.outer.owner_exchange();
+    const size_t per_segment = owner_mode ? static_cast<size_t>(S) : 1;  // frames per segment
     std::optional<trainer::TraceSpan> compress_span(std::in_place, ctx.trace, "compress", tid);
     if (again) {
-      GEOLOCO_CHECK(again->envelopes.size() == K, "round {}: {} saved envelopes for {} segments", round,
+      GEOLOCO_CHECK(again->envelopes.size() == K * per_segment, "round {}: {} saved envelopes for {} segments", round,
                     again->envelopes.size(), K);
       in.infos = again->infos;
       in.mine = again->envelopes;
     } else {
-      for (size_t k = 0; k < K; ++k) {
-        const Segment& sg = f.segments[k];
-        std::vector<uint8_t> frame;
-        const std::span<const float> part(f.delta.data() + sg.begin, sg.size());
-        in.infos.push_back(f.ef ? f.pipeline->encode_with_residual(
-                                      part, std::span<float>(f.ef->residual().data() + sg.begin, sg.size()), frame)
-                                : f.pipeline->encode(part, nullptr, frame));
-        // The attachment rides once per round: with the first segment (rank 0's: piece 0,
-        // which rank 0 of every site owns).
-        std::vector<uint8_t> mine_bytes;
-        Envelope e{EnvelopeKind::kPseudoGradient,
-                   round,
-                   static_cast<uint32_t>(self),
-                   static_cast<uint32_t>(rank),
-                   tokens,
-                   frame,
-                   k == 0 ? std::span<const uint8_t>(f.attachment) : std::span<const uint8_t>()};
-        e.step_us = f.step_us;
-        write_envelope(e, mine_bytes);
-        in.mine.push_back(transport::make_payload(std::move(mine_bytes)));
-      }
+      for (size_t k = 0; k < K; ++k)
+        for (size_t j = 0; j < per_segment; ++j) {
+          const Segment& sg = f.segments[k];
+          const Slice sl = owner_mode ? owner_slice(sg, static_cast<int>(j), S) : Slice{sg.begin, sg.end};
+          std::vector<uint8_t> frame;
+          const std::span<const float> part(f.delta.data() + sl.begin, sl.size());
+          in.infos.push_back(f.ef ? f.pipeline->encode_with_residual(
+                                        part, std::span<float>(f.ef->residual().data() + sl.begin, sl.size()), frame)
+                                  : f.pipeline->encode(part, nullptr, frame));
+          // The attachment rides once per round and site: with the first segment (rank 0's:
+          // piece 0, which rank 0 of every site owns).
+          std::vector<uint8_t> mine_bytes;
+          Envelope e{EnvelopeKind::kPseudoGradient,
+                     round,
+                     static_cast<uint32_t>(self),
+                     static_cast<uint32_t>(rank),
+                     tokens,
+                     frame,
+                     k == 0 ? std::span<const uint8_t>(f.attachment) : std::span<const uint8_t>()};
+          e.step_us = f.step_us;
+          write_envelope(e, mine_bytes);
+          in.mine.push_back(transport::make_payload(std::move(mine_bytes)));
+        }
     }
     for (const auto& i : in.infos) {
       in.info.codec = i.codec;
@@ -159,28 +157,23 @@ void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64
       if (s != self && ((active >> s) & 1)) others.push_back(s);
     // By (other site, segment): the segment's owner there.
     auto owner = [&](int s, size_t k) { return pieces[f.segments[k].piece].owner[static_cast<size_t>(s)]; };
+    // What this rank sends site s of segment k, and the index of the frame a site sends it.
+    auto sent = [&](int s, size_t k) { return k * per_segment + (owner_mode ? static_cast<size_t>(s) : 0); };
+    const size_t got_index = owner_mode ? static_cast<size_t>(self) : 0;
     std::vector<transport::OpHandle> recvs, sends;
     CancelOnExit cancel_recvs{recvs}, cancel_sends{sends};
     for (int s : others)
       for (size_t k = 0; k < K; ++k)
-        recvs.push_back(peers.transport()->recv(peers.peer_of(s, owner(s, k)), transport::FrameKind::kPseudoGradient,
-                                                round, f.segments[k].piece,
-                                                kEnvelopeBytes + in.max_frame[k] + kMaxAttachment));
+        recvs.push_back(peers.transport()->recv(
+            peers.peer_of(s, owner(s, k)), transport::FrameKind::kPseudoGradient, round, f.segments[k].piece,
+            kEnvelopeBytes + in.max_frame[k * per_segment + got_index] + kMaxAttachment));
     for (int s : others)
-      for (size_t k = 0; k < K; ++k)
+      for (size_t k = 0; k < K; ++k) {
         sends.push_back(peers.transport()->send(peers.peer_of(s, owner(s, k)), transport::FrameKind::kPseudoGradient,
-                                                round, f.segments[k].piece, in.mine[k]));
-    // Waits for `op` until the deadline; "" when it succeeded, else why not.
-    auto await = [&](transport::OpHandle& op) -> std::string {
-      try {
-        const auto left = std::max(Clock::duration::zero(), deadline - Clock::now());
-        if (op.wait_for(left)) return "";
-        op.cancel();
-        return fmt::format("no contribution within the round's deadline ({:.3g} s)", deadline_s);
-      } catch (const transport::TransportError& e) {
-        return e.what();
+                                                round, f.segments[k].piece, in.mine[sent(s, k)]));
+        in.sent_bytes += in.mine[sent(s, k)]->size();
       }
-    };
+    auto await = [&](transport::OpHandle& op) { return await_op(op, deadline, deadline_s); };
     std::vector<std::string> send_error(static_cast<size_t>(S));
     for (size_t j = 0; j < others.size(); ++j)
       for (size_t k = 0; k < K; ++k) {
@@ -204,7 +197,8 @@ void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64
         b.resize(op.bytes());
         try {
           read_envelope(b, EnvelopeKind::kPseudoGradient, round, static_cast<uint32_t>(s),
-                        static_cast<uint32_t>(owner(s, k)), in.max_frame[k], peers.name_of(s, owner(s, k)));
+                        static_cast<uint32_t>(owner(s, k)), in.max_frame[k * per_segment + got_index],
+                        peers.name_of(s, owner(s, k)));
         } catch (const EnvelopeError& e) {
           why = e.what();
           spdlog::error("outer round {}: {}", round, why);
@@ -219,8 +213,10 @@ void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64
         got.clear();
       }
     }
-    in.wait_s = std::chrono::duration<double>(Clock::now() - exchange_t0).count();
     if (ctx.trace && !recvs.empty()) ctx.trace->span("receive", tid, exchange_t0, Clock::now());
+    // outer.exchange: owner: the second phase, the averages of the slices.
+    if (owner_mode) exchange_averages(f, ctx, active, deadline, deadline_s, tid);
+    in.wait_s = std::chrono::duration<double>(Clock::now() - exchange_t0).count();
     // The check of this fragment's previous round, before anything of this round is applied.
     // Its replies were sent right after that round's outer step, before these contributions,
     // so they are in by now; a site late with it is late with its contribution too, and its
@@ -251,6 +247,11 @@ ExchangeResult apply_round(Fragment& f, const ExchangeContext& ctx, SiteMask all
 
     // 3. Decode every member's contribution, own included, and average in site order (each
     // segment from the piece's owner there; every element sums its sites in site order).
+    // outer.exchange: owner: the envelopes of this site's slices (tokens, attachments), and
+    // the average of every slice from its owner's second-phase frame.
+    const bool owner_mode = ocfg.owner_exchange();
+    const size_t per_segment = owner_mode ? static_cast<size_t>(S) : 1;
+    const size_t own_index = owner_mode ? static_cast<size_t>(self) : 0;
     std::vector<std::vector<Envelope>> env(static_cast<size_t>(S));
     std::vector<int> m;
     for (int s = 0; s < S; ++s) {
@@ -260,10 +261,10 @@ ExchangeResult apply_round(Fragment& f, const ExchangeContext& ctx, SiteMask all
       for (size_t k = 0; k < K; ++k) {
         const int sender = s == self ? rank : pieces[f.segments[k].piece].owner[static_cast<size_t>(s)];
         const std::span<const uint8_t> bytes = s == self
-                                                   ? std::span<const uint8_t>(*in.mine[k])
+                                                   ? std::span<const uint8_t>(*in.mine[k * per_segment + own_index])
                                                    : std::span<const uint8_t>(in.bytes[static_cast<size_t>(s)][k]);
         es.push_back(read_envelope(bytes, EnvelopeKind::kPseudoGradient, round, static_cast<uint32_t>(s),
-                                   static_cast<uint32_t>(sender), in.max_frame[k],
+                                   static_cast<uint32_t>(sender), in.max_frame[k * per_segment + own_index],
                                    s == self ? std::string("self") : peers.name_of(s, sender)));
       }
     }
@@ -273,36 +274,50 @@ ExchangeResult apply_round(Fragment& f, const ExchangeContext& ctx, SiteMask all
       const auto& es = env[static_cast<size_t>(s)];
       return es.empty() ? 0 : es.front().value;
     };
-    std::vector<float> weight(static_cast<size_t>(S), 1.0f / static_cast<float>(m.size()));
-    if (ocfg.weighting == "tokens") {
-      double total = 0;
-      for (int s : m) total += static_cast<double>(tokens_of(s));
-      if (total <= 0 && K > 0) throw Error(fmt::format("outer round {}: no member site reported any tokens", round));
-      if (total > 0)
-        for (int s : m) weight[static_cast<size_t>(s)] = static_cast<float>(double(tokens_of(s)) / total);
-    }
-    std::fill(f.avg.begin(), f.avg.end(), 0.0f);
+    std::vector<uint64_t> tokens(static_cast<size_t>(S), 0);
+    for (int s : m) tokens[static_cast<size_t>(s)] = tokens_of(s);
     double err2 = 0, ref2 = 0;
-    for (int s : m) {
-      const float w = weight[static_cast<size_t>(s)];
-      for (size_t k = 0; k < K; ++k) {
-        const Segment& sg = f.segments[k];
-        const std::span<float> out(f.decoded.data() + sg.begin, sg.size());
-        try {
-          f.pipeline->decode(env[static_cast<size_t>(s)][k].body, sg.size(), out);
-        } catch (const compression::FrameError& e) {
-          const int sender = s == self ? rank : pieces[sg.piece].owner[static_cast<size_t>(s)];
-          throw Error(fmt::format("outer round {}: pseudo-gradient from {} rejected: {}", round,
-                                  s == self ? std::string("self") : peers.name_of(s, sender), e.what()));
-        }
-        for (size_t i = sg.begin; i < sg.end; ++i) f.avg[i] += w * f.decoded[i];
+    // The relative error of this rank's own contribution as decoded (f.decoded: scratch).
+    auto own_error = [&] {
+      for (size_t i = 0; i < f.n; ++i) {
+        const double d = double(f.decoded[i]) - double(f.delta[i]);
+        err2 += d * d;
+        ref2 += double(f.delta[i]) * double(f.delta[i]);
       }
-      if (s == self)
-        for (size_t i = 0; i < f.n; ++i) {
-          const double d = double(f.decoded[i]) - double(f.delta[i]);
-          err2 += d * d;
-          ref2 += double(f.delta[i]) * double(f.delta[i]);
+    };
+    if (owner_mode) {
+      GEOLOCO_CHECK(joiners == 0, "round {}: outer.exchange: owner takes in no joiner (min_sites is every site)",
+                    round);
+      decode_averages(f, ctx, members);
+      for (size_t k = 0; k < K; ++k)
+        for (int j = 0; j < S; ++j) {
+          const Slice sl = owner_slice(f.segments[k], j, S);
+          const auto& mine = *in.mine[k * per_segment + static_cast<size_t>(j)];
+          const Envelope e = read_envelope(mine, EnvelopeKind::kPseudoGradient, round, static_cast<uint32_t>(self),
+                                           static_cast<uint32_t>(rank), mine.size(), "self");
+          f.pipeline->decode(e.body, sl.size(), std::span<float>(f.decoded.data() + sl.begin, sl.size()));
         }
+      own_error();
+      commit_owner_residual(f, self, S);
+    } else {
+      const std::vector<float> weight = member_weights(ocfg, round, members, S, tokens, /*require_tokens=*/K > 0);
+      std::fill(f.avg.begin(), f.avg.end(), 0.0f);
+      for (int s : m) {
+        const float w = weight[static_cast<size_t>(s)];
+        for (size_t k = 0; k < K; ++k) {
+          const Segment& sg = f.segments[k];
+          const std::span<float> out(f.decoded.data() + sg.begin, sg.size());
+          try {
+            f.pipeline->decode(env[static_cast<size_t>(s)][k].body, sg.size(), out);
+          } catch (const compression::FrameError& e) {
+            const int sender = s == self ? rank : pieces[sg.piece].owner[static_cast<size_t>(s)];
+            throw Error(fmt::format("outer round {}: pseudo-gradient from {} rejected: {}", round,
+                                    s == self ? std::string("self") : peers.name_of(s, sender), e.what()));
+          }
+          for (size_t i = sg.begin; i < sg.end; ++i) f.avg[i] += w * f.decoded[i];
+        }
+        if (s == self) own_error();
+      }
     }
     decode_span.reset();
 
@@ -321,7 +336,11 @@ ExchangeResult apply_round(Fragment& f, const ExchangeContext& ctx, SiteMask all
     // Posted now, verified at this fragment's next round (or a checkpoint, re-plan, the end).
     if (ocfg.check_hash && peers.transport())
       f.check = post_hash_check(peers, piece_hashes(f.segments, r.segment_hash), round, members);
+    // Bytes per peer site: what an all-to-all rank sends each site; the owner exchange's
+    // average over the sites it sent to.
     for (const auto& p : in.mine) r.envelope_bytes += p->size();
+    r.sent_bytes = in.sent_bytes;
+    if (owner_mode) r.envelope_bytes = m.size() > 1 ? in.sent_bytes / (m.size() - 1) : 0;
     r.frame_bytes = in.info.frame_bytes;
     r.elements = in.info.elements;
     r.ratio = in.info.ratio();
@@ -329,8 +348,7 @@ ExchangeResult apply_round(Fragment& f, const ExchangeContext& ctx, SiteMask all
     r.ref2 = ref2;
     r.members = all_members;
     r.joiners = joiners;
-    r.tokens.assign(static_cast<size_t>(S), 0);
-    for (int s : m) r.tokens[static_cast<size_t>(s)] = tokens_of(s);
+    r.tokens = tokens;
     r.step_us.assign(static_cast<size_t>(S), 0);
     for (int s : m)
       if (const auto& es = env[static_cast<size_t>(s)]; !es.empty())

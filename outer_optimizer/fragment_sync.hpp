@@ -29,6 +29,7 @@ namespace geoloco::outer {
 
 struct ExchangeResult {
   uint64_t envelope_bytes = 0, frame_bytes = 0, elements = 0;
+  uint64_t sent_bytes = 0;  // envelope bytes this rank sent to the other sites (both phases of an owner exchange)
   double ratio = 0;
   uint64_t hash = 0;                   // of the fragment's new global weights
   std::vector<uint64_t> segment_hash;  // by segment
@@ -58,6 +59,13 @@ struct RoundInbox {
   compression::FrameInfo info;                // their totals (elements, raw and frame bytes)
   std::vector<uint64_t> max_frame;            // by segment: the largest frame a site may send for it
   double wait_s = 0;
+  // outer.exchange: owner (owner_exchange.hpp): `mine`, `infos` and `max_frame` are by
+  // (segment, owner site), k * S + j; bytes[s][k] is site s's frame of this site's slice of
+  // segment k. The second phase's:
+  std::vector<transport::Payload> mine_avg;                  // by segment: this site's average of its slice
+  std::vector<std::vector<std::vector<uint8_t>>> avg_bytes;  // by site, by segment: its average of its slice
+  SiteMask averaged = 0;                                     // the sites the averages are over (0: none sent)
+  uint64_t sent_bytes = 0;  // envelope bytes this rank posted to other sites in the round (both phases)
 };
 
 // The part of a fragment that lies in one piece of the parameters (exchange_layout.hpp): its
@@ -80,6 +88,10 @@ struct Fragment {
   std::vector<float> delta, decoded, avg;
   std::unique_ptr<compression::Pipeline> pipeline;
   std::unique_ptr<compression::ErrorFeedback> ef;
+  // outer.exchange: owner with error feedback: the error of this site's averages, at the
+  // elements of the slices it owns (zero elsewhere); owner_next: the round's, until applied.
+  std::unique_ptr<compression::ErrorFeedback> owner_ef;
+  std::vector<float> owner_next;
   std::unique_ptr<OuterOptimizer> opt;
   // This rank's attachment to its next round's envelope (envelope.hpp; outer.plan: auto's
   // reports and decisions), set before collect_round.
@@ -126,7 +138,7 @@ struct ExchangeContext {
 
 // Steps 1-2 of one round on `local` (the fragment's values, gathered): pseudo-gradient,
 // compress, send to every site in `active`, and receive theirs until `deadline_s` after the
-// receives were posted. A site that does not deliver in time, whose connection fails or whose
+// receives were posted (outer.exchange: owner: both phases, owner_exchange.hpp). A site that does not deliver in time, whose connection fails or whose
 // envelope is malformed is not held (inbox.missing says why); its operations are cancelled.
 // Verifies the fragment's previous hash check first. Fills f.inbox; may run on the worker.
 // `again`: this rank's contribution to the round as made before (a round exchanged again

@@ -51,6 +51,7 @@ OuterConfig OuterConfig::from_yaml(const config::Node& n) {
     c.compression.error_feedback_decay = c.optimizer.ef_decay;
   }
   c.weighting = n.get_choice("weighting", c.weighting, {"uniform", "tokens"});
+  c.exchange = n.get_choice("exchange", c.exchange, {"all_to_all", "owner"});
   c.pace = n.get_choice("pace", c.pace, {"steps", "time"});
   c.pace_tolerance = n.get_double("pace_tolerance", c.pace_tolerance, 0.0, 0.9);
   if (c.pace_by_time() && c.weighting != "tokens")

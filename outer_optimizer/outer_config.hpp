@@ -5,6 +5,8 @@
 //     optimizer: {kind: nesterov, lr: 0.7, momentum: 0.9}   # sgd | nesterov | adam
 //     compression: {codec: int8, block: 128, error_feedback: true, zstd_level: 3}
 //     weighting: uniform            # uniform | tokens (each site weighted by tokens processed)
+//     exchange: all_to_all          # all_to_all | owner: each site owns 1/S of every shard
+//                                   # (owner_exchange.hpp; needs min_sites = every site)
 //     pace: steps                   # steps | time: a slower site trains fewer steps per round (pace.hpp)
 //     pace_tolerance: 0.05          # pace: time: a site this close to the fastest trains every step
 //     inner_state: keep             # keep | reset (AdamW moments after each outer step)
@@ -59,6 +61,10 @@ struct OuterConfig {
   OuterOptimizerConfig optimizer;
   compression::PipelineConfig compression;
   std::string weighting = "uniform";
+  // all_to_all: every rank sends its shard to every other site ((S-1) shards out per round).
+  // owner: each site owns 1/S of every segment; its owner averages and sends it back
+  // (2(S-1)/S shards out per round, two phases: owner_exchange.hpp).
+  std::string exchange = "all_to_all";
   std::string pace = "steps";  // steps | time (outer_optimizer/pace.hpp)
   double pace_tolerance = 0.05;
   std::string inner_state = "keep";
@@ -89,6 +95,7 @@ struct OuterConfig {
   int64_t join_warmup_steps = -1;
   bool auto_plan() const { return plan == "auto"; }
   bool pace_by_time() const { return pace == "time"; }
+  bool owner_exchange() const { return exchange == "owner"; }
   int quorum(int sites) const { return min_sites > 0 ? min_sites : sites / 2 + 1; }
   bool overlapped() const { return overlap_steps > 0 || delayed_update; }
 

@@ -18,11 +18,12 @@ std::string_view to_string(FrameKind kind) {
     case FrameKind::kProbe: return "probe";
     case FrameKind::kControl: return "control";
     case FrameKind::kCredit: return "credit";
+    case FrameKind::kAverage: return "average";
   }
   return "unknown";
 }
 
-bool is_valid_kind(uint16_t kind) { return kind >= 1 && kind <= 5; }
+bool is_valid_kind(uint16_t kind) { return kind >= 1 && kind <= 6; }
 
 void FrameHeader::encode(uint8_t out[kFrameHeaderBytes]) const {
   wire::Writer w;

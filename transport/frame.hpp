@@ -27,7 +27,7 @@
 namespace geoloco::transport {
 
 inline constexpr uint32_t kFrameMagic = 0x46544C47;  // "GLTF" little-endian
-inline constexpr uint16_t kFrameVersion = 2;  // 2: flags (was reserved) and credit frames
+inline constexpr uint16_t kFrameVersion = 2;         // 2: flags (was reserved) and credit frames
 
 // The sender counted this message against the receiver's eager window (transport.eager_bytes):
 // the receiver returns its bytes in a credit frame once it holds them no longer.
@@ -42,6 +42,7 @@ enum class FrameKind : uint16_t {
   kControl = 4,         // small control messages of the outer loop
   kCredit = 5,          // transport-internal: `round` returns that many eager-window bytes;
                         // header only (offset, length, total 0), never matched to a recv
+  kAverage = 6,         // outer.exchange: owner: an owner's compressed average of its slice
 };
 std::string_view to_string(FrameKind kind);
 bool is_valid_kind(uint16_t kind);
@@ -69,8 +70,7 @@ uint64_t chunk_count(uint64_t total, uint64_t chunk_bytes);
 // Checks what a header must satisfy on its own: magic, version, kind, flags, the
 // chunking rule, total <= max_total, and that the message carried exactly `length` bytes.
 // Returns an empty string when valid, otherwise "field: problem".
-std::string validate_header(const FrameHeader& h, uint64_t data_length, uint64_t chunk_bytes,
-                            uint64_t max_total);
+std::string validate_header(const FrameHeader& h, uint64_t data_length, uint64_t chunk_bytes, uint64_t max_total);
 
 uint64_t chunk_checksum(std::span<const uint8_t> data);
 

@@ -1,0 +1,216 @@
+// outer.exchange: owner: slices, the members' weights, the second phase (averages) and its
+// decoding (owner_exchange.hpp).
+#include "outer_optimizer/owner_exchange.hpp"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "outer_optimizer/round_wait.hpp"
+#include "trainer/core/error.hpp"
+
+namespace geoloco::outer {
+
+Slice owner_slice(const Segment& sg, int site, int sites) {
+  GEOLOCO_CHECK(sites > 0 && site >= 0 && site < sites, "slice {} of {}", site, sites);
+  const size_t n = sg.size(), S = static_cast<size_t>(sites), j = static_cast<size_t>(site);
+  return {sg.begin + n * j / S, sg.begin + n * (j + 1) / S};
+}
+
+std::vector<bool> owned_mask(const Fragment& f, int site, int sites) {
+  std::vector<bool> out(f.n, false);
+  for (const auto& sg : f.segments) {
+    const Slice sl = owner_slice(sg, site, sites);
+    std::fill(out.begin() + static_cast<std::ptrdiff_t>(sl.begin), out.begin() + static_cast<std::ptrdiff_t>(sl.end),
+              true);
+  }
+  return out;
+}
+
+std::vector<float> member_weights(const OuterConfig& ocfg, uint64_t round, SiteMask members, int sites,
+                                  const std::vector<uint64_t>& tokens, bool require_tokens) {
+  std::vector<int> m;
+  for (int s = 0; s < sites; ++s)
+    if ((members >> s) & 1) m.push_back(s);
+  std::vector<float> weight(static_cast<size_t>(sites), m.empty() ? 0.0f : 1.0f / static_cast<float>(m.size()));
+  if (ocfg.weighting == "tokens") {
+    double total = 0;
+    for (int s : m) total += static_cast<double>(tokens.at(static_cast<size_t>(s)));
+    if (total <= 0 && require_tokens)
+      throw Error(fmt::format("outer round {}: no member site reported any tokens", round));
+    if (total > 0)
+      for (int s : m)
+        weight[static_cast<size_t>(s)] = static_cast<float>(double(tokens[static_cast<size_t>(s)]) / total);
+  }
+  return weight;
+}
+
+void exchange_averages(Fragment& f, const ExchangeContext& ctx, SiteMask active,
+                       std::chrono::steady_clock::time_point deadline, double deadline_s, int tid) {
+  RoundInbox& in = f.inbox;
+  const SitePeers& peers = ctx.peers;
+  const int S = peers.sites(), self = peers.site(), rank = peers.rank();
+  const auto& pieces = peers.layout().pieces();
+  const size_t K = f.segments.size(), Su = static_cast<size_t>(S), me = static_cast<size_t>(self);
+  const uint64_t round = in.round;
+  const SiteMask all = S >= 64 ? ~SiteMask{0} : (SiteMask{1} << S) - 1;
+  in.avg_bytes.assign(Su, {});
+  if (active != all || (active & ~in.holds) != 0) {
+    // Without every site's slice there is no average to send: the round cannot be decided
+    // with every site, which the owner exchange needs (outer.min_sites = S).
+    spdlog::warn("outer round {}: no averages sent: {}", round,
+                 active != all ? fmt::format("sites {} of {} are active", mask_string(active), mask_string(all))
+                               : fmt::format("the slices of sites {} did not arrive", mask_string(active & ~in.holds)));
+    return;
+  }
+  auto owner = [&](int s, size_t k) { return pieces[f.segments[k].piece].owner[static_cast<size_t>(s)]; };
+  auto contribution = [&](int s, size_t k) -> std::span<const uint8_t> {
+    return s == self ? std::span<const uint8_t>(*in.mine[k * Su + me])
+                     : std::span<const uint8_t>(in.bytes[static_cast<size_t>(s)][k]);
+  };
+  auto who = [&](int s, size_t k) { return s == self ? std::string("self") : peers.name_of(s, owner(s, k)); };
+  auto envelope = [&](int s, size_t k) {
+    return read_envelope(contribution(s, k), EnvelopeKind::kPseudoGradient, round, static_cast<uint32_t>(s),
+                         static_cast<uint32_t>(s == self ? rank : owner(s, k)), in.max_frame[k * Su + me], who(s, k));
+  };
+  {
+    trainer::TraceSpan sp(ctx.trace, "average", tid);
+    // Every envelope of a site's round carries its tokens.
+    std::vector<uint64_t> tokens(Su, 0);
+    if (K > 0)
+      for (int s = 0; s < S; ++s) tokens[static_cast<size_t>(s)] = envelope(s, 0).value;
+    const std::vector<float> weight = member_weights(ctx.cfg.outer, round, active, S, tokens, K > 0);
+    if (f.owner_ef) f.owner_next.assign(f.n, 0.0f);
+    for (size_t k = 0; k < K; ++k) {
+      const Slice sl = owner_slice(f.segments[k], self, S);
+      const std::span<float> avg(f.avg.data() + sl.begin, sl.size()), dec(f.decoded.data() + sl.begin, sl.size());
+      std::fill(avg.begin(), avg.end(), 0.0f);
+      for (int s = 0; s < S; ++s) {
+        try {
+          f.pipeline->decode(envelope(s, k).body, sl.size(), dec);
+        } catch (const compression::FrameError& e) {
+          throw Error(fmt::format("outer round {}: pseudo-gradient from {} rejected: {}", round, who(s, k), e.what()));
+        }
+        const float w = weight[static_cast<size_t>(s)];
+        for (size_t i = 0; i < sl.size(); ++i) avg[i] += w * dec[i];
+      }
+      std::vector<uint8_t> frame, bytes;
+      if (f.owner_ef) {
+        const std::span<float> next(f.owner_next.data() + sl.begin, sl.size());
+        const auto residual = f.owner_ef->residual().subspan(sl.begin, sl.size());
+        std::copy(residual.begin(), residual.end(), next.begin());
+        f.pipeline->encode_with_residual(avg, next, frame);
+      } else {
+        f.pipeline->encode(avg, nullptr, frame);
+      }
+      write_envelope(Envelope{EnvelopeKind::kAverage,
+                              round,
+                              static_cast<uint32_t>(self),
+                              static_cast<uint32_t>(rank),
+                              active,
+                              frame,
+                              {}},
+                     bytes);
+      in.mine_avg.push_back(transport::make_payload(std::move(bytes)));
+    }
+  }
+  in.averaged = active;
+
+  std::vector<int> others;
+  for (int s = 0; s < S; ++s)
+    if (s != self) others.push_back(s);
+  // A site's average of its slice of segment k is at most the raw size of that slice, framed.
+  auto max_body = [&](int s, size_t k) {
+    return compression::kHeaderBytes + in.infos[k * Su + static_cast<size_t>(s)].raw_bytes + compression::kTrailerBytes;
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<transport::OpHandle> recvs, sends;
+  CancelOnExit cancel_recvs{recvs}, cancel_sends{sends};
+  for (int s : others)
+    for (size_t k = 0; k < K; ++k)
+      recvs.push_back(peers.transport()->recv(peers.peer_of(s, owner(s, k)), transport::FrameKind::kAverage, round,
+                                              f.segments[k].piece, kEnvelopeBytes + max_body(s, k)));
+  for (int s : others)
+    for (size_t k = 0; k < K; ++k) {
+      sends.push_back(peers.transport()->send(peers.peer_of(s, owner(s, k)), transport::FrameKind::kAverage, round,
+                                              f.segments[k].piece, in.mine_avg[k]));
+      in.sent_bytes += in.mine_avg[k]->size();
+    }
+  std::vector<std::string> why(Su);
+  for (size_t j = 0; j < others.size(); ++j)
+    for (size_t k = 0; k < K; ++k)
+      if (std::string e = await_op(sends[j * K + k], deadline, deadline_s); why[others[j]].empty()) why[others[j]] = e;
+  if (ctx.trace && !sends.empty()) ctx.trace->span("send_average", tid, t0, std::chrono::steady_clock::now());
+  for (size_t j = 0; j < others.size(); ++j) {
+    const int s = others[j];
+    auto& got = in.avg_bytes[static_cast<size_t>(s)];
+    got.assign(K, {});
+    for (size_t k = 0; k < K && why[static_cast<size_t>(s)].empty(); ++k) {
+      auto& op = recvs[j * K + k];
+      if (std::string e = await_op(op, deadline, deadline_s); !e.empty()) {
+        why[static_cast<size_t>(s)] = "its average: " + e;
+        break;
+      }
+      auto& b = got[k];
+      b = op.take();
+      b.resize(op.bytes());
+      try {
+        const Envelope e = read_envelope(b, EnvelopeKind::kAverage, round, static_cast<uint32_t>(s),
+                                         static_cast<uint32_t>(owner(s, k)), max_body(s, k), who(s, k));
+        if (e.value != active)
+          throw EnvelopeError(fmt::format("outer round {}: the average from {} is over sites {}, this round's are {}",
+                                          round, who(s, k), mask_string(e.value), mask_string(active)));
+      } catch (const EnvelopeError& e) {
+        why[static_cast<size_t>(s)] = e.what();
+        spdlog::error("outer round {}: {}", round, e.what());
+      }
+    }
+    if (!why[static_cast<size_t>(s)].empty()) {
+      in.holds &= ~(SiteMask{1} << s);
+      if (in.missing[static_cast<size_t>(s)].empty()) in.missing[static_cast<size_t>(s)] = why[static_cast<size_t>(s)];
+      got.clear();
+    }
+  }
+  if (ctx.trace && !recvs.empty()) ctx.trace->span("receive_average", tid, t0, std::chrono::steady_clock::now());
+}
+
+void decode_averages(Fragment& f, const ExchangeContext& ctx, SiteMask members) {
+  const RoundInbox& in = f.inbox;
+  const SitePeers& peers = ctx.peers;
+  const int S = peers.sites(), self = peers.site(), rank = peers.rank();
+  const auto& pieces = peers.layout().pieces();
+  if (members != in.averaged)
+    throw Error(fmt::format("outer round {}: decided with sites {}, but the owners averaged over {}", in.round,
+                            mask_string(members), mask_string(in.averaged)));
+  for (size_t k = 0; k < f.segments.size(); ++k)
+    for (int j = 0; j < S; ++j) {
+      const Slice sl = owner_slice(f.segments[k], j, S);
+      const int sender = j == self ? rank : pieces[f.segments[k].piece].owner[static_cast<size_t>(j)];
+      const std::string who = j == self ? std::string("self") : peers.name_of(j, sender);
+      const std::span<const uint8_t> bytes =
+          j == self ? std::span<const uint8_t>(*in.mine_avg.at(k))
+                    : std::span<const uint8_t>(in.avg_bytes.at(static_cast<size_t>(j)).at(k));
+      const Envelope e = read_envelope(bytes, EnvelopeKind::kAverage, in.round, static_cast<uint32_t>(j),
+                                       static_cast<uint32_t>(sender), bytes.size(), who);
+      try {
+        f.pipeline->decode(e.body, sl.size(), std::span<float>(f.avg.data() + sl.begin, sl.size()));
+      } catch (const compression::FrameError& err) {
+        throw Error(fmt::format("outer round {}: the average from {} rejected: {}", in.round, who, err.what()));
+      }
+    }
+}
+
+void commit_owner_residual(Fragment& f, int site, int sites) {
+  if (!f.owner_ef) return;
+  GEOLOCO_CHECK(f.owner_next.size() == f.n, "fragment {}: an owner residual of {} elements for {}", f.index,
+                f.owner_next.size(), f.n);
+  for (const auto& sg : f.segments) {
+    const Slice sl = owner_slice(sg, site, sites);
+    std::copy(f.owner_next.begin() + static_cast<std::ptrdiff_t>(sl.begin),
+              f.owner_next.begin() + static_cast<std::ptrdiff_t>(sl.end),
+              f.owner_ef->residual().begin() + static_cast<std::ptrdiff_t>(sl.begin));
+  }
+}
+
+}  // namespace geoloco::outer

@@ -1,0 +1,67 @@
+// outer.exchange: owner -- the exchange whose bytes per site do not grow with the site count
+// (docs/shapes.md, "Many sites").
+//
+// All-to-all (the default) sends every segment of a rank's shard to the piece's owner at every
+// other site: (S-1) shards out per site per round. Here every segment is cut into S slices,
+// slice j owned by site j (config order), and a round has two phases:
+//
+//   1. a rank sends slice j of its compressed pseudo-gradient to the segment's owner rank at site
+//      j only (error feedback on the slice's part of its residual, as today), and receives every
+//      other site's frame of its own slice;
+//   2. once every site's slice is in, it averages them in site order (uniform, or by tokens) and
+//      encodes the average once more -- with error feedback of its own, the owner residual --
+//      and sends that frame to every other site, receiving theirs of their slices.
+//
+// Every site then decodes the same S frames of every segment, so the global weights stay
+// bit-identical, while each site sends 2(S-1)/S of a shard per round. It costs two latency-bound
+// phases instead of one, and a second quantization (of the average, its error fed back by the
+// owner). A site lost between the phases would leave its slice's average with nobody: the config
+// requires every site in every round (outer.min_sites = S), so such a round loses its quorum
+// and the run stops with the checkpoint that --resume exchanges again (docs/elastic.md).
+//
+// On the wire both phases reuse the pieces' keys: phase 1 FrameKind::kPseudoGradient and phase 2
+// FrameKind::kAverage, tagged (round, piece), each inside an Envelope checked as every
+// contribution is (phase 2's value: the mask of the sites averaged, which must be the round's).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <span>
+
+#include "outer_optimizer/fragment_sync.hpp"
+
+namespace geoloco::outer {
+
+// Slice `site` of `sg` out of `sites` (contiguous, balanced, in the fragment's gathered vector).
+struct Slice {
+  size_t begin = 0, end = 0;
+  size_t size() const { return end - begin; }
+};
+Slice owner_slice(const Segment& sg, int site, int sites);
+
+// Whether element i of the fragment's gathered vector lies in a slice `site` owns.
+std::vector<bool> owned_mask(const Fragment& f, int site, int sites);
+
+// The round's weight of each site in `members` (site order): 1/|members|, or by the tokens its
+// envelope reported under outer.weighting: tokens. Throws Error when no member reported any
+// and `require_tokens` (a rank with elements to average).
+std::vector<float> member_weights(const OuterConfig& ocfg, uint64_t round, SiteMask members, int sites,
+                                  const std::vector<uint64_t>& tokens, bool require_tokens);
+
+// Phase 2, run by collect_round once phase 1 is in (in.holds): when every active site's slice
+// arrived, average them, encode with the owner residual (into f.owner_next, committed by
+// commit_owner_residual), send to every active site and receive theirs until `deadline`. A site
+// whose average does not arrive (or is malformed, or averaged other sites) is dropped from
+// in.holds with the reason in in.missing. When a slice is missing nothing is sent: the round
+// cannot be decided with every site and stops the run (the config requires them all).
+void exchange_averages(Fragment& f, const ExchangeContext& ctx, SiteMask active,
+                       std::chrono::steady_clock::time_point deadline, double deadline_s, int tid);
+
+// The average of every segment into f.avg from the averages' frames (this site's own included),
+// for a round decided with `members` (which must be the sites the owners averaged over).
+void decode_averages(Fragment& f, const ExchangeContext& ctx, SiteMask members);
+
+// The round is applied: its owner residual becomes the fragment's.
+void commit_owner_residual(Fragment& f, int site, int sites);
+
+}  // namespace geoloco::outer
