@@ -909,6 +909,87 @@ TEST(Elastic, SitesOfDifferentSizesLoseTheQuorumWithOverlapAndResumeAsIfNeverCut
   EXPECT_EQ(all_hash(resumed), clean);
 }
 
+// outer.exchange: owner (owner_exchange.hpp) on the shapes above: sites of 1, 2, 3 and 1 ranks,
+// two fragments overlapped, every site needed (min_sites 4). A 2|2 cut loses the quorum: each
+// rank saved its contribution as one envelope per segment and slice, and --resume ends
+// bit-identical to an owner-exchange run never cut.
+TEST(Elastic, OwnerExchangeLosesTheQuorumWithOverlapAndResumesAsIfNeverCut) {
+  auto cfg_for = [](const TempDir& dir) {
+    auto c = sites_config(dir, 4, 1, ", fragments: 2, overlap_steps: 7, exchange: owner, min_sites: 4", 10);
+    c.sites[1].ranks = 2;
+    c.sites[2].ranks = 3;
+    c.train.steps = 40;
+    c.train.checkpoint_every = 0;
+    return c;
+  };
+  TempDir clean_dir;
+  const std::string clean = all_hash(run(cfg_for(clean_dir), {}));
+  ASSERT_NE(clean, "");
+  TempDir d;
+  auto cut = two_against_two_cut(4);
+  for (auto& f : cut) f.from_rank = -1;
+  const auto cfg = cfg_for(d);
+  std::set<std::string> stopped_at;
+  std::string segments;
+  for (const auto& o : run(cfg, cut)) {
+    EXPECT_TRUE(has(o.error, "no membership agreed")) << o.site << "/" << o.rank << ": " << o.error;
+    std::ifstream latest(d.path() / "out" / "checkpoints" / o.site / "latest");
+    std::string name;
+    std::getline(latest, name);
+    stopped_at.insert(name);
+    if (o.site == "paris") {
+      const auto st = trainer::SafetensorsFile::read(
+          (d.path() / "out" / "checkpoints" / "paris" / name / "state.r0.safetensors").string());
+      if (st.metadata().count("outer.retry.0.segments")) segments = st.meta("outer.retry.0.segments");
+      EXPECT_TRUE(st.has("outer.owner_ef_residual"));
+    }
+  }
+  ASSERT_EQ(stopped_at.size(), 1u) << "the sites stopped at different steps";
+  // paris (1 rank) beside sites of 2 and 3 ranks: 4 pieces in its shard (a segment each, in
+  // every fragment), each segment cut in 4 slices: 16 envelopes (all-to-all: 4).
+  EXPECT_EQ(segments, "16");
+  const auto resumed = run_with_rejoin(cfg, {}, "", nullptr, {}, {}, /*resume=*/true);
+  EXPECT_EQ(all_hash(resumed), clean);
+}
+
+// outer.exchange: owner, a site lost between the two phases: lyon's rank is killed before its
+// first average of round 3 leaves (or that average arrives as garbage), after its slices went
+// out. Nobody gets lyon's slice's average, so no site can apply round 3: paris and milan stop
+// naming lyon, with a checkpoint at round 3's step; every site resumes from the newest step all
+// hold and ends on the hash of a run never hurt.
+TEST(Elastic, OwnerExchangeASiteLostBetweenItsTwoPhasesStopsTheRunAndTheResumeAgrees) {
+  auto cfg_for = [](const TempDir& dir) {
+    auto c = sites_config(dir, 3, 1, ", exchange: owner, min_sites: 3");
+    c.train.checkpoint_every = 4;
+    return c;
+  };
+  TempDir clean_dir;
+  const std::string clean = all_hash(run(cfg_for(clean_dir), {}));
+  ASSERT_NE(clean, "");
+  for (const auto action : {FaultAction::kKill, FaultAction::kGarbage}) {
+    SCOPED_TRACE(action == FaultAction::kKill ? "killed" : "garbage");
+    TempDir d;
+    const auto cfg = cfg_for(d);
+    Fault f = kill_before("lyon", 0, 5);  // lyon sends 2 averages a round: its 5th is round 3's first
+    f.kind = transport::FrameKind::kAverage;
+    f.action = action;
+    const auto hurt = run(cfg, {f});
+    int named = 0;  // killed: both survivors wait for lyon; garbage: the one it reached (paris)
+    for (const auto& o : hurt) {
+      if (o.site == "lyon") continue;
+      EXPECT_TRUE(has(o.error, "outer round 3: no membership agreed")) << o.site << ": " << o.error;
+      named += has(o.error, "waited for lyon");
+      std::ifstream latest(d.path() / "out" / "checkpoints" / o.site / "latest");
+      std::string name;
+      std::getline(latest, name);
+      EXPECT_EQ(name, "step_00000006") << o.site;
+    }
+    EXPECT_EQ(named, action == FaultAction::kKill ? 2 : 1) << hurt[0].error;
+    const auto resumed = run_with_rejoin(cfg, {}, "", nullptr, {}, {}, /*resume=*/true);
+    EXPECT_EQ(all_hash(resumed), clean);
+  }
+}
+
 // Four sites with min_sites 1, split 2|2 by a link cut of `cut_s` seconds at round 4: both
 // sides go on alone; when the cut heals, the side with the lowest site index (paris, lyon) is
 // kept, milan and oslo leave naming both sides and the tokens they discard, restart and

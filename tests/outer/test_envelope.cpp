@@ -96,3 +96,16 @@ TEST(Envelope, AnAttachmentRoundTripsAndIsBoundsChecked) {
   std::vector<uint8_t> big(kMaxAttachment + 1);
   EXPECT_THROW(write_envelope({EnvelopeKind::kPseudoGradient, 5, 1, 0, 42, body, big}, b), geoloco::Error);
 }
+
+// outer.exchange: owner: an owner's average carries the mask of the sites it averaged; it is
+// not a pseudo-gradient, nor the other way round.
+TEST(Envelope, AnAverageIsItsOwnKind) {
+  std::vector<uint8_t> b;
+  write_envelope({EnvelopeKind::kAverage, 5, 1, 0, 0b111, std::vector<uint8_t>{7, 8}, {}}, b);
+  const auto e = read_envelope(b, EnvelopeKind::kAverage, 5, 1, 0, 16, "lyon/0");
+  EXPECT_EQ(e.value, 0b111u);
+  EXPECT_EQ(e.body.size(), 2u);
+  EXPECT_NE(reject(b).find("kind 13 (expected 1)"), std::string::npos);
+  auto pg = make(5, 1, 0, {1});
+  EXPECT_THROW(read_envelope(pg, EnvelopeKind::kAverage, 5, 1, 0, 16, "lyon/0"), EnvelopeError);
+}

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <random>
 #include <set>
 
@@ -10,6 +11,7 @@
 #include "multisite_util.hpp"
 #include "outer_optimizer/exchange_layout.hpp"
 #include "outer_optimizer/fragment_sync.hpp"
+#include "outer_optimizer/owner_exchange.hpp"
 #include "outer_optimizer/site_peers.hpp"
 #include "tests/support/ports.hpp"
 #include "trainer/checkpoint/model_checkpoint.hpp"
@@ -272,4 +274,123 @@ TEST(Shapes, DivergedWeightsAreCaughtPieceByPiece) {
     EXPECT_NE(m.find("outer round 2: global weights diverged: piece"), std::string::npos) << m;
     EXPECT_NE(m.find("milan"), std::string::npos) << m;
   }
+}
+
+// outer.exchange: owner (owner_exchange.hpp): a segment's S slices tile it in order, balanced,
+// and every element of a fragment is owned by exactly one site.
+TEST(OwnerExchange, SlicesTileEverySegmentAndEveryElementHasOneOwner) {
+  for (size_t n : {0, 1, 2, 5, 7, 100, 1001})
+    for (int S = 1; S <= 8; ++S) {
+      outer::Segment sg{0, 3, 3 + n};
+      size_t at = sg.begin, lo = n, hi = 0;
+      for (int j = 0; j < S; ++j) {
+        const outer::Slice sl = outer::owner_slice(sg, j, S);
+        EXPECT_EQ(sl.begin, at) << n << " " << S << " " << j;
+        at = sl.end;
+        lo = std::min(lo, sl.size());
+        hi = std::max(hi, sl.size());
+      }
+      EXPECT_EQ(at, sg.end) << n << " " << S;
+      EXPECT_LE(hi - lo, 1u) << n << " " << S;
+    }
+  outer::Fragment f;
+  f.n = 23;
+  f.segments = {{0, 0, 10}, {1, 10, 10}, {2, 10, 23}};
+  std::vector<int> owners(f.n, 0);
+  for (int s = 0; s < 3; ++s) {
+    const auto mask = outer::owned_mask(f, s, 3);
+    for (size_t i = 0; i < f.n; ++i) owners[i] += mask[i];
+  }
+  for (size_t i = 0; i < f.n; ++i) EXPECT_EQ(owners[i], 1) << i;
+  EXPECT_THROW(outer::owner_slice(f.segments[0], 3, 3), Error);
+}
+
+namespace {
+// Each site's bytes sent over the run (the sum of its ranks' transport counters).
+std::map<std::string, double> bytes_by_site(const nlohmann::json& summary) {
+  std::map<std::string, double> out;
+  for (const auto& r : summary["ranks"]) out[r["site"].get<std::string>()] += r["wan_bytes_sent"].get<double>();
+  return out;
+}
+}  // namespace
+
+// The exchange's figure: with fp32 the first phase's slices and the second phase's averages are
+// exact, and an owner sums its slice in site order with the weights every site uses, so the
+// run ends on all-to-all's global hash bit for bit -- on sites of 1, 2 and 3 ranks, two
+// fragments overlapped -- while each site sends about 2(S-1)/S of its shard per round instead of
+// S-1: two thirds of all-to-all's bytes for three sites (plus the same handshakes and checks).
+TEST(OwnerExchange, Fp32EndsOnTheAllToAllBitsWithTwoThirdsOfTheBytesOnThreeSites) {
+  std::map<std::string, nlohmann::json> out;
+  for (const std::string exchange : {"all_to_all", "owner"}) {
+    TempDir d;
+    psk(d);
+    auto cfg = trainer::load_run_config(d.file(
+        "c.yaml", base(d.path() / "out", 16) + "outer: {interval: 4, fragments: 2, overlap_steps: 1, exchange: " +
+                      exchange + ", min_sites: 3, compression: {codec: fp32}}\n" +
+                      sites({{1, "strategy: ddp"}, {2, "strategy: fsdp"}, {3, "strategy: zero1"}}) + kTransport));
+    out[exchange] = geoloco::testing::run_ranks(cfg)[0];
+    expect_one_hash(out[exchange], 6, exchange);
+    EXPECT_EQ(out[exchange]["outer_exchange"], exchange);
+  }
+  EXPECT_EQ(out["owner"]["global_weights_hash"], out["all_to_all"]["global_weights_hash"]);
+  EXPECT_EQ(out["owner"]["params_hash"], out["all_to_all"]["params_hash"]);
+  const auto a2a = bytes_by_site(out["all_to_all"]), owner = bytes_by_site(out["owner"]);
+  for (const auto& [site, bytes] : a2a) {
+    const double ratio = owner.at(site) / bytes;
+    EXPECT_GT(ratio, 0.60) << site;
+    EXPECT_LT(ratio, 0.72) << site;
+  }
+}
+
+// A lossy codec with error feedback on both phases (int4: the owners' averages quantized once
+// more, their error fed back by the owner): sites of 1, 2 and 3 ranks under three strategies,
+// fragments overlapped, end on one hash, and the loss stays by all-to-all's.
+TEST(OwnerExchange, ALossyCodecKeepsSitesOfEveryShapeOnOneHash) {
+  std::map<std::string, nlohmann::json> out;
+  for (const std::string exchange : {"all_to_all", "owner"}) {
+    TempDir d;
+    psk(d);
+    auto cfg = trainer::load_run_config(d.file(
+        "c.yaml", base(d.path() / "out", 16) +
+                      "outer: {interval: 4, fragments: 2, overlap_steps: 1, exchange: " + exchange +
+                      ", min_sites: 3, compression: {codec: int4, block: 64, error_feedback: true, "
+                      "zstd_level: 1}}\n" +
+                      sites({{3, "strategy: fsdp"}, {1, "strategy: ddp"}, {2, "strategy: zero2"}}) + kTransport));
+    out[exchange] = geoloco::testing::run_ranks(cfg)[0];
+    expect_one_hash(out[exchange], 6, exchange);
+    EXPECT_EQ(out[exchange]["outer_steps"].get<int>(), 9) << exchange;
+  }
+  EXPECT_NE(out["owner"]["global_weights_hash"], out["all_to_all"]["global_weights_hash"])
+      << "the averages are quantized once more: some bit should differ";
+  const double a = out["all_to_all"]["val_loss"].get<double>(), o = out["owner"]["val_loss"].get<double>();
+  EXPECT_NEAR(o, a, 0.02 * a);
+  for (const auto& r : out["owner"]["ranks"])
+    EXPECT_GT(r["outer_memory"]["error_feedback_bytes"].get<double>(),
+              4.0 * r["outer_memory"]["shard_elements"].get<double>())
+        << "the owner residual is not counted";
+}
+
+// The owner exchange needs every site in every round: a config whose quorum is below that is
+// refused, naming the key and the value to set; two sites (majority 2) need nothing more.
+TEST(OwnerExchange, TheConfigRefusesAQuorumBelowEverySite) {
+  TempDir d;
+  psk(d);
+  for (const std::string quorum : {"", ", min_sites: 2"}) {
+    try {
+      trainer::load_run_config(d.file("c.yaml", base(d.path() / "out", 4) + "outer: {interval: 2, exchange: owner" +
+                                                    quorum + "}\n" + sites({{1, ""}, {1, ""}, {1, ""}}) + kTransport));
+      ADD_FAILURE() << "accepted with quorum '" << quorum << "'";
+    } catch (const std::exception& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("exchange"), std::string::npos) << m;
+      EXPECT_NE(m.find("set outer.min_sites: 3 (now 2)"), std::string::npos) << m;
+    }
+  }
+  EXPECT_NO_THROW(
+      trainer::load_run_config(d.file("c.yaml", base(d.path() / "out", 4) + "outer: {interval: 2, exchange: owner}\n" +
+                                                    sites({{1, ""}, {1, ""}}) + kTransport)));
+  EXPECT_THROW(
+      trainer::load_run_config(d.file("c.yaml", base(d.path() / "out", 4) + "outer: {interval: 2, exchange: ring}\n" +
+                                                    sites({{1, ""}, {1, ""}}) + kTransport)),
+      Error);
 }

@@ -62,6 +62,11 @@ TEST(Frame, ValidateHeaderNamesTheBadField) {
   h = good(0, 4096, 5000);
   h.kind = 99;
   EXPECT_NE(validate_header(h, 4096, chunk, max).find("kind"), std::string::npos);
+  h.kind = 7;  // one past the last kind (6: an owner's average)
+  EXPECT_NE(validate_header(h, 4096, chunk, max).find("kind: got 7"), std::string::npos);
+  h.kind = static_cast<uint16_t>(FrameKind::kAverage);
+  EXPECT_EQ(validate_header(h, 4096, chunk, max), "");
+  EXPECT_EQ(to_string(FrameKind::kAverage), "average");
   EXPECT_NE(validate_header(good(0, 4096, 2 << 20), 4096, chunk, max).find("total_length"), std::string::npos);
   EXPECT_NE(validate_header(good(100, 4096, 5000), 4096, chunk, max).find("offset"), std::string::npos);
   EXPECT_NE(validate_header(good(8192, 100, 5000), 100, chunk, max).find("offset"), std::string::npos);
