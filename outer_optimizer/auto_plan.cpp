@@ -57,6 +57,7 @@ nlohmann::json PlanDecision::to_json() const {
           {"bits", bits},
           {"codec", codec},
           {"lanes", lanes},
+          {"exchange", exchange},
           {"step_time_s", step_time_s},
           {"predicted_fragment_sync_s", predicted_fragment_sync_s},
           {"predicted_utilization", predicted_utilization},
@@ -76,6 +77,7 @@ PlanDecision PlanDecision::from_json(const nlohmann::json& j, const std::string&
     d.bits = j.at("bits").get<int>();
     d.codec = j.at("codec").get<std::string>();
     d.lanes = j.at("lanes").get<int>();
+    if (j.contains("exchange")) d.exchange = j.at("exchange").get<std::string>();  // absent before the owner exchange
     d.step_time_s = j.at("step_time_s").get<double>();
     d.predicted_fragment_sync_s = j.at("predicted_fragment_sync_s").get<double>();
     d.predicted_utilization = j.at("predicted_utilization").get<double>();
@@ -93,7 +95,7 @@ PlanDecision PlanDecision::from_json(const nlohmann::json& j, const std::string&
         d.local_sync_s[b] = sec;
       }
     if (d.epoch < 0 || d.interval < 1 || d.fragments < 1 || d.fragments > d.interval || d.lanes < 1 ||
-        !compression::codec_from_name(d.codec))
+        !compression::codec_from_name(d.codec) || (d.exchange != "all_to_all" && d.exchange != "owner"))
       throw Error("values out of range");
     return d;
   } catch (const nlohmann::json::exception& e) {
@@ -160,6 +162,8 @@ planner::BudgetInput budget_input(const PlanRequest& req) {
   in.H = in.h_floor;
   in.fragments = 1;
   in.bits = o.plan_bits.front();
+  in.pattern = o.owner_exchange() ? planner::Pattern::Owner : planner::Pattern::AllToAll;
+  if (o.exchange_auto()) in.search_patterns = {planner::Pattern::AllToAll, planner::Pattern::Owner};
   return in;
 }
 
@@ -181,6 +185,7 @@ PlanDecision choose_plan(const PlanRequest& req) {
   d.bits = e.bits;
   d.codec = codec_for_bits(e.bits);
   d.lanes = e.lanes;
+  d.exchange = planner::pattern_name(e.pattern);
   d.step_time_s = req.step_time_s;
   d.predicted_fragment_sync_s = e.fragment_sync.total_s;
   d.predicted_utilization = e.utilization;
@@ -208,15 +213,15 @@ PlanDecision choose_plan(const PlanRequest& req) {
       "step "
       "{:.1f} ms (slowest site){}, {:.3g}M parameters, {} sites x {} ranks. Chose H = {}, {} fragment(s), {} ({} "
       "bits), "
-      "{} lane(s), overlap {} steps: one fragment sync is predicted at {:.1f} ms against {:.1f} ms of compute per "
-      "period, utilization {:.4f} {} target {:.3f}{}.{}",
+      "{} lane(s), exchange {}{}, overlap {} steps: one fragment sync is predicted at {:.1f} ms against {:.1f} ms of "
+      "compute per period, utilization {:.4f} {} target {:.3f}{}.{}",
       req.path.rtt_s * 1e3, req.path.rtt_p99_s * 1e3, req.path.per_connection_Bps * 8 / 1e6,
       req.path.path_Bps * 8 / 1e6, req.path.connections,
       req.capacity_scale != 1.0 ? fmt::format(" (recalibrated x{:.3f} to the measured syncs)", req.capacity_scale) : "",
       req.step_time_s * 1e3, local, req.params / 1e6, req.sites, req.ranks, d.interval, d.fragments, d.codec, d.bits,
-      d.lanes, o.delayed_update ? "H (delayed update)" : std::to_string(o.overlap_steps),
-      d.predicted_fragment_sync_s * 1e3, double(d.interval) * req.step_time_s * 1e3, d.predicted_utilization,
-      s.found ? ">=" : "<", o.target_utilization,
+      d.lanes, d.exchange, o.exchange_auto() ? " (outer.exchange: auto)" : "",
+      o.delayed_update ? "H (delayed update)" : std::to_string(o.overlap_steps), d.predicted_fragment_sync_s * 1e3,
+      double(d.interval) * req.step_time_s * 1e3, d.predicted_utilization, s.found ? ">=" : "<", o.target_utilization,
       s.found ? " (the smallest H that reaches it; more bits preferred at equal H)" : fmt::format(" ({})", s.reason),
       lanes_note);
   return d;
@@ -224,6 +229,7 @@ PlanDecision choose_plan(const PlanRequest& req) {
 
 double calibrated_capacity_scale(const PlanRequest& req, const PlanDecision& plan, double measured_s) {
   planner::BudgetInput in = budget_input(req);
+  in.pattern = plan.exchange == "owner" ? planner::Pattern::Owner : planner::Pattern::AllToAll;
   const double bpv = in.bytes_per_value_for_bits(plan.bits);
   const planner::SyncCost c = planner::sync_cost(in, bpv, plan.fragments, req.transport_lanes, plan.bits);
   const double fixed = c.latency_s + c.slow_start_s + c.local_s;

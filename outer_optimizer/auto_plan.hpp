@@ -5,7 +5,9 @@
 // rank times its inner steps, and site 0 turns the worst path and the slowest site's step
 // time into a plan with the budget model (outer_optimizer/planner): the smallest H, and the fragment
 // count and bit width, that reach `outer.target_utilization` (ties prefer more bits, then
-// fewer fragments), with the run's overlap (tau) and the transport's lanes. Site 0 sends the
+// fewer fragments), with the run's overlap (tau) and the transport's lanes; under
+// outer.exchange: auto also the exchange (all_to_all or owner; ties prefer all_to_all: one
+// round, one quantization). Site 0 sends the
 // plan to every site, each site's rank 0 to its ranks: every rank applies the same plan.
 //
 // During the run each site's rank 0 compares, once per period, the measured fragment sync
@@ -67,6 +69,7 @@ struct PlanDecision {
   int bits = 32;
   std::string codec = "fp32";
   int lanes = 1;
+  std::string exchange = "all_to_all";  // all_to_all | owner (outer.exchange; auto: the plan's choice)
   double step_time_s = 0;
   double predicted_fragment_sync_s = 0;
   double predicted_utilization = 0;
@@ -77,7 +80,7 @@ struct PlanDecision {
   std::map<int, double> local_sync_s;  // what the plan was made with (PlanRequest), kept for re-plans
 
   bool same_schedule(const PlanDecision& o) const {
-    return interval == o.interval && fragments == o.fragments && codec == o.codec;
+    return interval == o.interval && fragments == o.fragments && codec == o.codec && exchange == o.exchange;
   }
   nlohmann::json to_json() const;
   // Throws Error naming `source` for anything missing or out of range.

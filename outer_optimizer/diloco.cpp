@@ -37,7 +37,7 @@ Diloco::Diloco(const trainer::RunConfig& cfg, int site, int rank, transport::Tra
       hooks_(std::move(hooks)),
       strategy_(&strategy),
       peers_(cfg, site, rank, transport),
-      ctx_{cfg, peers_, hooks_, nullptr},
+      ctx_{cfg, peers_, hooks_, nullptr, cfg.outer.owner_exchange()},
       membership_(cfg, peers_, hooks_),
       n_(strategy.shard_params().size()),
       layout_(layout),
@@ -119,8 +119,7 @@ void Diloco::build_fragments(int fragments, std::span<const float> shard) {
     gather_local(*f, shard, f->global);
     f->pipeline = std::make_unique<compression::Pipeline>(pcfg_);
     if (pcfg_.error_feedback) f->ef = std::make_unique<compression::ErrorFeedback>(f->n);
-    if (pcfg_.error_feedback && ocfg_.owner_exchange())
-      f->owner_ef = std::make_unique<compression::ErrorFeedback>(f->n);
+    if (pcfg_.error_feedback && ctx_.owner) f->owner_ef = std::make_unique<compression::ErrorFeedback>(f->n);
     f->opt = std::make_unique<OuterOptimizer>(ocfg_.optimizer, f->n);
     f->hash = hash64(f->global.data(), f->global.size() * sizeof(float));
     f->segments = cut_segments(f->local, shard_, peers_.layout(), site_, rank_);
@@ -194,6 +193,7 @@ void Diloco::set_schedule(const PlanDecision& d, std::span<const float> global) 
   verify_pending_checks();
   interval_ = d.interval;
   pcfg_ = plan_compression(ocfg_.compression, d);
+  if (ocfg_.exchange_auto()) ctx_.owner = d.exchange == "owner";
   if (auto* t = peers_.transport()) t->set_active_lanes(std::min(d.lanes, t->lanes()));
   buffer_pool_.clear();
   build_fragments(d.fragments, global);
@@ -796,7 +796,7 @@ nlohmann::json Diloco::summary() {
     j["plan_recalibrations"] = planner_.recalibrations();
   }
   j["outer_pace"] = ocfg_.pace;
-  j["outer_exchange"] = ocfg_.exchange;
+  j["outer_exchange"] = ctx_.owner ? "owner" : "all_to_all";  // in force at the end (exchange: auto: the plan's)
   if (ocfg_.pace_by_time()) {
     j["pace"] = pace_json();
     j["pace"]["trained_steps"] = trained_steps_;

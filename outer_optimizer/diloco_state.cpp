@@ -170,7 +170,7 @@ void Diloco::restore_state(const trainer::SafetensorsFile& file) {
     r.merge_step = listed ? file.meta_int(p + "merge_step", r.step, cfg_.train.steps) : r.step;
     const Fragment& frag = *frags_[static_cast<size_t>(r.fragment)];
     // One envelope per segment; with outer.exchange: owner one per segment and site (its slices).
-    const size_t per_segment = ocfg_.owner_exchange() ? static_cast<size_t>(peers_.sites()) : 1;
+    const size_t per_segment = ctx_.owner ? static_cast<size_t>(peers_.sites()) : 1;
     const size_t K = frag.segments.size() * per_segment;
     const int64_t segments = meta.count(p + "segments") ? file.meta_int(p + "segments", 0, 1 << 24) : 1;
     if (static_cast<size_t>(segments) != K)

@@ -102,7 +102,7 @@ void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64
 
     // 2. Compress each segment, wrap, exchange with the piece's owner at every active site
     // (outer.exchange: owner: each slice of a segment to the site that owns it only).
-    const bool owner_mode = ctx.cfg.outer.owner_exchange();
+    const bool owner_mode = ctx.owner;
     const size_t per_segment = owner_mode ? static_cast<size_t>(S) : 1;  // frames per segment
     std::optional<trainer::TraceSpan> compress_span(std::in_place, ctx.trace, "compress", tid);
     if (again) {
@@ -249,7 +249,7 @@ ExchangeResult apply_round(Fragment& f, const ExchangeContext& ctx, SiteMask all
     // segment from the piece's owner there; every element sums its sites in site order).
     // outer.exchange: owner: the envelopes of this site's slices (tokens, attachments), and
     // the average of every slice from its owner's second-phase frame.
-    const bool owner_mode = ocfg.owner_exchange();
+    const bool owner_mode = ctx.owner;
     const size_t per_segment = owner_mode ? static_cast<size_t>(S) : 1;
     const size_t own_index = owner_mode ? static_cast<size_t>(self) : 0;
     std::vector<std::vector<Envelope>> env(static_cast<size_t>(S));

@@ -134,6 +134,9 @@ struct ExchangeContext {
   const SitePeers& peers;
   const OuterHooks& hooks;
   trainer::TraceRecorder* trace = nullptr;
+  // The exchange in force: outer.exchange: owner, or the plan's under exchange: auto (set
+  // by the inner loop's thread between rounds only: at start and at a re-plan).
+  bool owner = false;
 };
 
 // Steps 1-2 of one round on `local` (the fragment's values, gathered): pseudo-gradient,

@@ -51,7 +51,7 @@ OuterConfig OuterConfig::from_yaml(const config::Node& n) {
     c.compression.error_feedback_decay = c.optimizer.ef_decay;
   }
   c.weighting = n.get_choice("weighting", c.weighting, {"uniform", "tokens"});
-  c.exchange = n.get_choice("exchange", c.exchange, {"all_to_all", "owner"});
+  c.exchange = n.get_choice("exchange", c.exchange, {"all_to_all", "owner", "auto"});
   c.pace = n.get_choice("pace", c.pace, {"steps", "time"});
   c.pace_tolerance = n.get_double("pace_tolerance", c.pace_tolerance, 0.0, 0.9);
   if (c.pace_by_time() && c.weighting != "tokens")
@@ -100,6 +100,10 @@ OuterConfig OuterConfig::from_yaml(const config::Node& n) {
   if (c.join_warmup_steps < 0) c.join_warmup_steps = c.interval;
   if (c.auto_plan() && c.overlap_steps + 1 > c.plan_h_max)
     n.fail("plan_h_max", fmt::format("must exceed overlap_steps ({})", c.overlap_steps));
+  if (c.exchange_auto() && !c.auto_plan())
+    n.fail("exchange",
+           "auto is chosen by the plan from the measured link: set outer.plan: auto, or exchange: "
+           "all_to_all | owner");
   if (c.auto_plan() && c.compression.topk)
     n.fail("plan", "auto picks a dense codec (fp16/int8/int4/int2): remove compression.topk or use plan: manual");
   if (c.auto_plan() && c.inner_state == "reset")

@@ -6,7 +6,8 @@
 //     compression: {codec: int8, block: 128, error_feedback: true, zstd_level: 3}
 //     weighting: uniform            # uniform | tokens (each site weighted by tokens processed)
 //     exchange: all_to_all          # all_to_all | owner: each site owns 1/S of every shard
-//                                   # (owner_exchange.hpp; needs min_sites = every site)
+//                                   # (owner_exchange.hpp; needs min_sites = every site) |
+//                                   # auto: plan: auto picks one with the budget model
 //     pace: steps                   # steps | time: a slower site trains fewer steps per round (pace.hpp)
 //     pace_tolerance: 0.05          # pace: time: a site this close to the fastest trains every step
 //     inner_state: keep             # keep | reset (AdamW moments after each outer step)
@@ -96,6 +97,7 @@ struct OuterConfig {
   bool auto_plan() const { return plan == "auto"; }
   bool pace_by_time() const { return pace == "time"; }
   bool owner_exchange() const { return exchange == "owner"; }
+  bool exchange_auto() const { return exchange == "auto"; }
   int quorum(int sites) const { return min_sites > 0 ? min_sites : sites / 2 + 1; }
   bool overlapped() const { return overlap_steps > 0 || delayed_update; }
 

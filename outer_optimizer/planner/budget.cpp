@@ -38,7 +38,14 @@ double byte_count(const config::Node& n, std::string_view key, double dflt, cons
 
 }  // namespace
 
-const char* pattern_name(Pattern p) { return p == Pattern::AllToAll ? "all_to_all" : "ring"; }
+const char* pattern_name(Pattern p) {
+  switch (p) {
+    case Pattern::AllToAll: return "all_to_all";
+    case Pattern::Ring: return "ring";
+    case Pattern::Owner: return "owner";
+  }
+  return "?";
+}
 
 double BudgetInput::bytes_per_value() const {
   if (bytes_per_value_override) return *bytes_per_value_override;
@@ -165,8 +172,8 @@ BudgetInput BudgetInput::from_yaml(const config::Node& root) {
   in.overlap_steps = sched.get_int("overlap_steps", in.overlap_steps, 0, int64_t(1) << 40);
   in.ranks = static_cast<int>(sched.get_int("ranks", in.ranks, 1, 1 << 20));
   in.lanes = static_cast<int>(sched.get_int("lanes", in.lanes, 1, 1 << 20));
-  in.pattern =
-      sched.get_choice("pattern", "all_to_all", {"all_to_all", "ring"}) == "ring" ? Pattern::Ring : Pattern::AllToAll;
+  const std::string pattern = sched.get_choice("pattern", "all_to_all", {"all_to_all", "ring", "owner"});
+  in.pattern = pattern == "ring" ? Pattern::Ring : pattern == "owner" ? Pattern::Owner : Pattern::AllToAll;
   in.dp_bytes_per_value = sched.get_double("dp_bytes_per_value", in.dp_bytes_per_value, 0.125, 8);
   in.local_sync_s = sched.get_double("local_sync_s", in.local_sync_s, 0, 1e9);
   sched.finish();
@@ -225,6 +232,10 @@ SyncCost sync_cost(const BudgetInput& in, double bpv, int fragments, int lanes, 
     c.egress_bytes = (S - 1) * c.payload_bytes;
     c.connections = (in.sites - 1) * per_pair;
     c.rounds = 1;
+  } else if (in.pattern == Pattern::Owner) {
+    c.egress_bytes = 2 * (S - 1) / S * c.payload_bytes;
+    c.connections = (in.sites - 1) * per_pair;
+    c.rounds = 2;
   } else {
     c.egress_bytes = 2 * (S - 1) / S * c.payload_bytes;
     c.connections = per_pair;
@@ -239,7 +250,7 @@ SyncCost sync_cost(const BudgetInput& in, double bpv, int fragments, int lanes, 
   c.check_s = in.check_rtts * in.rtt_s;
   // Each rank sends its slice of the round's bytes to each peer as one message.
   c.message_bytes = c.egress_bytes / static_cast<double>(c.rounds) /
-                    static_cast<double>(in.pattern == Pattern::AllToAll ? (in.sites - 1) * in.ranks : in.ranks);
+                    static_cast<double>(in.pattern == Pattern::Ring ? in.ranks : (in.sites - 1) * in.ranks);
   c.rtts_per_round = in.rtts_per_round >= 0 ? in.rtts_per_round : (c.message_bytes <= in.eager_bytes ? 0.5 : 1.5);
   c.latency_s = static_cast<double>(c.rounds) * c.rtts_per_round * in.rtt_s + c.check_s;
   c.local_s = in.local_sync_for(bits) / fragments;
@@ -272,6 +283,7 @@ double utilization(int64_t H, double step_s, double exposed_s) {
 Evaluation evaluate(const BudgetInput& in, int64_t H, int bits, double bpv, int fragments, int lanes) {
   Evaluation e;
   e.H = H;
+  e.pattern = in.pattern;
   e.bits = bits;
   e.bytes_per_value = bpv;
   e.fragments = fragments;
@@ -284,41 +296,47 @@ Evaluation evaluate(const BudgetInput& in, int64_t H, int bits, double bpv, int 
   return e;
 }
 
-HSearch smallest_h(const BudgetInput& in) {
+HSearch smallest_h(const BudgetInput& given) {
   HSearch out;
   bool have_best_at_max = false;
-  for (int bits : in.search_bits) {
-    const double bpv = in.bytes_per_value_for_bits(bits);
-    for (int F : in.search_fragments) {
-      const int64_t lo = std::max({in.h_floor, in.overlap_steps, int64_t(F)});
-      if (lo > in.h_max) continue;
-      for (int lanes : in.search_lanes) {
-        Evaluation top = evaluate(in, in.h_max, bits, bpv, F, lanes);
-        if (top.utilization < in.target_utilization) {
-          // Only while nothing reaches the target: the best reached at h_max, for the reason.
-          if (!out.found && (!have_best_at_max || top.utilization > out.best.utilization)) {
-            out.best = top;
-            have_best_at_max = true;
+  const std::vector<Pattern> patterns =
+      given.search_patterns.empty() ? std::vector<Pattern>{given.pattern} : given.search_patterns;
+  for (int bits : given.search_bits) {
+    const double bpv = given.bytes_per_value_for_bits(bits);
+    for (int F : given.search_fragments) {
+      const int64_t lo = std::max({given.h_floor, given.overlap_steps, int64_t(F)});
+      if (lo > given.h_max) continue;
+      for (int lanes : given.search_lanes)
+        for (Pattern pattern : patterns) {
+          BudgetInput in = given;
+          in.pattern = pattern;
+          Evaluation top = evaluate(in, in.h_max, bits, bpv, F, lanes);
+          if (top.utilization < in.target_utilization) {
+            // Only while nothing reaches the target: the best reached at h_max, for the reason.
+            if (!out.found && (!have_best_at_max || top.utilization > out.best.utilization)) {
+              out.best = top;
+              have_best_at_max = true;
+            }
+            continue;
           }
-          continue;
+          // Bisect the smallest H in [lo, h_max] reaching the target (monotone in H).
+          int64_t a = lo, b = in.h_max;
+          while (a < b) {
+            int64_t mid = a + (b - a) / 2;
+            if (evaluate(in, mid, bits, bpv, F, lanes).utilization >= in.target_utilization)
+              b = mid;
+            else
+              a = mid + 1;
+          }
+          // Strictly smaller H wins; equal H keeps the earlier (preferred) configuration.
+          if (!out.found || a < out.best.H) {
+            out.found = true;
+            out.best = evaluate(in, a, bits, bpv, F, lanes);
+          }
         }
-        // Bisect the smallest H in [lo, h_max] reaching the target (monotone in H).
-        int64_t a = lo, b = in.h_max;
-        while (a < b) {
-          int64_t mid = a + (b - a) / 2;
-          if (evaluate(in, mid, bits, bpv, F, lanes).utilization >= in.target_utilization)
-            b = mid;
-          else
-            a = mid + 1;
-        }
-        // Strictly smaller H wins; equal H keeps the earlier (preferred) configuration.
-        if (!out.found || a < out.best.H) {
-          out.found = true;
-          out.best = evaluate(in, a, bits, bpv, F, lanes);
-        }
-      }
     }
   }
+  const BudgetInput& in = given;
   if (!out.found) {
     if (!have_best_at_max) {
       out.reason = fmt::format(
@@ -346,6 +364,9 @@ BudgetReport plan_budget(const BudgetInput& in) {
   BudgetInput ring = in;
   ring.pattern = Pattern::Ring;
   r.ring_full_sync = sync_cost(ring, bpv, 1, in.lanes);
+  BudgetInput owner = in;
+  owner.pattern = Pattern::Owner;
+  r.owner_full_sync = sync_cost(owner, bpv, 1, in.lanes);
 
   r.window_bytes = tcp_window_bytes(in.tcp_rmem_max_bytes, in.tcp_window_fraction);
   const double capacity = in.site_capacity_Bps();
@@ -368,7 +389,12 @@ BudgetReport plan_budget(const BudgetInput& in) {
   r.dp_step_comm_s = sync_cost(dp, in.dp_bytes_per_value, 1, in.lanes).total_s;
   r.dp_utilization = utilization(1, in.step_time_s, r.dp_step_comm_s);
 
-  r.search = smallest_h(in);
+  // The search weighs the owner exchange against all-to-all where it differs (3 sites or
+  // more; a ring stays a ring: it is the comparison, not an exchange geoloco runs).
+  BudgetInput search = in;
+  if (in.search_patterns.empty() && in.pattern != Pattern::Ring && in.sites >= 3)
+    search.search_patterns = {Pattern::AllToAll, Pattern::Owner};
+  r.search = smallest_h(search);
   return r;
 }
 

@@ -8,6 +8,9 @@
 //    slice to rank r of each other site, over ranks*lanes connections per site pair, so a
 //    site sends (S-1)*N*bpv/F bytes per fragment sync in one round. ring (for comparison):
 //    2(S-1) rounds of N*bpv/(F*S) bytes over the ranks*lanes connections to one neighbour.
+//    owner (outer.exchange: owner): two rounds over the same connections as all_to_all, each
+//    site sending 1/S of its fragment to every other site in each: 2(S-1)/S*N*bpv/F bytes.
+//    The owners' second encode (1/S of the fragment) is not priced apart (local_sync_s).
 //  * Rate: min(site WAN capacity = rate x parallel links, connections x per-connection cap),
 //    the cap being window/RTT (window = tcp_rmem max x window fraction) or a probe's figure.
 //  * Latency: rtts_per_round round trips per round: 0.5 when each message of the round fits
@@ -35,7 +38,7 @@
 
 namespace geoloco::planner {
 
-enum class Pattern { AllToAll, Ring };
+enum class Pattern { AllToAll, Ring, Owner };
 const char* pattern_name(Pattern p);
 
 // Identifies a budget YAML (written by `geoloco probe`, read by `geoloco budget --from`).
@@ -80,6 +83,8 @@ struct BudgetInput {
   int ranks = 1;  // ranks per site = connections per site pair before lanes
   int lanes = 1;  // connections per rank pair
   Pattern pattern = Pattern::AllToAll;
+  // The exchanges smallest_h may choose from (empty: `pattern` only); at equal H the earlier.
+  std::vector<Pattern> search_patterns;
   // Round trips per exchange round; < 0: derived per sync from eager_bytes (see above).
   double rtts_per_round = -1;
   // The transport's eager size (transport.eager_bytes): a message at most this long per
@@ -148,6 +153,7 @@ SyncCost sync_cost(const BudgetInput& in, double bytes_per_value, int fragments,
 
 struct Evaluation {
   int64_t H = 0;
+  Pattern pattern = Pattern::AllToAll;
   int bits = 0;  // 0: bytes_per_value was given (compression.bytes_per_value), not priced from bits
   double bytes_per_value = 0;
   int fragments = 0;
@@ -173,17 +179,18 @@ struct HSearch {
 };
 
 // Smallest H in [max(h_floor, overlap_steps, fragments), h_max] for which some (bits,
-// fragments, lanes) from the search lists reaches target_utilization. Ties at the smallest H
-// prefer the earlier bits in the list (higher precision), then fewer fragments, then fewer
-// lanes. Utilization is non-decreasing in H for a fixed configuration, so each
+// fragments, lanes, pattern) from the search lists reaches target_utilization. Ties at the
+// smallest H prefer the earlier bits in the list (higher precision), then fewer fragments, then
+// fewer lanes, then the earlier pattern. Utilization is non-decreasing in H for a fixed configuration, so each
 // configuration is bisected.
 HSearch smallest_h(const BudgetInput& in);
 
 struct BudgetReport {
   BudgetInput input;
-  Evaluation current;       // the configuration as given
-  SyncCost full_sync;       // the whole model at once (F=1), for the table
-  SyncCost ring_full_sync;  // ring all-reduce of the whole model, for comparison
+  Evaluation current;        // the configuration as given
+  SyncCost full_sync;        // the whole model at once (F=1), for the table
+  SyncCost ring_full_sync;   // ring all-reduce of the whole model, for comparison
+  SyncCost owner_full_sync;  // outer.exchange: owner, the whole model, for comparison
   double window_bytes = 0;
   int64_t connections_to_fill_link = 0;  // at the window's cap
   double rmem_to_fill_link = 0;          // per connection, with the current connections

@@ -127,6 +127,37 @@ TEST(AutoPlan, ChoosesTheSmallestIntervalThatMeetsTheTarget) {
   EXPECT_LE(outer::choose_plan(request(ov, 100, 1000, 300)).interval, d.interval);
 }
 
+// outer.exchange: auto: the plan weighs the owner exchange against all_to_all with the same
+// model. Eight sites on a slow link are bandwidth-bound: the owner's 2(S-1)/S of a shard reaches
+// the target at a smaller H. Two sites send the same bytes either way and the owner pays a
+// second round trip: all_to_all. The decision says so and round-trips through JSON; a plan of
+// an unknown exchange is refused.
+TEST(AutoPlan, ExchangeAutoWeighsTheOwnerExchangeWithTheSameModel) {
+  auto o = outer_from("outer: {plan: auto, exchange: auto, plan_h_min: 1, plan_h_max: 100000}\n");
+  auto wide = request(o, 20, 1000, 300);
+  wide.sites = 8;
+  const auto d = outer::choose_plan(wide);
+  EXPECT_EQ(d.exchange, "owner") << d.reason;
+  EXPECT_NE(d.reason.find("exchange owner (outer.exchange: auto)"), std::string::npos) << d.reason;
+  auto fixed = o;
+  fixed.exchange = "all_to_all";
+  wide.outer = &fixed;
+  const auto a2a = outer::choose_plan(wide);
+  EXPECT_EQ(a2a.exchange, "all_to_all");
+  EXPECT_GT(a2a.interval, d.interval) << "the owner exchange should need fewer steps per sync here";
+  auto pair = request(o, 100, 100000, 300);
+  EXPECT_EQ(outer::choose_plan(pair).exchange, "all_to_all");
+  const auto back = outer::PlanDecision::from_json(d.to_json(), "test");
+  EXPECT_EQ(back.exchange, "owner");
+  EXPECT_FALSE(back.same_schedule(a2a));
+  auto j = d.to_json();
+  j["exchange"] = "tree";
+  EXPECT_THROW(outer::PlanDecision::from_json(j, "test"), Error);
+  j.erase("exchange");  // a plan written before the owner exchange
+  EXPECT_EQ(outer::PlanDecision::from_json(j, "test").exchange, "all_to_all");
+  EXPECT_THROW(outer_from("outer: {exchange: auto}\n"), ConfigError);  // needs plan: auto
+}
+
 // The quality floor (planner/quality_floor.hpp): on a link fast enough for a small H, an outer
 // lr above 0.7 keeps the plan at H >= 25 (the grid measured lr 1.0 at H 10 far worse).
 TEST(AutoPlan, ALargeOuterLrKeepsHAtTwentyFiveOrMore) {
@@ -323,6 +354,24 @@ TEST(AutoPlan, EverySiteAndRankRunsTheSamePlan) {
   EXPECT_GE(p["predicted_fragment_sync_s"].get<double>(),
             p["local_sync_s"][std::to_string(p["bits"].get<int>())].get<double>() / p["fragments"].get<double>());
   EXPECT_NE(p["reason"].get<std::string>().find("the outer loop's own time per sync"), std::string::npos);
+}
+
+// outer.exchange: auto end to end: three sites on a slow emulated link (bandwidth-bound), so the
+// start-up plan picks the owner exchange; every rank runs it (the summary's outer_exchange) and
+// ends on one hash.
+TEST(AutoPlan, ExchangeAutoRunsThePlansExchangeOnEveryRank) {
+  TempDir d;
+  auto cfg = load(d, run_yaml(d.path() / "out", 30,
+                              "plan: auto, exchange: auto, min_sites: 3, plan_measure_steps: 4, "
+                              "plan_probe_seconds: 0.3, plan_h_min: 6, plan_h_max: 30, target_utilization: 0.99, "
+                              "replan_threshold: 1000, plan_bits: [32]",
+                              sites(3, 1, "ddp"), "delay_ms: 1, rate_mbit: 200"));
+  auto ranks = geoloco::testing::run_ranks(cfg);
+  expect_same_plans(ranks);
+  const auto& p = ranks[0]["plans"][0];
+  EXPECT_EQ(p["exchange"], "owner") << p["reason"];
+  for (const auto& r : ranks) EXPECT_EQ(r["outer_exchange"], "owner");
+  geoloco::testing::expect_one_hash(ranks[0], 3, "exchange: auto");
 }
 
 // A link that gets 200x slower after step 20 (test hook scaling the measured sync times):

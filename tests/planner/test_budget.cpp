@@ -118,6 +118,53 @@ schedule: {step_time_s: 0.5, ranks: 100, pattern: ring}
   EXPECT_DOUBLE_EQ(c.bandwidth_s, 3e9 / 10e9);
 }
 
+// outer.exchange: owner: two rounds over all_to_all's connections, each site sending 1/S of its
+// payload to every other site in each: 2(S-1)/S of it in all, against all_to_all's S-1.
+TEST(Budget, OwnerSendsTwoSMinusOneOverSInTwoRoundsOverEverySite) {
+  auto in = parse(R"(
+model: {params: 1e9}
+compression: {bits: 16}
+sites: 8
+link: {rtt_ms: 10, rate_gbps: 80}
+schedule: {step_time_s: 0.5, ranks: 4, pattern: owner}
+)");
+  const auto c = sync_cost(in, 2.0, 1, 1);
+  EXPECT_DOUBLE_EQ(c.egress_bytes, 2.0 * 7 / 8 * 2e9);
+  EXPECT_EQ(c.connections, 7 * 4);
+  EXPECT_EQ(c.rounds, 2);
+  EXPECT_DOUBLE_EQ(c.message_bytes, c.egress_bytes / 2 / (7 * 4));
+  in.pattern = Pattern::AllToAll;
+  const auto a = sync_cost(in, 2.0, 1, 1);
+  EXPECT_DOUBLE_EQ(a.egress_bytes, 7 * 2e9);
+  EXPECT_EQ(a.connections, c.connections);
+  EXPECT_DOUBLE_EQ(a.bandwidth_s / c.bandwidth_s, 4.0);  // (S-1) / (2(S-1)/S) = S/2
+  EXPECT_DOUBLE_EQ(c.latency_s, 2 * a.latency_s);
+  // The search weighs both where they differ: bandwidth-bound 8 sites take the owner exchange,
+  // a latency-bound pair (equal bytes, twice the round trips) keeps all_to_all.
+  in.step_time_s = 2;
+  in.target_utilization = 0.99;
+  in.search_patterns = {Pattern::AllToAll, Pattern::Owner};
+  const auto wide = smallest_h(in);
+  ASSERT_TRUE(wide.found) << wide.reason;
+  EXPECT_EQ(wide.best.pattern, Pattern::Owner);
+  auto pair = in;
+  pair.sites = 2;
+  pair.link_gbps = 1000;
+  pair.rtt_s = 0.2;
+  const auto two = smallest_h(pair);
+  EXPECT_EQ(two.best.pattern, Pattern::AllToAll) << two.best.H;
+  // plan_budget's report: the owner's full sync beside the others, and its search picks it too.
+  in.search_patterns.clear();
+  in.pattern = Pattern::AllToAll;
+  const auto r = plan_budget(in);
+  EXPECT_DOUBLE_EQ(r.owner_full_sync.egress_bytes, c.egress_bytes);
+  EXPECT_EQ(r.search.best.pattern, Pattern::Owner);
+  EXPECT_NE(error_of(std::string(kHeader) + "model: {params: 1e9}\nsites: 3\nlink: {rtt_ms: 1, rate_gbps: 1}\n"
+                                            "schedule: {step_time_s: 1, pattern: tree}\n")
+                .find("pattern"),
+            std::string::npos);
+}
+
 // transport.eager_bytes: a message (one rank's slice for one peer) that fits it costs
 // half a round trip, a longer one the rendezvous' 1.5; link.rtts_per_round overrides both.
 TEST(Budget, EagerSizeSetsTheRoundTripsPerRound) {

@@ -55,6 +55,7 @@ nlohmann::json eval_json(const Evaluation& e) {
           {"bytes_per_value", e.bytes_per_value},
           {"fragments", e.fragments},
           {"lanes", e.lanes},
+          {"exchange", pattern_name(e.pattern)},
           {"fragment_sync", sync_json(e.fragment_sync)},
           {"compute_s", e.compute_s},
           {"hide_window_s", e.hide_window_s},
@@ -132,6 +133,8 @@ std::string format_budget_table(const BudgetReport& r) {
   };
   sync_row("full sync, " + std::string(pattern_name(in.pattern)), r.full_sync);
   if (in.pattern == Pattern::AllToAll) sync_row("full sync, ring (comparison)", r.ring_full_sync);
+  if (in.pattern != Pattern::Owner && in.sites >= 3)
+    sync_row("full sync, owner (outer.exchange: owner)", r.owner_full_sync);
   if (in.fragments > 1) sync_row("one fragment", f);
 
   t.section("utilization");
@@ -152,8 +155,8 @@ std::string format_budget_table(const BudgetReport& r) {
   if (r.search.found) {
     const Evaluation& b = r.search.best;
     t.row("H", fmt::format("{}", b.H));
-    t.row("with", fmt::format("{} bits ({:.5g} bytes/value), {} fragment(s), {} lane(s)", b.bits, b.bytes_per_value,
-                              b.fragments, b.lanes));
+    t.row("with", fmt::format("{} bits ({:.5g} bytes/value), {} fragment(s), {} lane(s), exchange {}", b.bits,
+                              b.bytes_per_value, b.fragments, b.lanes, pattern_name(b.pattern)));
     t.row("utilization", fmt::format("{} (fragment sync {}, exposed {} per H)", pct(b.utilization),
                                      format_seconds(b.fragment_sync.total_s), format_seconds(b.exposed_s)));
   } else {
@@ -199,6 +202,7 @@ nlohmann::json budget_json(const BudgetReport& r) {
       {"h_floor", in.h_floor}};
   j["full_sync"] = sync_json(r.full_sync);
   j["ring_full_sync"] = sync_json(r.ring_full_sync);
+  j["owner_full_sync"] = sync_json(r.owner_full_sync);
   j["tcp"] = {{"window_bytes", r.window_bytes},
               {"per_connection_cap_bytes_per_s", r.current.fragment_sync.per_connection_cap_Bps},
               {"connections_to_fill_link", r.connections_to_fill_link},

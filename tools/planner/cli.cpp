@@ -218,7 +218,8 @@ void add_budget_command(CLI::App& app) {
   cmd->add_option("--overlap", f->overlap, "overlap steps (tau) a fragment sync may take");
   cmd->add_option("--ranks", f->ranks, "ranks per site (connections per site pair)");
   cmd->add_option("--lanes", f->lanes, "connections per rank pair");
-  cmd->add_option("--pattern", f->pattern, "all_to_all (geoloco) or ring");
+  cmd->add_option("--pattern", f->pattern,
+                  "all_to_all (geoloco's default), owner (outer.exchange: owner) or ring (comparison)");
   cmd->add_option("--target", f->target, "target compute utilization for the smallest-H search");
   cmd->add_option("--h-floor", f->h_floor, "smallest H allowed for model quality (default 25)");
   cmd->add_option("--h-max", f->h_max, "largest H searched");

@@ -299,11 +299,12 @@ RunConfig parse_run_config(const config::Document& doc) {
   if (c.outer.min_sites > static_cast<int>(c.sites.size()))
     root.child("outer").fail("min_sites",
                              fmt::format("got {}, but the config has {} site(s)", c.outer.min_sites, c.sites.size()));
-  if (c.outer.owner_exchange() && c.outer.quorum(static_cast<int>(c.sites.size())) < static_cast<int>(c.sites.size()))
+  if ((c.outer.owner_exchange() || c.outer.exchange_auto()) &&
+      c.outer.quorum(static_cast<int>(c.sites.size())) < static_cast<int>(c.sites.size()))
     root.child("outer").fail(
-        "exchange", fmt::format("owner needs every site in every round (a site lost between its two phases would "
+        "exchange", fmt::format("{} needs every site in every round (a site lost between its two phases would "
                                 "leave its slice's average with nobody): set outer.min_sites: {} (now {})",
-                                c.sites.size(), c.outer.quorum(static_cast<int>(c.sites.size()))));
+                                c.outer.exchange, c.sites.size(), c.outer.quorum(static_cast<int>(c.sites.size()))));
   if (c.sites.size() > 64) root.fail("sites", fmt::format("{} sites: at most 64", c.sites.size()));
   if (root.has("transport")) c.transport = transport::TransportConfig::from_yaml(root.child("transport"), c.dir);
   if (c.sites.size() > 1) {
