@@ -80,6 +80,15 @@ void run_validate(const ConfigArgs& a) {
           "  sites of different rank counts: the parameters are cut into {} pieces; each rank exchanges every "
           "piece of its shard with that piece's owner at the other sites\n",
           layout.pieces().size());
+    const size_t S = cfg.sites.size();
+    if (cfg.outer.owner_exchange())
+      fmt::print(
+          "  exchange: owner (outer.exchange): each site owns 1/{} of every segment and sends its average back; a "
+          "site sends {:.3g} shards per round instead of {} (all_to_all), in two phases; every site is needed in "
+          "every round\n",
+          S, 2.0 * double(S - 1) / double(S), S - 1);
+    else if (cfg.outer.exchange_auto())
+      fmt::print("  exchange: auto (outer.exchange): the plan chooses all_to_all or owner from the measured path\n");
     std::string batches;
     bool differ = false;
     for (size_t i = 0; i < cfg.sites.size(); ++i) {
