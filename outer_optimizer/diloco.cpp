@@ -119,10 +119,12 @@ void Diloco::build_fragments(int fragments, std::span<const float> shard) {
     gather_local(*f, shard, f->global);
     f->pipeline = std::make_unique<compression::Pipeline>(pcfg_);
     if (pcfg_.error_feedback) f->ef = std::make_unique<compression::ErrorFeedback>(f->n);
-    if (pcfg_.error_feedback && ctx_.owner) f->owner_ef = std::make_unique<compression::ErrorFeedback>(f->n);
     f->opt = std::make_unique<OuterOptimizer>(ocfg_.optimizer, f->n);
     f->hash = hash64(f->global.data(), f->global.size() * sizeof(float));
     f->segments = cut_segments(f->local, shard_, peers_.layout(), site_, rank_);
+    // (after the segments: it holds the elements of this site's slices of them)
+    if (pcfg_.error_feedback && ctx_.owner)
+      f->owner_ef = std::make_unique<compression::ErrorFeedback>(owned_count(*f, site_, peers_.sites()));
     f->segment_hash = segment_hashes(f->segments, f->global);
     frags_.push_back(std::move(f));
   }
@@ -146,11 +148,21 @@ void Diloco::gather_local(const Fragment& f, std::span<const float> shard, std::
 }
 
 void Diloco::restore_owner_residual(Fragment& f, std::span<const float> shard) const {
-  gather_local(f, shard, f.owner_ef->residual());
-  const std::vector<bool> owned = owned_mask(f, site_, peers_.sites());
-  auto r = f.owner_ef->residual();
-  for (size_t i = 0; i < f.n; ++i)
-    if (!owned[i]) r[i] = 0.0f;
+  std::vector<float> gathered(f.n);
+  gather_local(f, shard, gathered);
+  gather_owned(f, site_, peers_.sites(), gathered, f.owner_ef->residual());
+}
+
+std::vector<float> Diloco::pack_owner_residual() const {
+  std::vector<float> out(n_, 0.0f), gathered;
+  for (const auto& f : frags_) {
+    gathered.assign(f->n, 0.0f);
+    expand_owned(*f, site_, peers_.sites(), f->owner_ef->residual(), gathered);
+    size_t k = 0;
+    for (const auto& r : f->local)
+      for (int64_t i = r.begin; i < r.end; ++i) out[static_cast<size_t>(i)] = gathered[k++];
+  }
+  return out;
 }
 
 Diloco::ShardState Diloco::pack_state() const {
@@ -172,8 +184,7 @@ Diloco::ShardState Diloco::pack_state() const {
   if (!frags_[0]->opt->state_b().empty())
     st.opt_b = pack([](const Fragment& f) { return std::span<const float>(f.opt->state_b()); });
   if (frags_[0]->ef) st.ef = pack([](const Fragment& f) { return std::span<const float>(f.ef->residual()); });
-  if (frags_[0]->owner_ef)
-    st.owner_ef = pack([](const Fragment& f) { return std::span<const float>(f.owner_ef->residual()); });
+  if (frags_[0]->owner_ef) st.owner_ef = pack_owner_residual();
   return st;
 }
 

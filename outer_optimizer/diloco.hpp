@@ -167,9 +167,11 @@ class Diloco : public trainer::OuterHook {
   // outer.pace: time the steps this site trained, and f.step_us set: a collective).
   uint64_t round_tokens(Fragment& f, int64_t step, trainer::SiteStrategy& strategy);
   void gather_local(const Fragment& f, std::span<const float> shard, std::span<float> out) const;
-  // The owner residual from shard layout, kept at the elements of the slices this site owns
-  // under the current fragments (owned elsewhere before a re-plan: zero).
+  // The owner residual from shard layout, for the elements of the slices this site owns under
+  // the current fragments (owned elsewhere before a re-plan: zero).
   void restore_owner_residual(Fragment& f, std::span<const float> shard) const;
+  // The owner residual in shard layout (zero where other sites own the elements).
+  std::vector<float> pack_owner_residual() const;
   // Blocking sync of one fragment (the plain outer loop when F = 1).
   // `again`: the round is one a lost quorum left undecided, exchanged again after --resume.
   // A round its quorum was lost in (or launched and undecided then, with overlap): exchanged

@@ -77,9 +77,8 @@ Diloco::State Diloco::save_state() {
     s.views["opt_b"] = shard_views([](Fragment& f) { return std::span<const float>(f.opt->state_b()); });
   if (frags_[0]->ef)
     s.views["ef_residual"] = shard_views([](Fragment& f) { return std::span<const float>(f.ef->residual()); });
-  if (frags_[0]->owner_ef)
-    s.views["owner_ef_residual"] =
-        shard_views([](Fragment& f) { return std::span<const float>(f.owner_ef->residual()); });
+  // Kept for the owned elements only: expanded to shard layout for the checkpoint (a copy).
+  if (frags_[0]->owner_ef) s.tensors["owner_ef_residual"] = pack_owner_residual();
   s.metadata["round"] = std::to_string(round_);
   if (lost) {
     // The rounds the quorum was lost in (with overlap: every round then in flight), to

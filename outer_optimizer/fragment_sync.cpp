@@ -298,7 +298,7 @@ ExchangeResult apply_round(Fragment& f, const ExchangeContext& ctx, SiteMask all
           f.pipeline->decode(e.body, sl.size(), std::span<float>(f.decoded.data() + sl.begin, sl.size()));
         }
       own_error();
-      commit_owner_residual(f, self, S);
+      commit_owner_residual(f);
     } else {
       const std::vector<float> weight = member_weights(ocfg, round, members, S, tokens, /*require_tokens=*/K > 0);
       std::fill(f.avg.begin(), f.avg.end(), 0.0f);

@@ -88,8 +88,9 @@ struct Fragment {
   std::vector<float> delta, decoded, avg;
   std::unique_ptr<compression::Pipeline> pipeline;
   std::unique_ptr<compression::ErrorFeedback> ef;
-  // outer.exchange: owner with error feedback: the error of this site's averages, at the
-  // elements of the slices it owns (zero elsewhere); owner_next: the round's, until applied.
+  // outer.exchange: owner with error feedback: the error of this site's averages, for the
+  // elements of the slices it owns only (owner_exchange.hpp: owned_count); owner_next: the
+  // round's, until applied.
   std::unique_ptr<compression::ErrorFeedback> owner_ef;
   std::vector<float> owner_next;
   std::unique_ptr<OuterOptimizer> opt;

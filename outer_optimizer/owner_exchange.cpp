@@ -18,14 +18,37 @@ Slice owner_slice(const Segment& sg, int site, int sites) {
   return {sg.begin + n * j / S, sg.begin + n * (j + 1) / S};
 }
 
-std::vector<bool> owned_mask(const Fragment& f, int site, int sites) {
-  std::vector<bool> out(f.n, false);
+size_t owned_count(const Fragment& f, int site, int sites) {
+  size_t n = 0;
+  for (const auto& sg : f.segments) n += owner_slice(sg, site, sites).size();
+  return n;
+}
+
+void expand_owned(const Fragment& f, int site, int sites, std::span<const float> owned, std::span<float> gathered) {
+  GEOLOCO_CHECK(owned.size() == owned_count(f, site, sites) && gathered.size() == f.n,
+                "fragment {}: {} owned values for {} into {} for {}", f.index, owned.size(),
+                owned_count(f, site, sites), gathered.size(), f.n);
+  std::fill(gathered.begin(), gathered.end(), 0.0f);
+  size_t at = 0;
   for (const auto& sg : f.segments) {
     const Slice sl = owner_slice(sg, site, sites);
-    std::fill(out.begin() + static_cast<std::ptrdiff_t>(sl.begin), out.begin() + static_cast<std::ptrdiff_t>(sl.end),
-              true);
+    std::copy_n(owned.begin() + static_cast<std::ptrdiff_t>(at), sl.size(),
+                gathered.begin() + static_cast<std::ptrdiff_t>(sl.begin));
+    at += sl.size();
   }
-  return out;
+}
+
+void gather_owned(const Fragment& f, int site, int sites, std::span<const float> gathered, std::span<float> owned) {
+  GEOLOCO_CHECK(owned.size() == owned_count(f, site, sites) && gathered.size() == f.n,
+                "fragment {}: {} owned values for {} from {} for {}", f.index, owned.size(),
+                owned_count(f, site, sites), gathered.size(), f.n);
+  size_t at = 0;
+  for (const auto& sg : f.segments) {
+    const Slice sl = owner_slice(sg, site, sites);
+    std::copy_n(gathered.begin() + static_cast<std::ptrdiff_t>(sl.begin), sl.size(),
+                owned.begin() + static_cast<std::ptrdiff_t>(at));
+    at += sl.size();
+  }
 }
 
 std::vector<float> member_weights(const OuterConfig& ocfg, uint64_t round, SiteMask members, int sites,
@@ -56,6 +79,9 @@ void exchange_averages(Fragment& f, const ExchangeContext& ctx, SiteMask active,
   const uint64_t round = in.round;
   const SiteMask all = S >= 64 ? ~SiteMask{0} : (SiteMask{1} << S) - 1;
   in.avg_bytes.assign(Su, {});
+  GEOLOCO_CHECK(!f.owner_ef || f.owner_ef->size() == owned_count(f, self, S),
+                "fragment {}: an owner residual of {} elements, but this site owns {}", f.index, f.owner_ef->size(),
+                owned_count(f, self, S));
   if (active != all || (active & ~in.holds) != 0) {
     // Without every site's slice there is no average to send: the round cannot be decided
     // with every site, which the owner exchange needs (outer.min_sites = S).
@@ -81,7 +107,8 @@ void exchange_averages(Fragment& f, const ExchangeContext& ctx, SiteMask active,
     if (K > 0)
       for (int s = 0; s < S; ++s) tokens[static_cast<size_t>(s)] = envelope(s, 0).value;
     const std::vector<float> weight = member_weights(ctx.cfg.outer, round, active, S, tokens, K > 0);
-    if (f.owner_ef) f.owner_next.assign(f.n, 0.0f);
+    if (f.owner_ef) f.owner_next.assign(f.owner_ef->size(), 0.0f);
+    size_t owned_at = 0;  // this segment's slice in the owner residual
     for (size_t k = 0; k < K; ++k) {
       const Slice sl = owner_slice(f.segments[k], self, S);
       const std::span<float> avg(f.avg.data() + sl.begin, sl.size()), dec(f.decoded.data() + sl.begin, sl.size());
@@ -97,13 +124,14 @@ void exchange_averages(Fragment& f, const ExchangeContext& ctx, SiteMask active,
       }
       std::vector<uint8_t> frame, bytes;
       if (f.owner_ef) {
-        const std::span<float> next(f.owner_next.data() + sl.begin, sl.size());
-        const auto residual = f.owner_ef->residual().subspan(sl.begin, sl.size());
+        const std::span<float> next(f.owner_next.data() + owned_at, sl.size());
+        const auto residual = f.owner_ef->residual().subspan(owned_at, sl.size());
         std::copy(residual.begin(), residual.end(), next.begin());
         f.pipeline->encode_with_residual(avg, next, frame);
       } else {
         f.pipeline->encode(avg, nullptr, frame);
       }
+      owned_at += sl.size();
       write_envelope(Envelope{EnvelopeKind::kAverage,
                               round,
                               static_cast<uint32_t>(self),
@@ -201,16 +229,11 @@ void decode_averages(Fragment& f, const ExchangeContext& ctx, SiteMask members) 
     }
 }
 
-void commit_owner_residual(Fragment& f, int site, int sites) {
+void commit_owner_residual(Fragment& f) {
   if (!f.owner_ef) return;
-  GEOLOCO_CHECK(f.owner_next.size() == f.n, "fragment {}: an owner residual of {} elements for {}", f.index,
-                f.owner_next.size(), f.n);
-  for (const auto& sg : f.segments) {
-    const Slice sl = owner_slice(sg, site, sites);
-    std::copy(f.owner_next.begin() + static_cast<std::ptrdiff_t>(sl.begin),
-              f.owner_next.begin() + static_cast<std::ptrdiff_t>(sl.end),
-              f.owner_ef->residual().begin() + static_cast<std::ptrdiff_t>(sl.begin));
-  }
+  GEOLOCO_CHECK(f.owner_next.size() == f.owner_ef->size(), "fragment {}: an owner residual of {} elements for {}",
+                f.index, f.owner_next.size(), f.owner_ef->size());
+  std::copy(f.owner_next.begin(), f.owner_next.end(), f.owner_ef->residual().begin());
 }
 
 }  // namespace geoloco::outer

@@ -39,8 +39,12 @@ struct Slice {
 };
 Slice owner_slice(const Segment& sg, int site, int sites);
 
-// Whether element i of the fragment's gathered vector lies in a slice `site` owns.
-std::vector<bool> owned_mask(const Fragment& f, int site, int sites);
+// The owner residual is kept for the elements `site` owns only, segment after segment: about
+// 1/S of the fragment. owned_count: its size; expand_owned / gather_owned: between it and the
+// fragment's gathered vector (zero at the elements others own).
+size_t owned_count(const Fragment& f, int site, int sites);
+void expand_owned(const Fragment& f, int site, int sites, std::span<const float> owned, std::span<float> gathered);
+void gather_owned(const Fragment& f, int site, int sites, std::span<const float> gathered, std::span<float> owned);
 
 // The round's weight of each site in `members` (site order): 1/|members|, or by the tokens its
 // envelope reported under outer.weighting: tokens. Throws Error when no member reported any
@@ -62,6 +66,6 @@ void exchange_averages(Fragment& f, const ExchangeContext& ctx, SiteMask active,
 void decode_averages(Fragment& f, const ExchangeContext& ctx, SiteMask members);
 
 // The round is applied: its owner residual becomes the fragment's.
-void commit_owner_residual(Fragment& f, int site, int sites);
+void commit_owner_residual(Fragment& f);
 
 }  // namespace geoloco::outer
