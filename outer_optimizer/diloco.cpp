@@ -37,7 +37,7 @@ Diloco::Diloco(const trainer::RunConfig& cfg, int site, int rank, transport::Tra
       hooks_(std::move(hooks)),
       strategy_(&strategy),
       peers_(cfg, site, rank, transport),
-      ctx_{cfg, peers_, hooks_, nullptr, cfg.outer.owner_exchange()},
+      ctx_{cfg, peers_, hooks_, nullptr, cfg.outer.owner_exchange() && cfg.sites.size() > 1},
       membership_(cfg, peers_, hooks_),
       n_(strategy.shard_params().size()),
       layout_(layout),
@@ -204,7 +204,7 @@ void Diloco::set_schedule(const PlanDecision& d, std::span<const float> global) 
   verify_pending_checks();
   interval_ = d.interval;
   pcfg_ = plan_compression(ocfg_.compression, d);
-  if (ocfg_.exchange_auto()) ctx_.owner = d.exchange == "owner";
+  if (ocfg_.exchange_auto()) ctx_.owner = d.exchange == "owner" && peers_.sites() > 1;
   if (auto* t = peers_.transport()) t->set_active_lanes(std::min(d.lanes, t->lanes()));
   buffer_pool_.clear();
   build_fragments(d.fragments, global);

@@ -402,6 +402,29 @@ TEST(AutoPlan, DriftReplansOnEverySiteAtTheSameStep) {
   EXPECT_EQ(s["outer_interval"], last["interval"]);
 }
 
+// outer.exchange: auto across a re-plan: on fast loopback three sites are latency-bound and the
+// start-up plan keeps all_to_all (one round); the link then looks 200x slower (the drift
+// hook), the re-plan finds the syncs bandwidth-bound and switches to the owner exchange, and
+// every rank switches at the same boundary (one hash at the end, the owner exchange in force).
+TEST(AutoPlan, ExchangeAutoSwitchesAtARePlanOnEveryRank) {
+  TempDir d;
+  geoloco::testing::RankSetup setup;
+  setup.hooks.drift = outer::OuterHooks::Drift{20, 200};
+  auto cfg = load(d, run_yaml(d.path() / "out", 400,
+                              "plan: auto, exchange: auto, min_sites: 3, plan_measure_steps: 4, "
+                              "plan_probe_seconds: 0.1, plan_h_min: 5, plan_h_max: 150, target_utilization: 0.9, "
+                              "replan_threshold: 0.5, plan_bits: [16], compression: {codec: fp32}",
+                              sites(3, 1, "ddp"), "delay_ms: 1"));
+  auto ranks = geoloco::testing::run_ranks(cfg, 0, false, setup);
+  expect_same_plans(ranks);
+  const auto& plans = ranks[0]["plans"];
+  ASSERT_GE(plans.size(), 2u) << plans.dump();
+  EXPECT_EQ(plans[0]["exchange"], "all_to_all") << plans[0]["reason"];
+  EXPECT_EQ(plans[plans.size() - 1]["exchange"], "owner") << plans.dump();
+  for (const auto& r : ranks) EXPECT_EQ(r["outer_exchange"], "owner");
+  geoloco::testing::expect_one_hash(ranks[0], 3, "exchange switched at a re-plan");
+}
+
 // A run stopped after its plan resumes with that plan (same schedule, no second probe) and
 // the sites stay identical.
 TEST(AutoPlan, ResumeKeepsThePlan) {

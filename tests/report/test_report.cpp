@@ -281,6 +281,29 @@ TEST(ReportPage, EachSitesStrategyAndWhy) {
       << table;
 }
 
+// outer.plan: auto's plans table says each plan's exchange (outer.exchange: auto); a plan
+// written before the owner exchange reads as all_to_all.
+TEST(ReportPage, ThePlansTableSaysEachPlansExchange) {
+  TempDir d("report");
+  write_run(d);
+  d.file("run/plan.json",
+         R"({"format":"geoloco-plan","plans":[)"
+         R"({"epoch":1,"interval":30,"fragments":1,"codec":"fp16","lanes":1,"predicted_fragment_sync_s":0.01,)"
+         R"("predicted_utilization":0.9,"reason":"first"},)"
+         R"({"epoch":2,"interval":40,"fragments":2,"codec":"int8","lanes":2,"exchange":"owner",)"
+         R"("predicted_fragment_sync_s":0.02,"predicted_utilization":0.95,"reason":"second"}]})");
+  ReportFlags f;
+  f.runs = {d.file("run")};
+  run_report(f);
+  const std::string html = slurp(d.file("run/report.html"));
+  const size_t at = html.find("<h3>Plans (outer.plan: auto)</h3>");
+  ASSERT_NE(at, std::string::npos);
+  const std::string table = html.substr(at, html.find("</table>", at) - at);
+  EXPECT_NE(table.find("<th>exchange</th>"), std::string::npos) << table;
+  EXPECT_NE(table.find("<td>1</td><td>all_to_all</td>"), std::string::npos) << table;
+  EXPECT_NE(table.find("<td>2</td><td>owner</td>"), std::string::npos) << table;
+}
+
 TEST(ReportPage, BadOutputFolderIsAnInputError) {
   TempDir d("report");
   write_run(d);

@@ -175,14 +175,16 @@ std::string report_html(const std::vector<RunData>& runs, const FigureSet& figs)
     h += sites_table(r.summary);
     if (r.plans.is_array() && !r.plans.empty()) {
       h += "<h3>Plans (outer.plan: auto)</h3><table><tr><th>epoch</th><th>H</th><th>fragments</th><th>codec</th>"
-           "<th>lanes</th><th>predicted sync, s</th><th>predicted utilization</th><th>why</th></tr>";
+           "<th>lanes</th><th>exchange</th><th>predicted sync, s</th><th>predicted utilization</th><th>why</th></tr>";
       for (const auto& p : r.plans)
         h += fmt::format(
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.4g}</td><td>{:.1f}%</td><td>{}</td></"
-            "tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.4g}</td><td>{:.1f}%</"
+            "td><td>{}"
+            "</td></tr>",
             p.value("epoch", 0), p.value("interval", 0), p.value("fragments", 1), html_escape(p.value("codec", "")),
-            p.value("lanes", 1), p.value("predicted_fragment_sync_s", 0.0),
-            100.0 * p.value("predicted_utilization", 0.0), html_escape(p.value("reason", "")));
+            p.value("lanes", 1), html_escape(p.value("exchange", std::string("all_to_all"))),
+            p.value("predicted_fragment_sync_s", 0.0), 100.0 * p.value("predicted_utilization", 0.0),
+            html_escape(p.value("reason", "")));
       h += "</table>\n";
     }
     // Bytes per lane at the last round, per (rank -> peer).

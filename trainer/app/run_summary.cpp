@@ -71,6 +71,11 @@ void print_human_summary(const trainer::RunConfig& cfg, const nlohmann::json& s)
     if (wan > 0 && std::isfinite(ddp))
       fmt::print(", {:.0f}x fewer bytes than per-step data parallelism ({})", ddp / wan, bytes_text(ddp));
     fmt::print("\n");
+    if (s.value("outer_exchange", std::string()) == "owner")
+      fmt::print(
+          "  exchange: owner (outer.exchange): each site sent about 2(S-1)/S = {:.3g} of its shard per round "
+          "instead of {}\n",
+          2.0 * double(cfg.sites.size() - 1) / double(cfg.sites.size()), cfg.sites.size() - 1);
   }
   if (s.contains("membership") && s["membership"].is_object() && s["membership"].contains("evictions")) {
     const auto& m = s["membership"];
