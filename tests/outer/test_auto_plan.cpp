@@ -145,6 +145,9 @@ TEST(AutoPlan, ExchangeAutoWeighsTheOwnerExchangeWithTheSameModel) {
   const auto a2a = outer::choose_plan(wide);
   EXPECT_EQ(a2a.exchange, "all_to_all");
   EXPECT_GT(a2a.interval, d.interval) << "the owner exchange should need fewer steps per sync here";
+  fixed.exchange = "owner";  // chosen by the config: the plan prices and keeps it, even on two sites
+  auto pair_owner = request(fixed, 100, 100000, 300);
+  EXPECT_EQ(outer::choose_plan(pair_owner).exchange, "owner");
   auto pair = request(o, 100, 100000, 300);
   EXPECT_EQ(outer::choose_plan(pair).exchange, "all_to_all");
   const auto back = outer::PlanDecision::from_json(d.to_json(), "test");
