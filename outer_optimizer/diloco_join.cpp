@@ -90,7 +90,8 @@ std::vector<float> gather_range(parallel::Collective& coll, const std::vector<fl
       const size_t k = bytes.size() / sizeof(float);
       GEOLOCO_CHECK(bytes.size() % sizeof(float) == 0 && at + k <= static_cast<size_t>(c1 - r.offset),
                     "join: the site's parts of [{}, {}) overflow it", c0, c1);
-      std::memcpy(out.data() + at, bytes.data(), bytes.size());
+      if (!bytes.empty())
+        std::memcpy(out.data() + at, bytes.data(), bytes.size());  // (an empty part's data() may be null)
       at += k;
     }
     GEOLOCO_CHECK(at == static_cast<size_t>(c1 - r.offset),
