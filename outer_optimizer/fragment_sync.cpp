@@ -34,6 +34,16 @@ auto in_outer_step(uint64_t round, int64_t step, F&& run) {
   }
 }
 
+// The squared error of this rank's contribution as the sites decode it (in f.decoded), and the
+// squared values (f.delta): the round's err2 and ref2.
+void add_own_error(const Fragment& f, double& err2, double& ref2) {
+  for (size_t i = 0; i < f.n; ++i) {
+    const double d = double(f.decoded[i]) - double(f.delta[i]);
+    err2 += d * d;
+    ref2 += double(f.delta[i]) * double(f.delta[i]);
+  }
+}
+
 }  // namespace
 
 std::vector<Segment> cut_segments(const std::vector<Range>& local, parallel::ShardRange shard,
@@ -173,6 +183,20 @@ void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64
                                                 round, f.segments[k].piece, in.mine[sent(s, k)]));
         in.sent_bytes += in.mine[sent(s, k)]->size();
       }
+    // outer.exchange: owner: this rank's contribution as the owners decode it, slice by slice,
+    // for the round's error figures (here, while the frames travel; all-to-all gets them from
+    // the average's decode of its own frame).
+    if (owner_mode) {
+      for (size_t k = 0; k < K; ++k)
+        for (int j = 0; j < S; ++j) {
+          const Slice sl = owner_slice(f.segments[k], j, S);
+          const auto& mine = *in.mine[k * per_segment + static_cast<size_t>(j)];
+          const Envelope e = read_envelope(mine, EnvelopeKind::kPseudoGradient, round, static_cast<uint32_t>(self),
+                                           static_cast<uint32_t>(rank), mine.size(), "self");
+          f.pipeline->decode(e.body, sl.size(), std::span<float>(f.decoded.data() + sl.begin, sl.size()));
+        }
+      add_own_error(f, in.err2, in.ref2);
+    }
     auto await = [&](transport::OpHandle& op) { return await_op(op, deadline, deadline_s); };
     std::vector<std::string> send_error(static_cast<size_t>(S));
     for (size_t j = 0; j < others.size(); ++j)
@@ -277,27 +301,12 @@ ExchangeResult apply_round(Fragment& f, const ExchangeContext& ctx, SiteMask all
     std::vector<uint64_t> tokens(static_cast<size_t>(S), 0);
     for (int s : m) tokens[static_cast<size_t>(s)] = tokens_of(s);
     double err2 = 0, ref2 = 0;
-    // The relative error of this rank's own contribution as decoded (f.decoded: scratch).
-    auto own_error = [&] {
-      for (size_t i = 0; i < f.n; ++i) {
-        const double d = double(f.decoded[i]) - double(f.delta[i]);
-        err2 += d * d;
-        ref2 += double(f.delta[i]) * double(f.delta[i]);
-      }
-    };
     if (owner_mode) {
       GEOLOCO_CHECK(joiners == 0, "round {}: outer.exchange: owner takes in no joiner (min_sites is every site)",
                     round);
       decode_averages(f, ctx, members);
-      for (size_t k = 0; k < K; ++k)
-        for (int j = 0; j < S; ++j) {
-          const Slice sl = owner_slice(f.segments[k], j, S);
-          const auto& mine = *in.mine[k * per_segment + static_cast<size_t>(j)];
-          const Envelope e = read_envelope(mine, EnvelopeKind::kPseudoGradient, round, static_cast<uint32_t>(self),
-                                           static_cast<uint32_t>(rank), mine.size(), "self");
-          f.pipeline->decode(e.body, sl.size(), std::span<float>(f.decoded.data() + sl.begin, sl.size()));
-        }
-      own_error();
+      err2 = in.err2;  // (computed by collect_round)
+      ref2 = in.ref2;
       commit_owner_residual(f);
     } else {
       const std::vector<float> weight = member_weights(ocfg, round, members, S, tokens, /*require_tokens=*/K > 0);
@@ -316,7 +325,7 @@ ExchangeResult apply_round(Fragment& f, const ExchangeContext& ctx, SiteMask all
           }
           for (size_t i = sg.begin; i < sg.end; ++i) f.avg[i] += w * f.decoded[i];
         }
-        if (s == self) own_error();
+        if (s == self) add_own_error(f, err2, ref2);
       }
     }
     decode_span.reset();

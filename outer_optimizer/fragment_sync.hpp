@@ -65,7 +65,8 @@ struct RoundInbox {
   std::vector<transport::Payload> mine_avg;                  // by segment: this site's average of its slice
   std::vector<std::vector<std::vector<uint8_t>>> avg_bytes;  // by site, by segment: its average of its slice
   SiteMask averaged = 0;                                     // the sites the averages are over (0: none sent)
-  uint64_t sent_bytes = 0;  // envelope bytes this rank posted to other sites in the round (both phases)
+  uint64_t sent_bytes = 0;    // envelope bytes this rank posted to other sites in the round (both phases)
+  double err2 = 0, ref2 = 0;  // owner: this rank's contribution as decoded (ExchangeResult's)
 };
 
 // The part of a fragment that lies in one piece of the parameters (exchange_layout.hpp): its
