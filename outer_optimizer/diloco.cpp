@@ -25,6 +25,18 @@
 namespace geoloco::outer {
 
 namespace {
+
+// The device codec of a pipeline config, if the device quantizes it (dense int8/int4/fp4/int2).
+std::optional<trainer::DeviceCodec> device_codec(const compression::PipelineConfig& p) {
+  if (p.topk) return std::nullopt;
+  switch (p.codec) {
+    case compression::Codec::kInt8: return trainer::DeviceCodec::kInt8;
+    case compression::Codec::kInt4: return trainer::DeviceCodec::kInt4;
+    case compression::Codec::kFp4: return trainer::DeviceCodec::kFp4;
+    case compression::Codec::kInt2: return trainer::DeviceCodec::kInt2;
+    default: return std::nullopt;
+  }
+}
 using Clock = std::chrono::steady_clock;
 }  // namespace
 
@@ -72,6 +84,18 @@ Diloco::Diloco(const trainer::RunConfig& cfg, int site, int rank, transport::Tra
     HashCheck c = post_hash_check(peers_, hs, 0);
     verify_hash_check(peers_, cfg_, c);
   }
+  // outer.quantize_on: a GPU site quantizes its rounds on the device (a capture of the
+  // pseudo-gradients for bench/compression needs them on the host: the host path then).
+  gpu_site_ = strategy.device_outer() != nullptr;
+  if (ocfg_.quantize_on != "host" && transport) {
+    device_ = strategy.device_outer();
+    if (device_ && !hooks_.capture_dir.empty()) {
+      if (rank_ == 0)
+        spdlog::info("site {}: pseudo-gradients are captured on the host: quantized there this run",
+                     cfg.sites[static_cast<size_t>(site)].name);
+      device_ = nullptr;
+    }
+  }
   build_fragments(ocfg_.fragments, shard);
   site_hash_ = combine_site_hash(strategy, piece_hashes());
   // The config's own schedule is plan epoch 0.
@@ -110,6 +134,7 @@ void Diloco::build_fragments(int fragments, std::span<const float> shard) {
     GEOLOCO_CHECK(!f->check, "fragments rebuilt with a hash check of round {} unverified", f->check->round);
   plans_ = plan_fragments(layout_, fragments, interval_);
   frags_.clear();
+  if (device_) device_->clear();
   for (const auto& plan : plans_) {
     auto f = std::make_unique<Fragment>();
     f->index = plan.index;
@@ -126,8 +151,64 @@ void Diloco::build_fragments(int fragments, std::span<const float> shard) {
     if (pcfg_.error_feedback && ctx_.owner)
       f->owner_ef = std::make_unique<compression::ErrorFeedback>(owned_count(*f, site_, peers_.sites()));
     f->segment_hash = segment_hashes(f->segments, f->global);
+    f->on_device = device_ && device_codec(pcfg_).has_value();
+    if (f->on_device) define_on_device(*f);
     frags_.push_back(std::move(f));
   }
+}
+
+void Diloco::define_on_device(const Fragment& f) const {
+  std::vector<trainer::DeviceRun> runs;
+  for (const auto& r : f.local) runs.push_back({r.begin, r.end});
+  device_->define(f.index, runs, f.global, f.ef ? std::span<const float>(f.ef->residual()) : std::span<const float>());
+}
+
+void Diloco::residuals_to_host() const {
+  for (const auto& f : frags_)
+    if (f->on_device && f->ef) device_->residual(f->index, f->ef->residual());
+}
+
+void Diloco::snapshot(Fragment& f, trainer::SiteStrategy& strategy) {
+  begin_round_buffers(f);
+  if (!f.on_device) {
+    gather_local(f, strategy.shard_params(), f.delta);  // the pseudo-gradient is computed in place
+    staged_bytes_ += f.n * sizeof(float);
+    staged_fp32_bytes_ += f.n * sizeof(float);
+    return;
+  }
+  trainer::TraceSpan sp(ctx_.trace, "device_quantize", trainer::TraceRecorder::kMainThread);
+  std::vector<trainer::DeviceSlice> slices;
+  for (const auto& [b, e] : round_slices(f, ctx_.owner, peers_.sites())) slices.push_back({b, e});
+  f.staged = device_->quantize(f.index, *device_codec(pcfg_), pcfg_.block,
+                               static_cast<float>(pcfg_.error_feedback_decay), slices);
+  staged_bytes_ += f.staged->host_bytes;
+  staged_fp32_bytes_ += f.n * sizeof(float);
+}
+
+void Diloco::merge_global(Fragment& f, trainer::SiteStrategy& strategy, float alpha) {
+  if (f.on_device) {
+    device_->merge(f.index, f.global, alpha);
+    return;
+  }
+  auto shard = strategy.shard_params();
+  size_t k = 0;
+  if (alpha < 0) {
+    for (const auto& rg : f.local) {
+      std::copy(f.global.begin() + static_cast<std::ptrdiff_t>(k),
+                f.global.begin() + static_cast<std::ptrdiff_t>(k + size_t(rg.size())), shard.begin() + rg.begin);
+      k += static_cast<size_t>(rg.size());
+    }
+  } else {
+    // Elementwise and contraction-free: bit-identical on every rank that holds the same local
+    // values (and to the device's merge).
+    const float a = alpha, b = 1.0f - a;
+    for (const auto& rg : f.local)
+      for (int64_t i = rg.begin; i < rg.end; ++i, ++k) {
+        float& x = shard[static_cast<size_t>(i)];
+        x = a * x + b * f.global[k];
+      }
+  }
+  strategy.shard_updated();
 }
 
 bool Diloco::overlapped() const { return ocfg_.overlapped(); }
@@ -166,6 +247,7 @@ std::vector<float> Diloco::pack_owner_residual() const {
 }
 
 Diloco::ShardState Diloco::pack_state() const {
+  residuals_to_host();
   // Each fragment's vectors scattered back to where their elements sit in the shard.
   auto pack = [&](auto get) {
     std::vector<float> out(n_, 0.0f);
@@ -197,6 +279,7 @@ void Diloco::unpack_state(const ShardState& st) {
     if (!st.owner_ef.empty() && f->owner_ef) restore_owner_residual(*f, st.owner_ef);
     f->hash = hash64(f->global.data(), f->global.size() * sizeof(float));
     f->segment_hash = segment_hashes(f->segments, f->global);
+    if (f->on_device) define_on_device(*f);
   }
 }
 
@@ -466,9 +549,15 @@ uint64_t Diloco::tokens_since(int64_t step, int64_t since) const {
 void Diloco::sync(Fragment& f, int64_t step, trainer::SiteStrategy& strategy, const Retry* again) {
   const auto t0 = Clock::now();
   const uint64_t round = static_cast<uint64_t>(++round_);
-  auto shard = strategy.shard_params();
-  begin_round_buffers(f);
-  gather_local(f, shard, f.delta);  // the pseudo-gradient is computed in place
+  if (again) {
+    // Sent as made before (not quantized again: the residual already holds its error); the
+    // round's error figures against the shard's values.
+    begin_round_buffers(f);
+    f.delta.resize(f.n);
+    gather_local(f, strategy.shard_params(), f.delta);
+  } else {
+    snapshot(f, strategy);
+  }
   f.attachment = planned_ ? planner_.attachment() : std::vector<uint8_t>{};
   const uint64_t tokens = round_tokens(f, step, strategy);
   collect_round(f, ctx_, step, round, tokens, f.delta, membership_.active(round), membership_.deadline_s(),
@@ -492,13 +581,7 @@ void Diloco::sync(Fragment& f, int64_t step, trainer::SiteStrategy& strategy, co
   // 5. local <- global; the site re-assembles its replica.
   {
     trainer::TraceSpan sp(ctx_.trace, "outer_step", trainer::TraceRecorder::kMainThread);
-    size_t k = 0;
-    for (const auto& rg : f.local) {
-      std::copy(f.global.begin() + static_cast<std::ptrdiff_t>(k),
-                f.global.begin() + static_cast<std::ptrdiff_t>(k + size_t(rg.size())), shard.begin() + rg.begin);
-      k += static_cast<size_t>(rg.size());
-    }
-    strategy.shard_updated();
+    merge_global(f, strategy, -1.0f);
     if (ocfg_.inner_state == "reset") strategy.optimizer().reset();
   }
   finish_round(f, strategy, step, round, std::chrono::duration<double>(Clock::now() - t0).count(), r);
@@ -509,8 +592,7 @@ void Diloco::launch(Fragment& f, int64_t step, trainer::SiteStrategy& strategy) 
   const uint64_t tokens = round_tokens(f, step, strategy);
   // The worker reads a snapshot (f.delta, turned into the pseudo-gradient in place): the inner
   // loop keeps training the live shard meanwhile.
-  begin_round_buffers(f);
-  gather_local(f, strategy.shard_params(), f.delta);
+  snapshot(f, strategy);
   f.attachment = planned_ ? planner_.attachment() : std::vector<uint8_t>{};
   f.last_sync_step = step;
   f.launch_step = step;
@@ -620,15 +702,7 @@ void Diloco::complete(Fragment& f, trainer::SiteStrategy& strategy) {
   // rank that holds the same local values.
   {
     trainer::TraceSpan sp(ctx_.trace, "merge", trainer::TraceRecorder::kMainThread);
-    auto shard = strategy.shard_params();
-    const float a = static_cast<float>(ocfg_.merge_alpha), b = 1.0f - a;
-    size_t k = 0;
-    for (const auto& rg : f.local)
-      for (int64_t i = rg.begin; i < rg.end; ++i, ++k) {
-        float& x = shard[static_cast<size_t>(i)];
-        x = a * x + b * f.global[k];
-      }
-    strategy.shard_updated();
+    merge_global(f, strategy, static_cast<float>(ocfg_.merge_alpha));
     if (ocfg_.inner_state == "reset") strategy.optimizer().reset();
   }
   f.pending_merge = false;
@@ -646,7 +720,7 @@ void Diloco::begin_round_buffers(Fragment& f) {
     f.avg.swap(pooled.avg);
     buffer_pool_.pop_back();
   }
-  f.delta.resize(f.n);
+  f.delta.resize(f.on_device ? 0 : f.n);  // (quantized on the device: no host pseudo-gradient)
   f.decoded.resize(f.n);
   f.avg.resize(f.n);
   uint64_t held = 0;
@@ -676,7 +750,7 @@ void Diloco::prefault_round_buffers() {
     begin_round_buffers(*frags_[0]);
   } else if (buffer_pool_.empty() && most > 0) {
     RoundBuffers first;
-    first.delta.resize(most);
+    if (!frags_[0]->on_device) first.delta.resize(most);
     first.decoded.resize(most);
     first.avg.resize(most);
     buffer_pool_.push_back(std::move(first));
@@ -842,6 +916,13 @@ nlohmann::json Diloco::summary() {
   j["wan_bytes_received"] = recv;
   j["global_weights_hash"] = hex64(site_hash_);
   j["outer_memory"] = memory_json();
+  if (gpu_site_) {
+    // What the rounds' snapshots copied from the device: scales and codes (quantized there),
+    // or the fp32 shard part; and what fp32 staging copies for the same rounds.
+    j["outer_quantize_on"] = frags_[0]->on_device ? "device" : "host";
+    j["snapshot_host_bytes"] = staged_bytes_;
+    j["snapshot_fp32_bytes"] = staged_fp32_bytes_;
+  }
   nlohmann::json ev = nlohmann::json::array();
   for (const auto& e : membership_.evictions())
     ev.push_back(
@@ -879,7 +960,11 @@ nlohmann::json Diloco::memory_json() const {
           {"round_buffer_bytes", round},
           {"kept_bytes_per_param", double(kept) * per},
           {"round_bytes_per_param", double(round) * per},
-          {"bytes_per_param", double(kept + round) * per}};
+          {"bytes_per_param", double(kept + round) * per},
+          // Quantized on the device (outer.quantize_on): the fragments' global weights and
+          // residuals there, and the round's scratch (trainer/loop/device_outer.hpp).
+          {"device_bytes", device_ ? device_->device_bytes() : 0},
+          {"device_bytes_per_param", device_ ? double(device_->device_bytes()) * per : 0.0}};
 }
 
 nlohmann::json Diloco::tokens_json() const {

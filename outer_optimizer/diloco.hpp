@@ -167,6 +167,16 @@ class Diloco : public trainer::OuterHook {
   // outer.pace: time the steps this site trained, and f.step_us set: a collective).
   uint64_t round_tokens(Fragment& f, int64_t step, trainer::SiteStrategy& strategy);
   void gather_local(const Fragment& f, std::span<const float> shard, std::span<float> out) const;
+  // outer.quantize_on on a GPU site (trainer/loop/device_outer.hpp): the round's snapshot
+  // quantized on the device into f.staged (f.on_device), or the shard gathered into f.delta.
+  void snapshot(Fragment& f, trainer::SiteStrategy& strategy);
+  // After its outer step: the shard's part of fragment f becomes its global weights (alpha < 0)
+  // or alpha * local + (1 - alpha) * global, and the site's replica is made consistent.
+  void merge_global(Fragment& f, trainer::SiteStrategy& strategy, float alpha);
+  // The fragments' device residuals into their host copies (f.ef), before anything reads them.
+  void residuals_to_host() const;
+  // Fragment f (built, or restored) to the device: its runs, global weights and residual.
+  void define_on_device(const Fragment& f) const;
   // The owner residual from shard layout, for the elements of the slices this site owns under
   // the current fragments (owned elsewhere before a re-plan: zero).
   void restore_owner_residual(Fragment& f, std::span<const float> shard) const;
@@ -318,6 +328,11 @@ class Diloco : public trainer::OuterHook {
   std::vector<double> sync_seconds_;
   uint64_t frame_bytes_total_ = 0, elements_total_ = 0;
   uint64_t round_buffer_peak_ = 0;  // bytes: the most the rounds' buffers held at once
+  // outer.quantize_on: the device side of a GPU site (null: every round on the host), and the
+  // bytes its rounds copied to the host against what fp32 staging copies.
+  trainer::DeviceOuter* device_ = nullptr;
+  bool gpu_site_ = false;
+  uint64_t staged_bytes_ = 0, staged_fp32_bytes_ = 0;
   double last_sync_s_ = 0;
 };
 

@@ -70,6 +70,7 @@ Diloco::State Diloco::save_state() {
   // The outer state in shard layout, as views of the fragments' own vectors (no copy: at real
   // size each is the size of the shard).
   State s;
+  residuals_to_host();  // (quantized on the device: the residual lives there)
   s.views["global"] = shard_views([](Fragment& f) { return std::span<const float>(f.global); });
   if (!frags_[0]->opt->state_a().empty())
     s.views["opt_a"] = shard_views([](Fragment& f) { return std::span<const float>(f.opt->state_a()); });
@@ -256,6 +257,7 @@ void Diloco::resumed(int64_t step, trainer::SiteStrategy& strategy) {
     f.awaiting_decision = true;
     f.pending_merge = true;
     begin_round_buffers(f);
+    f.delta.resize(f.n);
     gather_local(f, strategy.shard_params(), f.delta);  // (the round's error stats: against these)
     collect_round(f, ctx_, r.step, r.round, 0, f.delta, membership_.active(r.round), membership_.deadline_s(),
                   trace_tid(f), &r.mine);

@@ -46,6 +46,16 @@ void add_own_error(const Fragment& f, double& err2, double& ref2) {
 
 }  // namespace
 
+std::vector<std::pair<size_t, size_t>> round_slices(const Fragment& f, bool owner, int sites) {
+  std::vector<std::pair<size_t, size_t>> out;
+  for (const Segment& sg : f.segments)
+    for (int j = 0; j < (owner ? sites : 1); ++j) {
+      const Slice sl = owner ? owner_slice(sg, j, sites) : Slice{sg.begin, sg.end};
+      out.emplace_back(sl.begin, sl.end);
+    }
+  return out;
+}
+
 std::vector<Segment> cut_segments(const std::vector<Range>& local, parallel::ShardRange shard,
                                   const ExchangeLayout& layout, int site, int rank) {
   std::vector<Segment> out;
@@ -99,10 +109,12 @@ void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64
     in.bytes.assign(static_cast<size_t>(S), {});
     in.missing.assign(static_cast<size_t>(S), {});
 
-    // 1. Pseudo-gradient of this shard.
+    // 1. Pseudo-gradient of this shard (quantized on the device: there, by the snapshot).
     // `local` may be f.delta itself (the snapshot: computed in place).
-    for (size_t i = 0; i < n; ++i) f.delta[i] = f.global[i] - local[i];
-    if (!ctx.hooks.capture_dir.empty() && !again) {
+    const bool staged = f.staged && !again;
+    if (!staged)
+      for (size_t i = 0; i < n; ++i) f.delta[i] = f.global[i] - local[i];
+    if (!ctx.hooks.capture_dir.empty() && !again && !staged) {
       const std::string path = fmt::format("{}/pseudograd.{}.r{}.round{}.safetensors", ctx.hooks.capture_dir,
                                            ctx.cfg.sites[static_cast<size_t>(self)].name, rank, round);
       trainer::TensorWrite t = trainer::f32_tensor("delta", {static_cast<int64_t>(n)}, f.delta);
@@ -121,15 +133,26 @@ void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64
       in.infos = again->infos;
       in.mine = again->envelopes;
     } else {
+      GEOLOCO_CHECK(!staged || f.staged->slices.size() == K * per_segment,
+                    "round {}: {} slices quantized on the device for {} frames", round, f.staged->slices.size(),
+                    K * per_segment);
       for (size_t k = 0; k < K; ++k)
         for (size_t j = 0; j < per_segment; ++j) {
           const Segment& sg = f.segments[k];
           const Slice sl = owner_mode ? owner_slice(sg, static_cast<int>(j), S) : Slice{sg.begin, sg.end};
           std::vector<uint8_t> frame;
-          const std::span<const float> part(f.delta.data() + sl.begin, sl.size());
-          in.infos.push_back(f.ef ? f.pipeline->encode_with_residual(
-                                        part, std::span<float>(f.ef->residual().data() + sl.begin, sl.size()), frame)
-                                  : f.pipeline->encode(part, nullptr, frame));
+          if (staged) {
+            // Quantized on the device: the frame of its scales and codes (the same bytes).
+            const auto& st = f.staged->slices[k * per_segment + j];
+            GEOLOCO_CHECK(st.elements == sl.size(), "round {}: a device slice of {} elements for {}", round,
+                          st.elements, sl.size());
+            in.infos.push_back(f.pipeline->encode_staged(st.scales, st.codes, st.elements, frame));
+          } else {
+            const std::span<const float> part(f.delta.data() + sl.begin, sl.size());
+            in.infos.push_back(f.ef ? f.pipeline->encode_with_residual(
+                                          part, std::span<float>(f.ef->residual().data() + sl.begin, sl.size()), frame)
+                                    : f.pipeline->encode(part, nullptr, frame));
+          }
           // The attachment rides once per round and site: with the first segment (rank 0's:
           // piece 0, which rank 0 of every site owns).
           std::vector<uint8_t> mine_bytes;
@@ -145,6 +168,12 @@ void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64
           in.mine.push_back(transport::make_payload(std::move(mine_bytes)));
         }
     }
+    if (staged) {
+      in.err2 = f.staged->err2;
+      in.ref2 = f.staged->ref2;
+      in.err_known = true;
+    }
+    f.staged.reset();
     for (const auto& i : in.infos) {
       in.info.codec = i.codec;
       in.info.topk = i.topk;
@@ -186,7 +215,7 @@ void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64
     // outer.exchange: owner: this rank's contribution as the owners decode it, slice by slice,
     // for the round's error figures (here, while the frames travel; all-to-all gets them from
     // the average's decode of its own frame).
-    if (owner_mode) {
+    if (owner_mode && !in.err_known) {
       for (size_t k = 0; k < K; ++k)
         for (int j = 0; j < S; ++j) {
           const Slice sl = owner_slice(f.segments[k], j, S);
@@ -196,6 +225,7 @@ void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64
           f.pipeline->decode(e.body, sl.size(), std::span<float>(f.decoded.data() + sl.begin, sl.size()));
         }
       add_own_error(f, in.err2, in.ref2);
+      in.err_known = true;
     }
     auto await = [&](transport::OpHandle& op) { return await_op(op, deadline, deadline_s); };
     std::vector<std::string> send_error(static_cast<size_t>(S));
@@ -325,7 +355,11 @@ ExchangeResult apply_round(Fragment& f, const ExchangeContext& ctx, SiteMask all
           }
           for (size_t i = sg.begin; i < sg.end; ++i) f.avg[i] += w * f.decoded[i];
         }
-        if (s == self) add_own_error(f, err2, ref2);
+        if (s == self && !in.err_known) add_own_error(f, err2, ref2);
+      }
+      if (in.err_known) {
+        err2 = in.err2;
+        ref2 = in.ref2;
       }
     }
     decode_span.reset();

@@ -23,6 +23,7 @@
 #include "outer_optimizer/outer_hooks.hpp"
 #include "outer_optimizer/outer_optimizer.hpp"
 #include "outer_optimizer/site_peers.hpp"
+#include "trainer/loop/device_outer.hpp"
 #include "trainer/loop/outer_hook.hpp"
 
 namespace geoloco::outer {
@@ -66,7 +67,8 @@ struct RoundInbox {
   std::vector<std::vector<std::vector<uint8_t>>> avg_bytes;  // by site, by segment: its average of its slice
   SiteMask averaged = 0;                                     // the sites the averages are over (0: none sent)
   uint64_t sent_bytes = 0;    // envelope bytes this rank posted to other sites in the round (both phases)
-  double err2 = 0, ref2 = 0;  // owner: this rank's contribution as decoded (ExchangeResult's)
+  double err2 = 0, ref2 = 0;  // this rank's contribution as decoded (ExchangeResult's), when err_known
+  bool err_known = false;     // owner exchange, or quantized on the device: err2/ref2 set by collect_round
 };
 
 // The part of a fragment that lies in one piece of the parameters (exchange_layout.hpp): its
@@ -95,6 +97,11 @@ struct Fragment {
   std::unique_ptr<compression::ErrorFeedback> owner_ef;
   std::vector<float> owner_next;
   std::unique_ptr<OuterOptimizer> opt;
+  // outer.quantize_on: its rounds are quantized on the device (trainer/loop/device_outer.hpp;
+  // `ef` is then the host copy of the device residual, refreshed by Diloco::residuals_to_host),
+  // and the round's slices as the device quantized them, set by the snapshot.
+  bool on_device = false;
+  std::optional<trainer::StagedRound> staged;
   // This rank's attachment to its next round's envelope (envelope.hpp; outer.plan: auto's
   // reports and decisions), set before collect_round.
   std::vector<uint8_t> attachment;
@@ -153,6 +160,9 @@ struct OwnContribution {
   std::vector<transport::Payload> envelopes;  // by segment
   std::vector<compression::FrameInfo> infos;
 };
+// The frames of a round of fragment f, in collect_round's order: each segment whole, or under
+// outer.exchange: owner its S slices (owner_slice), segment after segment.
+std::vector<std::pair<size_t, size_t>> round_slices(const Fragment& f, bool owner, int sites);
 // The fragment's segments: its elements cut by the pieces of this rank's shard.
 std::vector<Segment> cut_segments(const std::vector<Range>& local, parallel::ShardRange shard,
                                   const ExchangeLayout& layout, int site, int rank);

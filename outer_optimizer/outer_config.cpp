@@ -52,6 +52,7 @@ OuterConfig OuterConfig::from_yaml(const config::Node& n) {
   }
   c.weighting = n.get_choice("weighting", c.weighting, {"uniform", "tokens"});
   c.exchange = n.get_choice("exchange", c.exchange, {"all_to_all", "owner", "auto"});
+  c.quantize_on = n.get_choice("quantize_on", c.quantize_on, {"auto", "device", "host"});
   c.pace = n.get_choice("pace", c.pace, {"steps", "time"});
   c.pace_tolerance = n.get_double("pace_tolerance", c.pace_tolerance, 0.0, 0.9);
   if (c.pace_by_time() && c.weighting != "tokens")
@@ -104,6 +105,26 @@ OuterConfig OuterConfig::from_yaml(const config::Node& n) {
     n.fail("exchange",
            "auto is chosen by the plan from the measured link: set outer.plan: auto, or exchange: "
            "all_to_all | owner");
+  if (c.quantize_on == "device") {
+    const auto on_device = [](compression::Codec k) {
+      return k == compression::Codec::kInt8 || k == compression::Codec::kInt4 || k == compression::Codec::kFp4 ||
+             k == compression::Codec::kInt2;
+    };
+    if (c.compression.topk)
+      n.fail("quantize_on",
+             "device quantizes dense blocks (int8, int4, fp4, int2): remove compression.topk or "
+             "set quantize_on: auto | host");
+    if (!c.auto_plan() && !on_device(c.compression.codec))
+      n.fail("quantize_on", fmt::format("the device quantizes int8, int4, fp4 and int2, not {}: set "
+                                        "compression.codec to one of them, or quantize_on: auto | host",
+                                        compression::codec_name(c.compression.codec)));
+    if (c.auto_plan())
+      for (int b : c.plan_bits)
+        if (b > 8)
+          n.fail("quantize_on", fmt::format("plan: auto may pick {} bits, which the device does not quantize: "
+                                            "set plan_bits to 8, 4 and 2 only, or quantize_on: auto | host",
+                                            b));
+  }
   if (c.auto_plan() && c.compression.topk)
     n.fail("plan", "auto picks a dense codec (fp16/int8/int4/int2): remove compression.topk or use plan: manual");
   if (c.auto_plan() && c.inner_state == "reset")

@@ -8,6 +8,8 @@
 //     exchange: all_to_all          # all_to_all | owner: each site owns 1/S of every shard
 //                                   # (owner_exchange.hpp; needs min_sites = every site) |
 //                                   # auto: plan: auto picks one with the budget model
+//     quantize_on: auto             # auto | device | host: where a GPU site quantizes its pseudo-gradient
+//                                   # (trainer/loop/device_outer.hpp; same frames either way)
 //     pace: steps                   # steps | time: a slower site trains fewer steps per round (pace.hpp)
 //     pace_tolerance: 0.05          # pace: time: a site this close to the fastest trains every step
 //     inner_state: keep             # keep | reset (AdamW moments after each outer step)
@@ -66,6 +68,11 @@ struct OuterConfig {
   // owner: each site owns 1/S of every segment; its owner averages and sends it back
   // (2(S-1)/S shards out per round, two phases: owner_exchange.hpp).
   std::string exchange = "all_to_all";
+  // Where a GPU site's round is quantized (trainer/loop/device_outer.hpp): auto (the device
+  // when the codec is int8/int4/fp4/int2 without top-k, else the host), device (the same,
+  // refused for a codec the device cannot make), host (the fp32 shard staged to the host).
+  // The frames are the same bytes either way. CPU sites always quantize on the host.
+  std::string quantize_on = "auto";
   std::string pace = "steps";  // steps | time (outer_optimizer/pace.hpp)
   double pace_tolerance = 0.05;
   std::string inner_state = "keep";

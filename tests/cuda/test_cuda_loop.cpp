@@ -9,6 +9,7 @@
 // 1-rank sites given a real 1-rank communicator; the 2-rank NCCL site runs only with >= 2 GPUs.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <set>
 
 #include <fstream>
@@ -328,6 +329,161 @@ TEST(CudaLoopDiloco, AOneRankGpuSiteAndATwoRankCpuSiteEndBitIdentical) {
     EXPECT_EQ(j["outer_steps"], 2) << f;
   }
   EXPECT_EQ(hashes.size(), 1u);
+}
+
+// outer.quantize_on: device (trainer/loop/device_outer.hpp): a GPU site's pseudo-gradient is
+// computed, corrected by its residual and quantized on the device, and only scales and codes
+// come to the host. The kernels make the CPU codec's bytes, so a run must end on the bits of
+// the same run quantized on the host -- the GPU site's parameters, every site's global
+// weights, every round's frame bytes -- while the snapshots copy a fraction of the fp32 shard.
+// A 1-rank GPU site beside a 2-rank CPU site (two segments on the GPU rank), by schedule:
+// blocking int4 + error feedback; two fragments overlapped with int8, a decaying residual and
+// the merge on the device; the owner exchange (slices) with fp4 and int2 over three sites.
+struct DeviceQuantizeCase {
+  const char* name;
+  std::string outer;  // the outer section's body
+  int cpu_sites = 1;  // 2-rank CPU sites beside the GPU site
+  int steps = 8;
+};
+
+class CudaLoopDeviceQuantize : public ::testing::TestWithParam<DeviceQuantizeCase> {};
+
+std::string device_quantize_yaml(const std::filesystem::path& out, const DeviceQuantizeCase& c, int port,
+                                 const std::string& quantize_on, const std::string& extra_train = "") {
+  std::string yaml = "run: {name: dq, seed: 3, output_dir: " + out.string() +
+                     "}\n"
+                     "model: {n_layer: 2, n_head: 4, n_embd: 64, block_size: 32, vocab_size: 64}\n"
+                     "data:\n  train: {kind: synthetic, vocab: 64, branching: 3, seed: 5, tokens: 400000}\n"
+                     "train: {steps: " +
+                     std::to_string(c.steps) + ", micro_batch: 4, log_every: 4, optimizer: {lr: 3.0e-3}" + extra_train +
+                     "}\n"
+                     "outer: {" +
+                     c.outer + ", quantize_on: " + quantize_on +
+                     "}\n"
+                     "sites:\n  - {name: paris, ranks: 1, device: cuda, port: " +
+                     std::to_string(port) + "}\n";
+  for (int i = 0; i < c.cpu_sites; ++i)
+    yaml += "  - {name: cpu" + std::to_string(i) + ", ranks: 2, port: " + std::to_string(port + 10 * (i + 1)) + "}\n";
+  return yaml + "transport: {psk_file: k.psk, timeout_s: 30}\n";
+}
+
+// Runs every rank of the case's sites (GPU rank first) as threads.
+void run_device_quantize(const trainer::RunConfig& cfg, int cpu_sites, int64_t stop_at = 0, bool resume = false) {
+  test::run_ranks(1 + 2 * cpu_sites, [&](int g) {
+    app::RankOptions o;
+    o.site = g == 0 ? 0 : 1 + (g - 1) / 2;
+    o.rank = g == 0 ? 0 : (g - 1) % 2;
+    o.progress = false;
+    o.stop_at_step = stop_at;
+    o.resume = resume;
+    if (g == 0) o.cuda_device = 0;
+    return app::run_rank(cfg, o);
+  });
+}
+
+struct DeviceQuantizeRun {
+  nlohmann::json gpu;                      // paris/rank0.json
+  std::set<std::string> global_hashes;     // over every rank
+  std::vector<nlohmann::json> gpu_rounds;  // paris' rounds.r0.jsonl
+};
+
+DeviceQuantizeRun read_device_quantize(const std::filesystem::path& out, int cpu_sites) {
+  DeviceQuantizeRun r;
+  auto rank_json = [&](const std::string& f) { return nlohmann::json::parse(std::ifstream(out / "sites" / f)); };
+  r.gpu = rank_json("paris/rank0.json");
+  r.global_hashes.insert(r.gpu["global_weights_hash"].get<std::string>());
+  for (int i = 0; i < cpu_sites; ++i)
+    for (int k = 0; k < 2; ++k)
+      r.global_hashes.insert(
+          rank_json(fmt::format("cpu{}/rank{}.json", i, k))["global_weights_hash"].get<std::string>());
+  std::ifstream in(out / "sites" / "paris" / "rounds.r0.jsonl");
+  std::string line;
+  while (std::getline(in, line)) r.gpu_rounds.push_back(nlohmann::json::parse(line));
+  return r;
+}
+
+TEST_P(CudaLoopDeviceQuantize, EndsOnTheBitsOfTheHostPathCopyingAFractionOfTheShard) {
+  REQUIRE_GPU_OR_SKIP();
+  const DeviceQuantizeCase& c = GetParam();
+  std::map<std::string, DeviceQuantizeRun> runs;
+  for (const std::string on : {"host", "device"}) {
+    TempDir d;
+    d.file("k.psk", "0123456789abcdef-test-key");
+    auto cfg = load(d, "c.yaml", device_quantize_yaml(d.path() / "out", c, fresh_port(), on));
+    run_device_quantize(cfg, c.cpu_sites);
+    runs[on] = read_device_quantize(d.path() / "out", c.cpu_sites);
+  }
+  const auto& h = runs["host"];
+  const auto& g = runs["device"];
+  EXPECT_EQ(h.global_hashes.size(), 1u);
+  EXPECT_EQ(g.global_hashes, h.global_hashes) << "the device's frames are not the host's";
+  EXPECT_EQ(hash_of(g.gpu), hash_of(h.gpu));
+  EXPECT_EQ(h.gpu["outer_quantize_on"], "host");
+  EXPECT_EQ(g.gpu["outer_quantize_on"], "device");
+  // The snapshots' copies: the whole fp32 part on the host path, scales and codes (and 1.5 KiB
+  // of error sums per frame) on the device's.
+  const double fp32 = g.gpu["snapshot_fp32_bytes"].get<double>();
+  EXPECT_EQ(h.gpu["snapshot_host_bytes"].get<double>(), fp32);
+  EXPECT_EQ(h.gpu["snapshot_fp32_bytes"].get<double>(), fp32);
+  EXPECT_GT(fp32, 0);
+  const double frames = g.gpu["snapshot_host_bytes"].get<double>();
+  EXPECT_LT(frames, 0.4 * fp32) << "device snapshot copied " << frames << " of " << fp32;
+  EXPECT_GT(g.gpu["outer_memory"]["device_bytes"].get<double>(), 0);
+  EXPECT_EQ(h.gpu["outer_memory"]["device_bytes"].get<double>(), 0);
+  // Round by round: the same frames, and the same error figures up to summation order.
+  ASSERT_EQ(g.gpu_rounds.size(), h.gpu_rounds.size());
+  ASSERT_GT(g.gpu_rounds.size(), 0u);
+  for (size_t i = 0; i < g.gpu_rounds.size(); ++i) {
+    EXPECT_EQ(g.gpu_rounds[i]["frame_bytes"], h.gpu_rounds[i]["frame_bytes"]) << "round " << i;
+    EXPECT_EQ(g.gpu_rounds[i]["global_hash"], h.gpu_rounds[i]["global_hash"]) << "round " << i;
+    const double he = h.gpu_rounds[i]["err2"].get<double>(), ge = g.gpu_rounds[i]["err2"].get<double>();
+    const double hr = h.gpu_rounds[i]["ref2"].get<double>(), gr = g.gpu_rounds[i]["ref2"].get<double>();
+    EXPECT_GT(hr, 0) << "round " << i;
+    EXPECT_NEAR(ge, he, 1e-9 * hr + 1e-6 * he) << "round " << i;
+    EXPECT_NEAR(gr, hr, 1e-6 * hr) << "round " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Schedules, CudaLoopDeviceQuantize,
+    ::testing::Values(
+        DeviceQuantizeCase{"BlockingInt4WithErrorFeedback",
+                           "interval: 4, compression: {codec: int4, block: 64, error_feedback: true}"},
+        DeviceQuantizeCase{"TwoFragmentsOverlappedInt8DecayingResidual",
+                           "interval: 4, fragments: 2, overlap_steps: 1, merge_alpha: 0.5, compression: {codec: "
+                           "int8, block: 32, error_feedback: true, error_feedback_decay: 0.9, zstd_level: 1}",
+                           1, 12},
+        DeviceQuantizeCase{"OwnerExchangeFp4ThreeSites",
+                           "interval: 4, exchange: owner, min_sites: 3, compression: {codec: fp4, block: 48, "
+                           "error_feedback: true}",
+                           2},
+        DeviceQuantizeCase{"Int2WithoutErrorFeedback", "interval: 4, compression: {codec: int2, block: 128}"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// The device's residual is checkpointed and restored: a run stopped at a checkpoint and
+// resumed ends on the bits of the run never stopped (both quantized on the device).
+TEST(CudaLoopDeviceQuantize, TheDeviceResidualSurvivesAResume) {
+  REQUIRE_GPU_OR_SKIP();
+  const DeviceQuantizeCase c{"resume", "interval: 4, compression: {codec: int4, block: 64, error_feedback: true}", 1,
+                             12};
+  std::map<std::string, DeviceQuantizeRun> runs;
+  for (const bool cut : {false, true}) {
+    TempDir d;
+    d.file("k.psk", "0123456789abcdef-test-key");
+    auto cfg =
+        load(d, "c.yaml", device_quantize_yaml(d.path() / "out", c, fresh_port(), "device", ", checkpoint_every: 4"));
+    if (cut) {
+      run_device_quantize(cfg, c.cpu_sites, /*stop_at=*/8);
+      run_device_quantize(cfg, c.cpu_sites, 0, /*resume=*/true);
+    } else {
+      run_device_quantize(cfg, c.cpu_sites);
+    }
+    runs[cut ? "cut" : "whole"] = read_device_quantize(d.path() / "out", c.cpu_sites);
+  }
+  EXPECT_EQ(runs["cut"].global_hashes, runs["whole"].global_hashes);
+  EXPECT_EQ(runs["whole"].global_hashes.size(), 1u);
+  EXPECT_EQ(hash_of(runs["cut"].gpu), hash_of(runs["whole"].gpu));
+  EXPECT_EQ(runs["cut"].gpu["outer_quantize_on"], "device");
 }
 
 // NCCL inside the loop on one GPU: a 1-rank site given a real 1-rank NCCL communicator runs

@@ -133,5 +133,85 @@ TEST(QuantizeKernel, ErrorFeedbackCorrectionIsThePipelines) {
   }
 }
 
+// The outer loop's elementwise steps on the device (trainer/loop/cuda_outer_stage.cpp): the
+// pseudo-gradient global - local and the merge alpha * local + (1 - alpha) * global (or the
+// copy), bit for bit the host's contraction-free loops.
+TEST(QuantizeKernel, PseudoGradientAndMergeAreTheHostsBits) {
+  GEOLOCO_REQUIRE_GPU();
+  const size_t n = 2053;
+  const auto g = random_vec(n, 21, 0.3), x = random_vec(n, 22, 0.3);
+  auto dg = upload(g), dx = upload(x);
+  DeviceBuffer<float> out(n);
+  launch_pseudo_gradient(dg.data(), dx.data(), out.data(), n, nullptr);
+  const auto delta = download(out, n);
+  for (size_t i = 0; i < n; ++i) {
+    const float want = g[i] - x[i];
+    ASSERT_EQ(std::memcmp(&delta[i], &want, 4), 0) << "pseudo-gradient at " << i;
+  }
+  for (const float alpha : {0.5f, 0.3f, 0.0f}) {
+    auto dl = upload(x);
+    launch_merge(dl.data(), dg.data(), alpha, /*copy=*/false, n, nullptr);
+    const auto got = download(dl, n);
+    const float a = alpha, b = 1.0f - a;
+    for (size_t i = 0; i < n; ++i) {
+      volatile float ax = a * x[i], bg = b * g[i];  // rounded apart, as the host's loop is
+      const float want = ax + bg;
+      ASSERT_EQ(std::memcmp(&got[i], &want, 4), 0) << "merge alpha " << alpha << " at " << i;
+    }
+  }
+  auto dl = upload(x);
+  launch_merge(dl.data(), dg.data(), 0.5f, /*copy=*/true, n, nullptr);
+  const auto copied = download(dl, n);
+  EXPECT_EQ(std::memcmp(copied.data(), g.data(), n * 4), 0);
+}
+
+// The round's error figures: sum (decoded - delta)^2 and sum delta^2 over a quantized run
+// (the host's add_own_error up to summation order), and the count of corrected values the CPU
+// encoder refuses (non-finite, |x| > 2^64), whatever the codec.
+TEST(QuantizeKernel, ErrorPartialsSumTheErrorAndCountRefusedValues) {
+  GEOLOCO_REQUIRE_GPU();
+  for (const auto& c : kCases) {
+    const size_t n = 5000, group = 64;
+    const auto x = test_values(n, group, 31);
+    auto dx = upload(x);
+    const size_t groups = quant_groups(n, group);
+    DeviceBuffer<float> scales(groups), inv(groups);
+    DeviceBuffer<uint8_t> codes(quant_code_bytes(n, c.dev)), q(n);
+    DeviceBuffer<double> partial(3 * kErrorBlocks);
+    launch_quantize(c.dev, dx.data(), n, group, scales.data(), codes.data(), inv.data(), q.data(), nullptr);
+    launch_error_partials(c.dev, dx.data(), dx.data(), scales.data(), q.data(), n, group, partial.data(), nullptr);
+    const auto sums = sum_error_partials(download(partial, 3 * kErrorBlocks).data());
+    // The host: decode the CPU encoder's bytes of the same values.
+    compression::PipelineConfig pc;
+    pc.codec = c.cpu;
+    pc.block = group;
+    compression::Pipeline p(pc);
+    std::vector<uint8_t> frame;
+    p.encode(x, nullptr, frame);
+    std::vector<float> dec(n);
+    p.decode(frame, n, dec);
+    double err2 = 0, ref2 = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const double e = double(dec[i]) - double(x[i]);
+      err2 += e * e;
+      ref2 += double(x[i]) * double(x[i]);
+    }
+    EXPECT_GT(err2, 0) << compression::codec_name(c.cpu);
+    EXPECT_NEAR(sums.err2, err2, 1e-12 * ref2 + 1e-9 * err2) << compression::codec_name(c.cpu);
+    EXPECT_NEAR(sums.ref2, ref2, 1e-9 * ref2) << compression::codec_name(c.cpu);
+    EXPECT_EQ(sums.refused, 0) << compression::codec_name(c.cpu);
+    // Refused corrected values are counted (the error sums read `delta`, kept finite).
+    auto bad = x;
+    bad[7] = NAN;
+    bad[100] = INFINITY;
+    bad[4999] = -0x1p65f;
+    bad[4998] = 0x1p64f;  // at the bound: accepted
+    auto dbad = upload(bad);
+    launch_error_partials(c.dev, dx.data(), dbad.data(), scales.data(), q.data(), n, group, partial.data(), nullptr);
+    EXPECT_EQ(sum_error_partials(download(partial, 3 * kErrorBlocks).data()).refused, 3)
+        << compression::codec_name(c.cpu);
+  }
+}
+
 }  // namespace
 }  // namespace geoloco::cuda::testing

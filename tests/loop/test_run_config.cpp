@@ -161,3 +161,28 @@ TEST(RunConfig, InitFromIsResolvedAgainstTheConfigAndCheckedAtLoad) {
                 .find(":4:20: train.init_from: " + (d.path() / "junk.safetensors").string() + ": "),
             std::string::npos);
 }
+
+// outer.quantize_on: device is refused, naming the key, where the device could not quantize
+// the rounds: a codec other than int8/int4/fp4/int2, top-k, a plan that may pick 16 or 32
+// bits, or a run without a GPU site; auto and host take any codec.
+TEST(RunConfig, QuantizeOnDeviceIsRefusedWhereTheDeviceCannotQuantize) {
+  const std::string gpu = "sites: [{name: a, device: cuda, port: 30000}]\n";
+  auto outer = [&](const std::string& body, const std::string& sites) {
+    return error_of(std::string(kBase) + "outer: {interval: 4, " + body + "}\n" + sites);
+  };
+  EXPECT_EQ(outer("quantize_on: device, compression: {codec: int4, error_feedback: true}", gpu), "<no error>");
+  EXPECT_EQ(outer("quantize_on: device, plan: auto, plan_bits: [8, 4, 2]", gpu), "<no error>");
+  EXPECT_EQ(outer("quantize_on: auto, compression: {codec: bf16}", gpu), "<no error>");
+  EXPECT_EQ(outer("quantize_on: host, compression: {codec: int8, topk: 0.1}", gpu), "<no error>");
+  const std::string fp32 = outer("quantize_on: device", gpu);
+  EXPECT_NE(fp32.find("outer.quantize_on"), std::string::npos) << fp32;
+  EXPECT_NE(fp32.find("not fp32"), std::string::npos) << fp32;
+  const std::string topk = outer("quantize_on: device, compression: {codec: int8, topk: 0.1}", gpu);
+  EXPECT_NE(topk.find("remove compression.topk"), std::string::npos) << topk;
+  const std::string bits = outer("quantize_on: device, plan: auto", gpu);  // plan_bits [16, 8, 4]
+  EXPECT_NE(bits.find("may pick 16 bits"), std::string::npos) << bits;
+  const std::string cpu = outer("quantize_on: device, compression: {codec: int8}", "sites: [{name: a, port: 30000}]\n");
+  EXPECT_NE(cpu.find("no site has device: cuda"), std::string::npos) << cpu;
+  const std::string bad = outer("quantize_on: gpu", gpu);
+  EXPECT_NE(bad.find("quantize_on"), std::string::npos) << bad;
+}

@@ -163,6 +163,47 @@ __global__ void ef_residual_k(const float* x, const float* scales, const uint8_t
     r[i] = __fsub_rn(x[i], level<C>(q[i], scales[i / group]));
 }
 
+__global__ void pseudo_gradient_k(const float* g, const float* x, float* out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = __fsub_rn(g[i], x[i]);
+}
+
+__global__ void merge_k(float* x, const float* g, float a, float b, bool copy, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = copy ? g[i] : __fadd_rn(__fmul_rn(a, x[i]), __fmul_rn(b, g[i]));
+}
+
+constexpr int kErrorThreads = 256;
+
+// One block's three sums, tree-reduced in shared memory (doubles: the figures are diagnostics,
+// their order need not match the host's).
+template <QuantCodec C>
+__global__ void error_partials_k(const float* delta, const float* corrected, const float* scales, const uint8_t* q,
+                                 int64_t n, int64_t group, double* partial) {
+  __shared__ double sh[3 * kErrorThreads];
+  double e2 = 0, r2 = 0, bad = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const double d = delta[i];
+    const double e = double(level<C>(q[i], scales[i / group])) - d;
+    e2 += e * e;
+    r2 += d * d;
+    const float c = corrected[i];
+    if (!finite(c) || abs_of(c) > 0x1p64f) bad += 1;
+  }
+  const int t = threadIdx.x;
+  sh[t] = e2;
+  sh[kErrorThreads + t] = r2;
+  sh[2 * kErrorThreads + t] = bad;
+  __syncthreads();
+  for (int w = kErrorThreads / 2; w > 0; w /= 2) {
+    if (t < w)
+      for (int k = 0; k < 3; ++k) sh[k * kErrorThreads + t] += sh[k * kErrorThreads + t + w];
+    __syncthreads();
+  }
+  if (t == 0)
+    for (int k = 0; k < 3; ++k) partial[3 * blockIdx.x + k] = sh[k * kErrorThreads];
+}
+
 unsigned grid_for(int64_t items) {
   const int64_t blocks = (items + 255) / 256;
   return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 4096 ? 4096 : blocks));
@@ -186,6 +227,51 @@ void residual_as(const float* x, const float* scales, const uint8_t* q, int64_t 
 }
 
 }  // namespace
+
+void launch_pseudo_gradient(const float* global, const float* local, float* out, size_t n, cudaStream_t s) {
+  if (n == 0) return;
+  const auto N = static_cast<int64_t>(n);
+  GEOLOCO_LAUNCH(pseudo_gradient_k, grid_for(N), 256, 0, s)(global, local, out, N);
+}
+
+void launch_merge(float* local, const float* global, float alpha, bool copy, size_t n, cudaStream_t s) {
+  if (n == 0) return;
+  const auto N = static_cast<int64_t>(n);
+  GEOLOCO_LAUNCH(merge_k, grid_for(N), 256, 0, s)(local, global, alpha, 1.0f - alpha, copy, N);
+}
+
+void launch_error_partials(QuantCodec c, const float* delta, const float* corrected, const float* scales,
+                           const uint8_t* q, size_t n, size_t group, double* partial, cudaStream_t s) {
+  const auto N = static_cast<int64_t>(n), G = static_cast<int64_t>(group);
+  switch (c) {
+    case QuantCodec::kInt8:
+      GEOLOCO_LAUNCH(error_partials_k<QuantCodec::kInt8>, kErrorBlocks, kErrorThreads, 0, s)
+      (delta, corrected, scales, q, N, G, partial);
+      return;
+    case QuantCodec::kInt4:
+      GEOLOCO_LAUNCH(error_partials_k<QuantCodec::kInt4>, kErrorBlocks, kErrorThreads, 0, s)
+      (delta, corrected, scales, q, N, G, partial);
+      return;
+    case QuantCodec::kFp4:
+      GEOLOCO_LAUNCH(error_partials_k<QuantCodec::kFp4>, kErrorBlocks, kErrorThreads, 0, s)
+      (delta, corrected, scales, q, N, G, partial);
+      return;
+    case QuantCodec::kInt2:
+      GEOLOCO_LAUNCH(error_partials_k<QuantCodec::kInt2>, kErrorBlocks, kErrorThreads, 0, s)
+      (delta, corrected, scales, q, N, G, partial);
+      return;
+  }
+}
+
+ErrorSums sum_error_partials(const double* partial) {
+  ErrorSums out;
+  for (unsigned b = 0; b < kErrorBlocks; ++b) {
+    out.err2 += partial[3 * b];
+    out.ref2 += partial[3 * b + 1];
+    out.refused += partial[3 * b + 2];
+  }
+  return out;
+}
 
 int quant_bits(QuantCodec c) {
   switch (c) {

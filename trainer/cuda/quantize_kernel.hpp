@@ -2,8 +2,9 @@
 // the packed codes of compression::encode_values (int8, int4, fp4, int2), bit for bit, and the
 // error-feedback steps around them (the corrected input, the residual against what receivers
 // decode). Built so that a CUDA site can stage compressed bytes instead of fp32 (issue "the
-// real outer loop at real model size"); the outer loop does not call them yet. Tested on the
-// CUDA emulator against the CPU codec (tests/cuda/test_quantize_kernel.cpp).
+// real outer loop at real model size"): a CUDA site's outer loop calls them through
+// trainer/loop/cuda_outer_stage.hpp (outer.quantize_on). Tested on the CUDA emulator against the
+// CPU codec (tests/cuda/test_quantize_kernel.cpp).
 //
 // Layout (compression/values.hpp): groups of `group` elements (the last may be shorter), one
 // fp32 scale each; codes bit-packed back to back, low bits first, zero padding. All pointers
@@ -37,5 +38,26 @@ void launch_ef_correct(const float* values, const float* residual, float beta, f
 // one-byte codes `q` launch_quantize left.
 void launch_ef_residual(QuantCodec c, const float* corrected, const float* scales, const uint8_t* q, size_t n,
                         size_t group, float* residual, cudaStream_t s);
+
+// The round's pseudo-gradient of one run of elements: out[i] = global[i] - local[i] (one
+// rounding, as the host's f.global[i] - local[i]).
+void launch_pseudo_gradient(const float* global, const float* local, float* out, size_t n, cudaStream_t s);
+
+// The merge after an outer step: local[i] = alpha * local[i] + (1 - alpha) * global[i], each
+// product and the sum rounded on their own (the host's contraction-free loop), or with
+// `copy`: local[i] = global[i].
+void launch_merge(float* local, const float* global, float alpha, bool copy, size_t n, cudaStream_t s);
+
+// The error figures of one quantized run: with d = delta[i] and e = decode(scales, q)[i] - d,
+// per block b of a fixed grid of kErrorBlocks: partial[3b] = sum e^2, partial[3b+1] = sum d^2
+// (doubles), partial[3b+2] = the count of `corrected` values the CPU encoder would refuse
+// (non-finite, or |x| > 2^64). Sum the blocks on the host (sum_error_partials).
+constexpr unsigned kErrorBlocks = 64;
+void launch_error_partials(QuantCodec c, const float* delta, const float* corrected, const float* scales,
+                           const uint8_t* q, size_t n, size_t group, double* partial, cudaStream_t s);
+struct ErrorSums {
+  double err2 = 0, ref2 = 0, refused = 0;
+};
+ErrorSums sum_error_partials(const double* partial);
 
 }  // namespace geoloco::cuda

@@ -326,6 +326,18 @@ void CudaSiteStrategy::shard_updated() {
   auto dev = shard_on_device();
   mirror_.upload_async(mirror_.pinned().first(dev.size()), dev, model_.stream());
   sync_compute();  // the model stream waits for the upload; collectives run on their own stream
+  share_shard();
+}
+
+DeviceOuter* CudaSiteStrategy::device_outer() {
+  if (!outer_stage_)
+    outer_stage_ = std::make_unique<CudaOuterStage>([this] { return shard_on_device(); }, model_.stream(),
+                                                    [this] { share_shard(); });
+  return outer_stage_.get();
+}
+
+void CudaSiteStrategy::share_shard() {
+  auto dev = shard_on_device();
   if (kind() == StrategyKind::Hybrid) {
     share_own_shard();
   } else if (kind() != StrategyKind::Fsdp && collective()) {

@@ -14,6 +14,8 @@
 //   * the outer loop's host contract: shard_params() downloads the rank's shard into a pinned
 //     mirror through HostStager (copy stream ordered after the model stream by an event) and
 //     returns it; shard_updated() uploads the mirror and all-gathers (ddp/zero1/zero2);
+//     device_outer() is the outer loop's device side instead (cuda_outer_stage.hpp: the
+//     pseudo-gradient quantized on the device, the merge there);
 //   * optimizer(): a host proxy; its reset() (outer.inner_state: reset) is applied to the
 //     device moments before the next update.
 // Only in CUDA builds (compiled into geoloco_loop when GEOLOCO_HAVE_CUDA).
@@ -29,6 +31,7 @@
 #include "trainer/cuda/handles.hpp"
 #include "trainer/cuda/ops.hpp"
 #include "trainer/cuda/staging.hpp"
+#include "trainer/loop/cuda_outer_stage.hpp"
 #include "trainer/loop/device_plan.hpp"
 #include "trainer/loop/device_site.hpp"
 #include "trainer/loop/run_config.hpp"
@@ -53,6 +56,7 @@ class CudaSiteStrategy final : public SiteStrategy, public DeviceSite {
   // SiteStrategy (host contract)
   std::span<float> shard_params() override;
   void shard_updated() override;
+  DeviceOuter* device_outer() override;
   std::span<const float> full_params() override;
   void release_full_params() override { std::vector<float>().swap(host_full_); }
   OptimizerHostState optimizer_state() override;
@@ -85,6 +89,8 @@ class CudaSiteStrategy final : public SiteStrategy, public DeviceSite {
   // hybrid: the own shard (device) to every replica (all-gather over the replica set).
   void share_own_shard();
   void apply_pending_reset();
+  // The collective part of shard_updated(): the updated shard to the site's other ranks.
+  void share_shard();
   // A sharded Muon step's gather: the cut matrices' parts broadcast (none under ddp or for one rank).
   cuda::CudaInnerOptimizer::Gather device_gather();
 
@@ -103,6 +109,7 @@ class CudaSiteStrategy final : public SiteStrategy, public DeviceSite {
   cuda::CudaInnerOptimizer adam_;
   cuda::HostStager mirror_;
   std::unique_ptr<cuda::OverlappedAllReduce> overlap_;
+  std::unique_ptr<CudaOuterStage> outer_stage_;  // made at the first device_outer()
   std::vector<float> host_full_;
   size_t peak_activation_bytes_ = 0;
 };

@@ -305,6 +305,11 @@ RunConfig parse_run_config(const config::Document& doc) {
         "exchange", fmt::format("{} needs every site in every round (a site lost between its two phases would "
                                 "leave its slice's average with nobody): set outer.min_sites: {} (now {})",
                                 c.outer.exchange, c.sites.size(), c.outer.quorum(static_cast<int>(c.sites.size()))));
+  if (c.outer.quantize_on == "device" &&
+      std::none_of(c.sites.begin(), c.sites.end(), [](const SiteConfig& s) { return s.device == "cuda"; }))
+    root.child("outer").fail("quantize_on",
+                             "device quantizes on a GPU site's device, and no site has device: cuda: set "
+                             "quantize_on: auto | host");
   if (c.sites.size() > 64) root.fail("sites", fmt::format("{} sites: at most 64", c.sites.size()));
   if (root.has("transport")) c.transport = transport::TransportConfig::from_yaml(root.child("transport"), c.dir);
   if (c.sites.size() > 1) {

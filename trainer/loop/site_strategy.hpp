@@ -38,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "trainer/loop/device_outer.hpp"
 #include "trainer/model/param_layout.hpp"
 #include "trainer/optim/inner_optimizer.hpp"
 #include "trainer/parallel/collective.hpp"
@@ -112,6 +113,9 @@ class SiteStrategy {
   // Makes every rank's full parameters consistent after shards were overwritten
   // (all-gather; nothing under fsdp, which gathers at the next step).
   virtual void shard_updated();
+  // The outer loop's device side (device_outer.hpp) on a GPU site; null on the CPU (the host
+  // path: shard_params() / shard_updated()).
+  virtual DeviceOuter* device_outer() { return nullptr; }
   // Full parameters in host memory (gathers under fsdp; the returned buffer is valid until
   // the next call).
   virtual std::span<const float> full_params();
