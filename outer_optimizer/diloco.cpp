@@ -28,7 +28,7 @@ namespace {
 
 // The device codec of a pipeline config, if the device quantizes it (dense int8/int4/fp4/int2).
 std::optional<trainer::DeviceCodec> device_codec(const compression::PipelineConfig& p) {
-  if (p.topk) return std::nullopt;
+  if (!device_quantizable(p)) return std::nullopt;
   switch (p.codec) {
     case compression::Codec::kInt8: return trainer::DeviceCodec::kInt8;
     case compression::Codec::kInt4: return trainer::DeviceCodec::kInt4;

@@ -32,6 +32,12 @@ OuterOptimizerConfig OuterOptimizerConfig::from_yaml(const config::Node& n) {
   return c;
 }
 
+bool device_quantizable(const compression::PipelineConfig& p) {
+  const auto k = p.codec;
+  return !p.topk && (k == compression::Codec::kInt8 || k == compression::Codec::kInt4 ||
+                     k == compression::Codec::kFp4 || k == compression::Codec::kInt2);
+}
+
 OuterConfig OuterConfig::from_yaml(const config::Node& n) {
   OuterConfig c;
   c.enabled = true;
@@ -106,15 +112,11 @@ OuterConfig OuterConfig::from_yaml(const config::Node& n) {
            "auto is chosen by the plan from the measured link: set outer.plan: auto, or exchange: "
            "all_to_all | owner");
   if (c.quantize_on == "device") {
-    const auto on_device = [](compression::Codec k) {
-      return k == compression::Codec::kInt8 || k == compression::Codec::kInt4 || k == compression::Codec::kFp4 ||
-             k == compression::Codec::kInt2;
-    };
     if (c.compression.topk)
       n.fail("quantize_on",
              "device quantizes dense blocks (int8, int4, fp4, int2): remove compression.topk or "
              "set quantize_on: auto | host");
-    if (!c.auto_plan() && !on_device(c.compression.codec))
+    if (!c.auto_plan() && !device_quantizable(c.compression))
       n.fail("quantize_on", fmt::format("the device quantizes int8, int4, fp4 and int2, not {}: set "
                                         "compression.codec to one of them, or quantize_on: auto | host",
                                         compression::codec_name(c.compression.codec)));

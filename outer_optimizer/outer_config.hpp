@@ -111,4 +111,8 @@ struct OuterConfig {
   static OuterConfig from_yaml(const config::Node& node);
 };
 
+// Whether a GPU site can quantize frames of this config on the device (outer.quantize_on):
+// the dense scaled codecs int8, int4, fp4 and int2, without top-k.
+bool device_quantizable(const compression::PipelineConfig& p);
+
 }  // namespace geoloco::outer

@@ -13,7 +13,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-$here/build}"
 archive="${2:-$here/.gpu/bundle.tar.gz}"
 targets=(tests/cuda/test_cuda_host tests/cuda/test_cuda_gpu tests/cuda/test_cuda_loop tests/parallel/test_parallel
-  bench/gpu/bench_gpu_gpt2 trainer/cuda/geoloco_gpu_report)
+  bench/gpu/bench_gpu_gpt2 bench/gpu/bench_outer_stage trainer/cuda/geoloco_gpu_report)
 
 die() { echo "gpu_bundle: $*" >&2; exit 2; }
 [[ -f "$build/CMakeCache.txt" ]] || die "$build is not a configured build directory (run tools/setup.sh first)"

@@ -5,7 +5,8 @@
 # bf16 benchmark (bench.json, attention auto, with a device-time profile of one step per op
 # kind), the training loop on the GPU (test_cuda_loop:
 # 2-rank site vs the CPU curve, ddp == zero1, bit-exact resume, 2-site DiLoCo, NCCL in the
-# loop), the NCCL tests of the parallel area, and last the benchmark with the fused
+# loop), the NCCL tests of the parallel area, the outer loop's round staged in fp32 against
+# quantized on the device (outer_stage.json), and last the benchmark with the fused
 # attention (bench_fused.json); then write report.json + gpu_check.log into OUTDIR and print the
 # report's summary (verdict, figures, the costliest ops) last.
 #
@@ -113,7 +114,7 @@ elif run_step configure 120 cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_
   -DCMAKE_CUDA_ARCHITECTURES="$arch" -DGEOLOCO_BUILD_TESTS=ON -DGEOLOCO_BUILD_BENCH=ON; then
   # Only the check's targets: the whole tree would not fit the budget.
   run_step build 300 ninja -C "$build" -j"$jobs" test_cuda_host test_cuda_gpu bench_gpu_gpt2 geoloco_gpu_report \
-    test_parallel test_cuda_loop && built=1
+    test_parallel test_cuda_loop bench_outer_stage && built=1
 fi
 
 if ((built)); then
@@ -127,6 +128,10 @@ if ((built)); then
   # site.device: cuda end to end (label gpu_loop).
   run_step loop_tests 120 "$build/tests/cuda/test_cuda_loop" --gtest_brief=1
   run_step nccl_tests 90 "$build/tests/parallel/test_parallel" --gtest_filter='Gpu*:Nccl*' --gtest_brief=1
+  # The outer loop's round on this GPU: fp32 staging + host quantization against quantization
+  # on the device (outer.quantize_on), 64M elements, int4 + EF + zstd 1, same frames.
+  run_step outer_stage 60 "$build/bench/gpu/bench_outer_stage" --elements 67108864 --codec int4 --zstd 1 \
+    --rounds 5 --out "$out/outer_stage.json"
   # Last (least needed): the benchmark with the fused attention (auto picks the materialized one
   # where its T x T buffers fit, as here), for what each kernel costs, in the same session.
   run_step bench_fused 90 "$build/bench/gpu/bench_gpu_gpt2" --batch "$batch" --steps 10 --warmup 2 \

@@ -89,6 +89,32 @@ void run_validate(const ConfigArgs& a) {
           S, 2.0 * double(S - 1) / double(S), S - 1);
     else if (cfg.outer.exchange_auto())
       fmt::print("  exchange: auto (outer.exchange): the plan chooses all_to_all or owner from the measured path\n");
+    // GPU sites: where their rounds are quantized (outer.quantize_on, docs/gpu.md).
+    std::string gpus;
+    for (const auto& s : cfg.sites)
+      if (s.device == "cuda") gpus += (gpus.empty() ? "" : ", ") + s.name;
+    const auto& pc = cfg.outer.compression;
+    const bool device_codec = outer::device_quantizable(pc);
+    if (!gpus.empty()) {
+      if (cfg.outer.quantize_on == "host")
+        fmt::print("  GPU site(s) {}: the fp32 shard is staged to the host for each round (outer.quantize_on: host)\n",
+                   gpus);
+      else if (cfg.outer.auto_plan())
+        fmt::print(
+            "  GPU site(s) {}: rounds quantized on the device when the plan's codec is int8/int4/int2 "
+            "(outer.quantize_on: {}), on the host otherwise\n",
+            gpus, cfg.outer.quantize_on);
+      else if (device_codec)
+        fmt::print(
+            "  GPU site(s) {}: {} quantized on the device, only scales and codes copied to the host "
+            "(outer.quantize_on: {})\n",
+            gpus, compression::codec_name(pc.codec), cfg.outer.quantize_on);
+      else
+        fmt::print(
+            "  GPU site(s) {}: {} is quantized on the host (outer.quantize_on: auto; the device makes "
+            "int8/int4/fp4/int2 without top-k)\n",
+            gpus, pc.describe());
+    }
     std::string batches;
     bool differ = false;
     for (size_t i = 0; i < cfg.sites.size(); ++i) {
