@@ -460,6 +460,38 @@ INSTANTIATE_TEST_SUITE_P(
         DeviceQuantizeCase{"Int2WithoutErrorFeedback", "interval: 4, compression: {codec: int2, block: 128}"}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// Under plan: auto the fragments are rebuilt at the start-up plan and at re-plans (the drift
+// hook makes the link look 200x slower after step 12): each time the device side is cleared
+// and every fragment defined again with the state carried over (global weights, residual),
+// and the run still ends on one hash, quantized on the device throughout.
+TEST(CudaLoopDeviceQuantize, PlansRebuildTheDeviceFragmentsAndTheSitesStayOnOneHash) {
+  REQUIRE_GPU_OR_SKIP();
+  const DeviceQuantizeCase c{"plan",
+                             "interval: 4, plan: auto, plan_measure_steps: 4, plan_probe_seconds: 0.1, "
+                             "plan_h_min: 4, plan_h_max: 40, target_utilization: 0.9, replan_threshold: 0.5, "
+                             "plan_bits: [8, 4], compression: {codec: int8, block: 64, error_feedback: true}",
+                             1, 48};
+  TempDir d;
+  d.file("k.psk", "0123456789abcdef-test-key");
+  auto cfg = load(d, "c.yaml", device_quantize_yaml(d.path() / "out", c, fresh_port(), "device"));
+  test::run_ranks(3, [&](int g) {
+    app::RankOptions o;
+    o.site = g == 0 ? 0 : 1;
+    o.rank = g == 0 ? 0 : g - 1;
+    o.progress = false;
+    o.outer_hooks.drift = outer::OuterHooks::Drift{12, 200};
+    if (g == 0) o.cuda_device = 0;
+    return app::run_rank(cfg, o);
+  });
+  const auto r = read_device_quantize(d.path() / "out", c.cpu_sites);
+  EXPECT_EQ(r.global_hashes.size(), 1u);
+  EXPECT_EQ(r.gpu["outer_quantize_on"], "device");
+  ASSERT_GE(r.gpu["plans"].size(), 2u) << r.gpu["plans"].dump();
+  EXPECT_GE(r.gpu["replans"].get<int>(), 1) << r.gpu["plans"].dump();
+  EXPECT_LT(r.gpu["snapshot_host_bytes"].get<double>(), 0.4 * r.gpu["snapshot_fp32_bytes"].get<double>());
+  EXPECT_GE(r.gpu_rounds.size(), 3u);
+}
+
 // The device's residual is checkpointed and restored: a run stopped at a checkpoint and
 // resumed ends on the bits of the run never stopped (both quantized on the device).
 TEST(CudaLoopDeviceQuantize, TheDeviceResidualSurvivesAResume) {

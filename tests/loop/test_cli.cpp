@@ -107,7 +107,7 @@ TEST(Cli, ValidateDescribesSitesOfDifferentShapes) {
 }
 
 // Every example in configs/ validates as shipped (a GPU config where CUDA is built in; without
-// it, refused naming the device).
+// it, refused naming the device), and the GPU example's validate says where it quantizes.
 TEST(Cli, EveryExampleConfigValidates) {
   int checked = 0;
   for (const auto& e : std::filesystem::directory_iterator(std::string(GEOLOCO_SOURCE_DIR) + "/configs")) {
@@ -120,6 +120,9 @@ TEST(Cli, EveryExampleConfigValidates) {
       EXPECT_EQ(r.code, 2) << e.path() << ": " << r.out;
     } else {
       EXPECT_EQ(r.code, 0) << e.path() << ": " << r.out;
+      // A GPU config says where its sites quantize (outer.quantize_on).
+      if (gpu && e.path().filename() == "gpu-two-campus.yaml")
+        EXPECT_NE(r.out.find("GPU site(s) paris, lyon: int4 quantized on the device"), std::string::npos) << r.out;
     }
     ++checked;
   }
