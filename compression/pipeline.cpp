@@ -140,26 +140,27 @@ void Pipeline::decompress_payload(const FrameHeader& h, std::span<const uint8_t>
   });
 }
 
-FrameInfo Pipeline::encode(std::span<const float> values, ErrorFeedback* ef, std::vector<uint8_t>& frame_out) {
+FrameInfo Pipeline::encode(std::span<const float> values, ErrorFeedback* ef, std::vector<uint8_t>& frame_out,
+                           size_t at) {
   GEOLOCO_CHECK((ef != nullptr) == config_.error_feedback,
                 "error feedback is {} in the config but encode got {} residual", config_.error_feedback ? "on" : "off",
                 ef ? "a" : "no");
   if (ef)
     GEOLOCO_CHECK(ef->size() == values.size(), "error-feedback residual has {} elements, the shard {}", ef->size(),
                   values.size());
-  return encode_impl(values, ef ? ef->residual() : std::span<float>(), ef != nullptr, frame_out);
+  return encode_impl(values, ef ? ef->residual() : std::span<float>(), ef != nullptr, frame_out, at);
 }
 
 FrameInfo Pipeline::encode_with_residual(std::span<const float> values, std::span<float> residual,
-                                         std::vector<uint8_t>& frame_out) {
+                                         std::vector<uint8_t>& frame_out, size_t at) {
   GEOLOCO_CHECK(config_.error_feedback, "encode_with_residual: error feedback is off in the config");
   GEOLOCO_CHECK(residual.size() == values.size(), "error-feedback residual has {} elements, the part {}",
                 residual.size(), values.size());
-  return encode_impl(values, residual, true, frame_out);
+  return encode_impl(values, residual, true, frame_out, at);
 }
 
 FrameInfo Pipeline::encode_impl(std::span<const float> values, std::span<float> residual, bool with_ef,
-                                std::vector<uint8_t>& frame_out) {
+                                std::vector<uint8_t>& frame_out, size_t at) {
   float* const ef = with_ef ? residual.data() : nullptr;
   const uint64_t n = values.size();
   if (n > kMaxElements) throw Error(fmt::format("compression: shard of {} elements exceeds 2^40", n));
@@ -197,7 +198,7 @@ FrameInfo Pipeline::encode_impl(std::span<const float> values, std::span<float> 
   FrameHeader h;
   PayloadLayout layout;
   begin_header(h, n, layout);
-  uint8_t* raw = payload_buffer(layout, frame_out);
+  uint8_t* raw = payload_buffer(layout, frame_out, at);
   // Top-k selection (into kept_) and the value codec, range by range (coded_ranges).
   const auto ranges = coded_ranges(layout, h.codec, h.block);
   if (h.topk()) kept_.resize(layout.kept);
@@ -219,13 +220,20 @@ FrameInfo Pipeline::encode_impl(std::span<const float> values, std::span<float> 
     decode_payload(h, raw, decoded_);
   }
 
-  const FrameInfo info = finish_frame(h, layout, raw, frame_out);
+  const FrameInfo info = finish_frame(h, layout, raw, frame_out, at);
   if (with_ef) {
     for_each_range(n, threads_, [&](size_t b, size_t e) {
       for (size_t i = b; i < e; ++i) ef[i] = corrected_[i] - decoded_[i];
     });
   }
   return info;
+}
+
+size_t Pipeline::max_frame_bytes(uint64_t elements) const {
+  FrameHeader h;
+  PayloadLayout layout;
+  begin_header(h, elements, layout);
+  return kHeaderBytes + layout.total + kTrailerBytes;
 }
 
 void Pipeline::begin_header(FrameHeader& h, uint64_t elements, PayloadLayout& layout) const {
@@ -238,43 +246,44 @@ void Pipeline::begin_header(FrameHeader& h, uint64_t elements, PayloadLayout& la
   h.raw_bytes = layout.total;
 }
 
-uint8_t* Pipeline::payload_buffer(const PayloadLayout& layout, std::vector<uint8_t>& frame_out) {
+uint8_t* Pipeline::payload_buffer(const PayloadLayout& layout, std::vector<uint8_t>& frame_out, size_t at) {
   // Without zstd the payload is built in place in the frame; with it, in raw_ first.
   if (!zc_.empty()) {
     raw_.resize(layout.total);
     return raw_.data();
   }
-  frame_out.resize(kHeaderBytes + layout.total + kTrailerBytes);
-  return frame_out.data() + kHeaderBytes;
+  frame_out.resize(at + kHeaderBytes + layout.total + kTrailerBytes);
+  return frame_out.data() + at + kHeaderBytes;
 }
 
 FrameInfo Pipeline::finish_frame(FrameHeader& h, const PayloadLayout& layout, const uint8_t* raw,
-                                 std::vector<uint8_t>& frame_out) {
+                                 std::vector<uint8_t>& frame_out, size_t at) {
   size_t stored = layout.total;
   if (!zc_.empty() && layout.total > 0) {
-    frame_out.resize(kHeaderBytes + layout.total + kTrailerBytes);
-    const size_t z = compress_chunks({raw, layout.total}, {frame_out.data() + kHeaderBytes, layout.total - 1});
+    frame_out.resize(at + kHeaderBytes + layout.total + kTrailerBytes);
+    const size_t z = compress_chunks({raw, layout.total}, {frame_out.data() + at + kHeaderBytes, layout.total - 1});
     if (z > 0) {
       stored = z;
       h.flags |= kFlagZstd;
     } else {
-      std::memcpy(frame_out.data() + kHeaderBytes, raw, layout.total);
+      std::memcpy(frame_out.data() + at + kHeaderBytes, raw, layout.total);
     }
   } else if (!zc_.empty()) {
-    frame_out.resize(kHeaderBytes + kTrailerBytes);
+    frame_out.resize(at + kHeaderBytes + kTrailerBytes);
   }
   h.stored_bytes = stored;
-  frame_out.resize(h.frame_bytes());
-  write_header(h, frame_out.data());
+  frame_out.resize(at + h.frame_bytes());
+  uint8_t* const frame = frame_out.data() + at;
+  write_header(h, frame);
   const size_t body = kHeaderBytes + stored;
-  bytes::store<uint64_t>(frame_out.data() + body, frame_checksum({frame_out.data(), body}));
+  bytes::store<uint64_t>(frame + body, frame_checksum({frame, body}));
   const FrameInfo info = info_of(h);
   totals_.add(info);
   return info;
 }
 
 FrameInfo Pipeline::encode_staged(std::span<const uint8_t> scales, std::span<const uint8_t> codes, uint64_t elements,
-                                  std::vector<uint8_t>& frame_out) {
+                                  std::vector<uint8_t>& frame_out, size_t at) {
   if (config_.topk || !codec_has_scales(config_.codec))
     throw Error(
         fmt::format("compression: a staged payload needs a dense scaled codec (int8, int4, fp4, int2), "
@@ -288,10 +297,10 @@ FrameInfo Pipeline::encode_staged(std::span<const uint8_t> scales, std::span<con
     throw Error(fmt::format("compression: staged payload of {} scale and {} code bytes; {} {} values take {} and {}",
                             scales.size(), codes.size(), elements, codec_name(config_.codec), layout.scales_bytes,
                             layout.codes_bytes));
-  uint8_t* raw = payload_buffer(layout, frame_out);
+  uint8_t* raw = payload_buffer(layout, frame_out, at);
   if (!scales.empty()) std::memcpy(raw + layout.scales_offset, scales.data(), scales.size());
   if (!codes.empty()) std::memcpy(raw + layout.codes_offset, codes.data(), codes.size());
-  return finish_frame(h, layout, raw, frame_out);
+  return finish_frame(h, layout, raw, frame_out, at);
 }
 
 void Pipeline::decode_payload(const FrameHeader& h, const uint8_t* payload, std::span<float> out) {

@@ -71,12 +71,14 @@ class Pipeline {
   // when config().error_feedback is set; it is read (added to `values`) and updated to what
   // this frame dropped. Throws EncodeError for a non-finite value or |value| > 2^64 (after
   // adding the residual), naming the index (and for an fp16 overflow); `ef` is then unchanged.
-  FrameInfo encode(std::span<const float> values, ErrorFeedback* ef, std::vector<uint8_t>& frame_out);
+  // `at`: the frame is written from frame_out[at] on, the `at` bytes before it kept (room for
+  // the caller's header: the outer loop's envelope is built around the frame, not copied).
+  FrameInfo encode(std::span<const float> values, ErrorFeedback* ef, std::vector<uint8_t>& frame_out, size_t at = 0);
   // As encode() with error feedback on `residual` (values.size() elements, e.g. the part of a
   // shard's residual that belongs to a part of the shard encoded as its own frame);
   // config().error_feedback must be set.
   FrameInfo encode_with_residual(std::span<const float> values, std::span<float> residual,
-                                 std::vector<uint8_t>& frame_out);
+                                 std::vector<uint8_t>& frame_out, size_t at = 0);
 
   // The frame of `elements` values quantized elsewhere (a GPU: trainer/cuda/quantize_kernel.hpp)
   // from their scales (one little-endian fp32 per block) and packed codes: the bytes encode()
@@ -84,7 +86,7 @@ class Pipeline {
   // codec only (int8, int4, fp4, int2; no top-k): else Error. Throws Error when the sizes do
   // not match the layout of `elements` values.
   FrameInfo encode_staged(std::span<const uint8_t> scales, std::span<const uint8_t> codes, uint64_t elements,
-                          std::vector<uint8_t>& frame_out);
+                          std::vector<uint8_t>& frame_out, size_t at = 0);
 
   // Decodes a frame of any codec into out (out.size() == expected_elements). Throws
   // FrameError on any malformed input, including a frame whose element count differs from
@@ -97,6 +99,10 @@ class Pipeline {
   // Validates header and checksum (not the payload) and reports what the frame holds.
   static FrameInfo inspect(std::span<const uint8_t> frame, uint64_t expected_elements);
 
+  // The largest frame encode() makes of `elements` values under this config (zstd kept only
+  // when it shrinks the payload): to reserve a buffer the frame will not outgrow.
+  size_t max_frame_bytes(uint64_t elements) const;
+
   const WireTotals& encoded_totals() const { return totals_; }
   // Sizes (and touches) the scratch a frame of `elements` needs, so the first encode of a
   // large shard does not pay its page faults on the sync's path.
@@ -105,15 +111,15 @@ class Pipeline {
  private:
   // encode(), with error feedback on `residual` (values.size() elements) when `with_ef`.
   FrameInfo encode_impl(std::span<const float> values, std::span<float> residual, bool with_ef,
-                        std::vector<uint8_t>& frame_out);
+                        std::vector<uint8_t>& frame_out, size_t at);
   // The header `h` (codec, block, top-k, elements set) completed from the config and layout.
   void begin_header(FrameHeader& h, uint64_t elements, PayloadLayout& layout) const;
   // Where the raw payload of `layout` is built: in place in `frame_out` without zstd, else in
   // raw_ (finish_frame compresses it into the frame).
-  uint8_t* payload_buffer(const PayloadLayout& layout, std::vector<uint8_t>& frame_out);
+  uint8_t* payload_buffer(const PayloadLayout& layout, std::vector<uint8_t>& frame_out, size_t at);
   // zstd (when on and it shrinks the payload), header and checksum around the raw payload.
   FrameInfo finish_frame(FrameHeader& h, const PayloadLayout& layout, const uint8_t* raw,
-                         std::vector<uint8_t>& frame_out);
+                         std::vector<uint8_t>& frame_out, size_t at);
   // Decodes the raw (pre-zstd) payload described by `h` into out.
   void decode_payload(const FrameHeader& h, const uint8_t* payload, std::span<float> out);
 

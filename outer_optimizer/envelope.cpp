@@ -22,10 +22,14 @@ T get(std::span<const uint8_t> in, size_t off) {
 }
 }  // namespace
 
-void write_envelope(const Envelope& e, std::vector<uint8_t>& out) {
+namespace {
+
+// The 48-byte header of `e` with a body of `body` bytes into out[0, kEnvelopeBytes).
+void put_header(const Envelope& e, uint64_t body, std::vector<uint8_t>& out) {
   GEOLOCO_CHECK(e.attachment.size() <= kMaxAttachment, "an envelope attachment of {} bytes (at most {})",
                 e.attachment.size(), kMaxAttachment);
-  out.resize(kEnvelopeBytes + e.body.size() + e.attachment.size());
+  GEOLOCO_CHECK(e.step_us == 0 || e.kind == EnvelopeKind::kPseudoGradient, "a step time on a kind {} envelope",
+                static_cast<int>(e.kind));
   std::memcpy(out.data(), kEnvelopeMagic, 4);
   put<uint16_t>(out, 4, kEnvelopeVersion);
   put<uint16_t>(out, 6, static_cast<uint16_t>(e.kind));
@@ -33,14 +37,29 @@ void write_envelope(const Envelope& e, std::vector<uint8_t>& out) {
   put<uint32_t>(out, 16, e.site);
   put<uint32_t>(out, 20, e.rank);
   put<uint64_t>(out, 24, e.value);
-  put<uint64_t>(out, 32, e.body.size());
+  put<uint64_t>(out, 32, body);
   put<uint32_t>(out, 40, static_cast<uint32_t>(e.attachment.size()));
-  GEOLOCO_CHECK(e.step_us == 0 || e.kind == EnvelopeKind::kPseudoGradient, "a step time on a kind {} envelope",
-                static_cast<int>(e.kind));
   put<uint32_t>(out, 44, e.step_us);
+}
+
+}  // namespace
+
+void write_envelope(const Envelope& e, std::vector<uint8_t>& out) {
+  GEOLOCO_CHECK(e.attachment.size() <= kMaxAttachment, "an envelope attachment of {} bytes (at most {})",
+                e.attachment.size(), kMaxAttachment);
+  out.resize(kEnvelopeBytes + e.body.size() + e.attachment.size());
+  put_header(e, e.body.size(), out);
   if (!e.body.empty()) std::memcpy(out.data() + kEnvelopeBytes, e.body.data(), e.body.size());
   if (!e.attachment.empty())
     std::memcpy(out.data() + kEnvelopeBytes + e.body.size(), e.attachment.data(), e.attachment.size());
+}
+
+void seal_envelope(const Envelope& e, std::vector<uint8_t>& buf) {
+  GEOLOCO_CHECK(buf.size() >= kEnvelopeBytes, "an envelope buffer of {} bytes, no room for its {}-byte header",
+                buf.size(), kEnvelopeBytes);
+  const uint64_t body = buf.size() - kEnvelopeBytes;
+  put_header(e, body, buf);
+  buf.insert(buf.end(), e.attachment.begin(), e.attachment.end());
 }
 
 Envelope read_envelope(std::span<const uint8_t> in, EnvelopeKind kind, uint64_t round, uint32_t site, uint32_t rank,

@@ -74,6 +74,10 @@ class EnvelopeError : public Error {
 };
 
 void write_envelope(const Envelope& e, std::vector<uint8_t>& out);  // header + body + attachment
+// The same bytes around a body already in place: `buf` holds kEnvelopeBytes of room, then the
+// body (e.g. a frame encoded at offset kEnvelopeBytes); e.body is ignored. Writes the header
+// and appends e.attachment (a pseudo-gradient's frame is not copied once more).
+void seal_envelope(const Envelope& e, std::vector<uint8_t>& buf);
 // Parses and checks magic, version, kind, round, site, rank, the reserved field, and the body
 // and attachment lengths against the bytes received, `max_body` and kMaxAttachment. `who`
 // names the peer in errors.

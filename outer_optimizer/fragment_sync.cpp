@@ -140,31 +140,35 @@ void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64
         for (size_t j = 0; j < per_segment; ++j) {
           const Segment& sg = f.segments[k];
           const Slice sl = owner_mode ? owner_slice(sg, static_cast<int>(j), S) : Slice{sg.begin, sg.end};
-          std::vector<uint8_t> frame;
+          // The attachment rides once per round and site: with the first segment (rank 0's:
+          // piece 0, which rank 0 of every site owns).
+          const auto attachment = k == 0 ? std::span<const uint8_t>(f.attachment) : std::span<const uint8_t>();
+          // The frame is encoded in place after the envelope's header (not copied into it), in
+          // a buffer reserved for the largest frame (untouched reserved pages cost nothing).
+          std::vector<uint8_t> mine_bytes;
+          mine_bytes.reserve(kEnvelopeBytes + f.pipeline->max_frame_bytes(sl.size()) + attachment.size());
           if (staged) {
             // Quantized on the device: the frame of its scales and codes (the same bytes).
             const auto& st = f.staged->slices[k * per_segment + j];
             GEOLOCO_CHECK(st.elements == sl.size(), "round {}: a device slice of {} elements for {}", round,
                           st.elements, sl.size());
-            in.infos.push_back(f.pipeline->encode_staged(st.scales, st.codes, st.elements, frame));
+            in.infos.push_back(f.pipeline->encode_staged(st.scales, st.codes, st.elements, mine_bytes, kEnvelopeBytes));
           } else {
             const std::span<const float> part(f.delta.data() + sl.begin, sl.size());
             in.infos.push_back(f.ef ? f.pipeline->encode_with_residual(
-                                          part, std::span<float>(f.ef->residual().data() + sl.begin, sl.size()), frame)
-                                    : f.pipeline->encode(part, nullptr, frame));
+                                          part, std::span<float>(f.ef->residual().data() + sl.begin, sl.size()),
+                                          mine_bytes, kEnvelopeBytes)
+                                    : f.pipeline->encode(part, nullptr, mine_bytes, kEnvelopeBytes));
           }
-          // The attachment rides once per round and site: with the first segment (rank 0's:
-          // piece 0, which rank 0 of every site owns).
-          std::vector<uint8_t> mine_bytes;
           Envelope e{EnvelopeKind::kPseudoGradient,
                      round,
                      static_cast<uint32_t>(self),
                      static_cast<uint32_t>(rank),
                      tokens,
-                     frame,
-                     k == 0 ? std::span<const uint8_t>(f.attachment) : std::span<const uint8_t>()};
+                     {},
+                     attachment};
           e.step_us = f.step_us;
-          write_envelope(e, mine_bytes);
+          seal_envelope(e, mine_bytes);
           in.mine.push_back(transport::make_payload(std::move(mine_bytes)));
         }
     }

@@ -122,24 +122,22 @@ void exchange_averages(Fragment& f, const ExchangeContext& ctx, SiteMask active,
         const float w = weight[static_cast<size_t>(s)];
         for (size_t i = 0; i < sl.size(); ++i) avg[i] += w * dec[i];
       }
-      std::vector<uint8_t> frame, bytes;
+      // Encoded in place after the envelope's header (fragment_sync.cpp does the same).
+      std::vector<uint8_t> bytes;
+      bytes.reserve(kEnvelopeBytes + f.pipeline->max_frame_bytes(sl.size()));
       if (f.owner_ef) {
         const std::span<float> next(f.owner_next.data() + owned_at, sl.size());
         const auto residual = f.owner_ef->residual().subspan(owned_at, sl.size());
         std::copy(residual.begin(), residual.end(), next.begin());
-        f.pipeline->encode_with_residual(avg, next, frame);
+        f.pipeline->encode_with_residual(avg, next, bytes, kEnvelopeBytes);
       } else {
-        f.pipeline->encode(avg, nullptr, frame);
+        f.pipeline->encode(avg, nullptr, bytes, kEnvelopeBytes);
       }
       owned_at += sl.size();
-      write_envelope(Envelope{EnvelopeKind::kAverage,
-                              round,
-                              static_cast<uint32_t>(self),
-                              static_cast<uint32_t>(rank),
-                              active,
-                              frame,
-                              {}},
-                     bytes);
+      seal_envelope(
+          Envelope{
+              EnvelopeKind::kAverage, round, static_cast<uint32_t>(self), static_cast<uint32_t>(rank), active, {}, {}},
+          bytes);
       in.mine_avg.push_back(transport::make_payload(std::move(bytes)));
     }
   }

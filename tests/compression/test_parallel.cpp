@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <zstd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "compression/bytes.hpp"
@@ -155,6 +156,44 @@ TEST(CodecThreads, ParallelForRunsEveryTaskAndRethrowsTheLowestFailure) {
       EXPECT_STREQ(e.what(), "task 3") << threads;
     }
   }
+}
+
+// A frame encoded at an offset (room for the caller's header, outer_optimizer's envelope) is the
+// frame encoded alone, byte for byte, after the kept prefix; the residual is the same; and
+// max_frame_bytes bounds every frame: every codec, top-k, error feedback, zstd on and off.
+TEST(FrameAtOffset, IsTheFrameAfterTheKeptPrefixAndWithinItsBound) {
+  for (const Codec codec : {Codec::kFp32, Codec::kBf16, Codec::kInt8, Codec::kInt4, Codec::kInt2})
+    for (const bool ef : {false, true})
+      for (const int zstd : {0, 3}) {
+        SCOPED_TRACE(::testing::Message() << codec_name(codec) << " ef " << ef << " zstd " << zstd);
+        const size_t n = 70001;
+        const auto x = synthetic_pseudo_gradient(n, 77);
+        PipelineConfig pc = codec_config(codec, ef, zstd, 2);
+        Pipeline a(pc), b(pc);
+        std::vector<float> ra(ef ? n : 0, 0.0f), rb(ef ? n : 0, 0.0f);
+        std::vector<uint8_t> alone, at(48, 0x5a);
+        if (ef) {
+          a.encode_with_residual(x, ra, alone);
+          b.encode_with_residual(x, rb, at, 48);
+        } else {
+          a.encode(x, nullptr, alone);
+          b.encode(x, nullptr, at, 48);
+        }
+        ASSERT_EQ(at.size(), 48 + alone.size());
+        EXPECT_TRUE(std::all_of(at.begin(), at.begin() + 48, [](uint8_t v) { return v == 0x5a; }));
+        EXPECT_TRUE(std::equal(alone.begin(), alone.end(), at.begin() + 48));
+        EXPECT_EQ(ra, rb);
+        EXPECT_LE(alone.size(), a.max_frame_bytes(n));
+        if (zstd == 0) {
+          EXPECT_EQ(alone.size(), a.max_frame_bytes(n));
+        }
+      }
+  PipelineConfig topk = codec_config(Codec::kInt8, false, 0, 1);
+  topk.topk = 0.1;
+  Pipeline p(topk);
+  std::vector<uint8_t> f;
+  p.encode(synthetic_pseudo_gradient(5000, 3), nullptr, f);
+  EXPECT_EQ(f.size(), p.max_frame_bytes(5000));
 }
 
 // A payload quantized elsewhere (a GPU: trainer/cuda/quantize_kernel.hpp, bit-identical to

@@ -109,3 +109,29 @@ TEST(Envelope, AnAverageIsItsOwnKind) {
   auto pg = make(5, 1, 0, {1});
   EXPECT_THROW(read_envelope(pg, EnvelopeKind::kAverage, 5, 1, 0, 16, "lyon/0"), EnvelopeError);
 }
+
+// seal_envelope around a body already in place (a frame encoded at offset kEnvelopeBytes) makes
+// write_envelope's bytes, attachment and step time included; a buffer without room for the
+// header is refused.
+TEST(Envelope, SealedAroundABodyInPlaceIsTheWrittenEnvelope) {
+  const std::vector<uint8_t> body{9, 8, 7, 6, 5}, attachment{1, 2, 3};
+  for (const bool with_attachment : {false, true}) {
+    Envelope e{EnvelopeKind::kPseudoGradient,
+               7,
+               2,
+               1,
+               99,
+               body,
+               with_attachment ? std::span<const uint8_t>(attachment) : std::span<const uint8_t>()};
+    e.step_us = 1234;
+    std::vector<uint8_t> want;
+    write_envelope(e, want);
+    std::vector<uint8_t> got(kEnvelopeBytes + body.size(), 0xee);
+    std::copy(body.begin(), body.end(), got.begin() + kEnvelopeBytes);
+    e.body = {};
+    seal_envelope(e, got);
+    EXPECT_EQ(got, want) << "attachment " << with_attachment;
+  }
+  std::vector<uint8_t> short_buf(kEnvelopeBytes - 1);
+  EXPECT_THROW(seal_envelope(Envelope{}, short_buf), geoloco::Error);
+}
