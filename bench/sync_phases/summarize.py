@@ -3,7 +3,7 @@
 Per size and codec, over the runs: the median sync (rounds.jsonl sync_s) and its phases from
 paris/0's trace (each span kind's median over the syncs after the first, then the median over
 the runs), the rest of the sync no span covers (the pseudo-gradient's pass and the loop's own
-bookkeeping), the envelope bytes, the raw exchange of the same bytes (bench_transport), and
+bookkeeping), the outer loop's bytes per parameter (summary outer_memory), the envelope bytes, the raw exchange of the same bytes (bench_transport), and
 network / raw: how far the sync's send-and-receive is from what the transport alone takes.
 """
 import json
@@ -40,6 +40,7 @@ def run_figures(d):
     f["elements"] = rounds[-1]["elements"]
     t = json.load(open(d + ".transport.json"))["results"][0]
     f["raw_exchange_s"] = t["seconds_median"] * f["envelope_bytes"] / t["size_bytes"]
+    f["outer_memory"] = json.load(open(os.path.join(d, "sites/paris/rank0.json")))["outer_memory"]
     return f
 
 
@@ -58,5 +59,10 @@ for size in sizes:
         row["network_over_raw"] = round(med("receive") / med("raw_exchange_s"), 3)
         row["sync_over_raw"] = round(med("sync_s") / med("raw_exchange_s"), 3)
         row["codec_in_sync_share"] = round((med("compress") + med("decode")) / med("sync_s"), 3)
+        # The outer loop's own bytes per parameter of the rank's shard (summary outer_memory:
+        # kept between rounds, and the rounds' buffers at their peak).
+        mem = figs[0]["outer_memory"]
+        row["outer_bytes_per_param"] = {k: round(mem[k], 2) for k in
+                                        ("kept_bytes_per_param", "round_bytes_per_param", "bytes_per_param")}
         result["results"].append(row)
 print(json.dumps(result, indent=1))
