@@ -226,6 +226,19 @@ void residual_as(const float* x, const float* scales, const uint8_t* q, int64_t 
   GEOLOCO_LAUNCH(ef_residual_k<C>, grid_for(n), 256, 0, s)(x, scales, q, n, group, r);
 }
 
+struct ErrorArgs {
+  const float *delta, *corrected, *scales;
+  const uint8_t* q;
+  int64_t n, group;
+  double* partial;
+};
+
+template <QuantCodec C>
+void error_partials_as(const ErrorArgs& a, cudaStream_t s) {
+  GEOLOCO_LAUNCH(error_partials_k<C>, kErrorBlocks, kErrorThreads, 0, s)
+  (a.delta, a.corrected, a.scales, a.q, a.n, a.group, a.partial);
+}
+
 }  // namespace
 
 void launch_pseudo_gradient(const float* global, const float* local, float* out, size_t n, cudaStream_t s) {
@@ -242,24 +255,12 @@ void launch_merge(float* local, const float* global, float alpha, bool copy, siz
 
 void launch_error_partials(QuantCodec c, const float* delta, const float* corrected, const float* scales,
                            const uint8_t* q, size_t n, size_t group, double* partial, cudaStream_t s) {
-  const auto N = static_cast<int64_t>(n), G = static_cast<int64_t>(group);
+  const ErrorArgs a{delta, corrected, scales, q, static_cast<int64_t>(n), static_cast<int64_t>(group), partial};
   switch (c) {
-    case QuantCodec::kInt8:
-      GEOLOCO_LAUNCH(error_partials_k<QuantCodec::kInt8>, kErrorBlocks, kErrorThreads, 0, s)
-      (delta, corrected, scales, q, N, G, partial);
-      return;
-    case QuantCodec::kInt4:
-      GEOLOCO_LAUNCH(error_partials_k<QuantCodec::kInt4>, kErrorBlocks, kErrorThreads, 0, s)
-      (delta, corrected, scales, q, N, G, partial);
-      return;
-    case QuantCodec::kFp4:
-      GEOLOCO_LAUNCH(error_partials_k<QuantCodec::kFp4>, kErrorBlocks, kErrorThreads, 0, s)
-      (delta, corrected, scales, q, N, G, partial);
-      return;
-    case QuantCodec::kInt2:
-      GEOLOCO_LAUNCH(error_partials_k<QuantCodec::kInt2>, kErrorBlocks, kErrorThreads, 0, s)
-      (delta, corrected, scales, q, N, G, partial);
-      return;
+    case QuantCodec::kInt8: error_partials_as<QuantCodec::kInt8>(a, s); return;
+    case QuantCodec::kInt4: error_partials_as<QuantCodec::kInt4>(a, s); return;
+    case QuantCodec::kFp4: error_partials_as<QuantCodec::kFp4>(a, s); return;
+    case QuantCodec::kInt2: error_partials_as<QuantCodec::kInt2>(a, s); return;
   }
 }
 
