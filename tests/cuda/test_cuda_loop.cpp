@@ -346,6 +346,9 @@ struct DeviceQuantizeCase {
   int steps = 8;
 };
 
+// (gtest prints the case by its name, not its bytes, in test listings)
+void PrintTo(const DeviceQuantizeCase& c, std::ostream* os) { *os << c.name; }
+
 class CudaLoopDeviceQuantize : public ::testing::TestWithParam<DeviceQuantizeCase> {};
 
 std::string device_quantize_yaml(const std::filesystem::path& out, const DeviceQuantizeCase& c, int port,
