@@ -432,6 +432,11 @@ TEST_P(CudaLoopDeviceQuantize, EndsOnTheBitsOfTheHostPathCopyingAFractionOfTheSh
   const double frames = g.gpu["snapshot_host_bytes"].get<double>();
   EXPECT_LT(frames, 0.4 * fp32) << "device snapshot copied " << frames << " of " << fp32;
   EXPECT_GT(g.gpu["outer_memory"]["device_bytes"].get<double>(), 0);
+  // No fp32 snapshot on the host: its round buffers are 8 B per element of a fragment in
+  // flight instead of 12 (decoded frame and average, no snapshot).
+  const double host_round = h.gpu["outer_memory"]["round_bytes_per_param"].get<double>();
+  EXPECT_GT(host_round, 0);
+  EXPECT_NEAR(g.gpu["outer_memory"]["round_bytes_per_param"].get<double>(), host_round * 8 / 12, 0.01 * host_round);
   EXPECT_EQ(h.gpu["outer_memory"]["device_bytes"].get<double>(), 0);
   // Round by round: the same frames, and the same error figures up to summation order.
   ASSERT_EQ(g.gpu_rounds.size(), h.gpu_rounds.size());
