@@ -25,18 +25,6 @@
 namespace geoloco::outer {
 
 namespace {
-
-// The device codec of a pipeline config, if the device quantizes it (dense int8/int4/fp4/int2).
-std::optional<trainer::DeviceCodec> device_codec(const compression::PipelineConfig& p) {
-  if (!device_quantizable(p)) return std::nullopt;
-  switch (p.codec) {
-    case compression::Codec::kInt8: return trainer::DeviceCodec::kInt8;
-    case compression::Codec::kInt4: return trainer::DeviceCodec::kInt4;
-    case compression::Codec::kFp4: return trainer::DeviceCodec::kFp4;
-    case compression::Codec::kInt2: return trainer::DeviceCodec::kInt2;
-    default: return std::nullopt;
-  }
-}
 using Clock = std::chrono::steady_clock;
 }  // namespace
 
@@ -151,7 +139,7 @@ void Diloco::build_fragments(int fragments, std::span<const float> shard) {
     if (pcfg_.error_feedback && ctx_.owner)
       f->owner_ef = std::make_unique<compression::ErrorFeedback>(owned_count(*f, site_, peers_.sites()));
     f->segment_hash = segment_hashes(f->segments, f->global);
-    f->on_device = device_ && device_codec(pcfg_).has_value();
+    f->on_device = device_ && device_quantizable(pcfg_);
     if (f->on_device) define_on_device(*f);
     frags_.push_back(std::move(f));
   }
@@ -168,21 +156,21 @@ void Diloco::residuals_to_host() const {
     if (f->on_device && f->ef) device_->residual(f->index, f->ef->residual());
 }
 
-void Diloco::snapshot(Fragment& f, trainer::SiteStrategy& strategy) {
+void Diloco::snapshot(Fragment& f, trainer::SiteStrategy& strategy, bool quantize) {
   begin_round_buffers(f);
-  if (!f.on_device) {
+  snapshot_fp32_bytes_ += f.n * sizeof(float);
+  if (!f.on_device || !quantize) {
+    f.delta.resize(f.n);
     gather_local(f, strategy.shard_params(), f.delta);  // the pseudo-gradient is computed in place
-    staged_bytes_ += f.n * sizeof(float);
-    staged_fp32_bytes_ += f.n * sizeof(float);
+    snapshot_host_bytes_ += f.n * sizeof(float);
     return;
   }
   trainer::TraceSpan sp(ctx_.trace, "device_quantize", trainer::TraceRecorder::kMainThread);
   std::vector<trainer::DeviceSlice> slices;
-  for (const auto& [b, e] : round_slices(f, ctx_.owner, peers_.sites())) slices.push_back({b, e});
-  f.staged = device_->quantize(f.index, *device_codec(pcfg_), pcfg_.block,
-                               static_cast<float>(pcfg_.error_feedback_decay), slices);
-  staged_bytes_ += f.staged->host_bytes;
-  staged_fp32_bytes_ += f.n * sizeof(float);
+  for (const Slice& sl : round_slices(f, ctx_.owner, peers_.sites())) slices.push_back({sl.begin, sl.end});
+  f.staged =
+      device_->quantize(f.index, pcfg_.codec, pcfg_.block, static_cast<float>(pcfg_.error_feedback_decay), slices);
+  snapshot_host_bytes_ += f.staged->host_bytes;
 }
 
 void Diloco::merge_global(Fragment& f, trainer::SiteStrategy& strategy, float alpha) {
@@ -191,17 +179,13 @@ void Diloco::merge_global(Fragment& f, trainer::SiteStrategy& strategy, float al
     return;
   }
   auto shard = strategy.shard_params();
-  size_t k = 0;
   if (alpha < 0) {
-    for (const auto& rg : f.local) {
-      std::copy(f.global.begin() + static_cast<std::ptrdiff_t>(k),
-                f.global.begin() + static_cast<std::ptrdiff_t>(k + size_t(rg.size())), shard.begin() + rg.begin);
-      k += static_cast<size_t>(rg.size());
-    }
+    scatter_local(f, f.global, shard);
   } else {
     // Elementwise and contraction-free: bit-identical on every rank that holds the same local
     // values (and to the device's merge).
     const float a = alpha, b = 1.0f - a;
+    size_t k = 0;
     for (const auto& rg : f.local)
       for (int64_t i = rg.begin; i < rg.end; ++i, ++k) {
         float& x = shard[static_cast<size_t>(i)];
@@ -228,6 +212,14 @@ void Diloco::gather_local(const Fragment& f, std::span<const float> shard, std::
   }
 }
 
+void Diloco::scatter_local(const Fragment& f, std::span<const float> gathered, std::span<float> shard) const {
+  size_t k = 0;
+  for (const auto& r : f.local) {
+    std::copy_n(gathered.begin() + static_cast<std::ptrdiff_t>(k), r.size(), shard.begin() + r.begin);
+    k += static_cast<size_t>(r.size());
+  }
+}
+
 void Diloco::restore_owner_residual(Fragment& f, std::span<const float> shard) const {
   std::vector<float> gathered(f.n);
   gather_local(f, shard, gathered);
@@ -239,9 +231,7 @@ std::vector<float> Diloco::pack_owner_residual() const {
   for (const auto& f : frags_) {
     gathered.assign(f->n, 0.0f);
     expand_owned(*f, site_, peers_.sites(), f->owner_ef->residual(), gathered);
-    size_t k = 0;
-    for (const auto& r : f->local)
-      for (int64_t i = r.begin; i < r.end; ++i) out[static_cast<size_t>(i)] = gathered[k++];
+    scatter_local(*f, gathered, out);
   }
   return out;
 }
@@ -251,12 +241,7 @@ Diloco::ShardState Diloco::pack_state() const {
   // Each fragment's vectors scattered back to where their elements sit in the shard.
   auto pack = [&](auto get) {
     std::vector<float> out(n_, 0.0f);
-    for (const auto& f : frags_) {
-      std::span<const float> v = get(*f);
-      size_t k = 0;
-      for (const auto& r : f->local)
-        for (int64_t i = r.begin; i < r.end; ++i) out[static_cast<size_t>(i)] = v[k++];
-    }
+    for (const auto& f : frags_) scatter_local(*f, get(*f), out);
     return out;
   };
   ShardState st;
@@ -549,15 +534,9 @@ uint64_t Diloco::tokens_since(int64_t step, int64_t since) const {
 void Diloco::sync(Fragment& f, int64_t step, trainer::SiteStrategy& strategy, const Retry* again) {
   const auto t0 = Clock::now();
   const uint64_t round = static_cast<uint64_t>(++round_);
-  if (again) {
-    // Sent as made before (not quantized again: the residual already holds its error); the
-    // round's error figures against the shard's values.
-    begin_round_buffers(f);
-    f.delta.resize(f.n);
-    gather_local(f, strategy.shard_params(), f.delta);
-  } else {
-    snapshot(f, strategy);
-  }
+  // `again`: sent as made before (not quantized again: the residual already holds its
+  // error); the round's error figures against the shard's values.
+  snapshot(f, strategy, /*quantize=*/!again);
   f.attachment = planned_ ? planner_.attachment() : std::vector<uint8_t>{};
   const uint64_t tokens = round_tokens(f, step, strategy);
   collect_round(f, ctx_, step, round, tokens, f.delta, membership_.active(round), membership_.deadline_s(),
@@ -920,8 +899,8 @@ nlohmann::json Diloco::summary() {
     // What the rounds' snapshots copied from the device: scales and codes (quantized there),
     // or the fp32 shard part; and what fp32 staging copies for the same rounds.
     j["outer_quantize_on"] = frags_[0]->on_device ? "device" : "host";
-    j["snapshot_host_bytes"] = staged_bytes_;
-    j["snapshot_fp32_bytes"] = staged_fp32_bytes_;
+    j["snapshot_host_bytes"] = snapshot_host_bytes_;
+    j["snapshot_fp32_bytes"] = snapshot_fp32_bytes_;
   }
   nlohmann::json ev = nlohmann::json::array();
   for (const auto& e : membership_.evictions())

@@ -167,9 +167,12 @@ class Diloco : public trainer::OuterHook {
   // outer.pace: time the steps this site trained, and f.step_us set: a collective).
   uint64_t round_tokens(Fragment& f, int64_t step, trainer::SiteStrategy& strategy);
   void gather_local(const Fragment& f, std::span<const float> shard, std::span<float> out) const;
-  // outer.quantize_on on a GPU site (trainer/loop/device_outer.hpp): the round's snapshot
-  // quantized on the device into f.staged (f.on_device), or the shard gathered into f.delta.
-  void snapshot(Fragment& f, trainer::SiteStrategy& strategy);
+  // Its inverse: the fragment's gathered values to their places in `shard`.
+  void scatter_local(const Fragment& f, std::span<const float> gathered, std::span<float> shard) const;
+  // The round's snapshot: on a GPU site with outer.quantize_on (f.on_device) quantized on the
+  // device into f.staged (trainer/loop/device_outer.hpp), or (`quantize` false: a round sent
+  // again after --resume) the shard gathered into f.delta.
+  void snapshot(Fragment& f, trainer::SiteStrategy& strategy, bool quantize = true);
   // After its outer step: the shard's part of fragment f becomes its global weights (alpha < 0)
   // or alpha * local + (1 - alpha) * global, and the site's replica is made consistent.
   void merge_global(Fragment& f, trainer::SiteStrategy& strategy, float alpha);
@@ -332,7 +335,7 @@ class Diloco : public trainer::OuterHook {
   // bytes its rounds copied to the host against what fp32 staging copies.
   trainer::DeviceOuter* device_ = nullptr;
   bool gpu_site_ = false;
-  uint64_t staged_bytes_ = 0, staged_fp32_bytes_ = 0;
+  uint64_t snapshot_host_bytes_ = 0, snapshot_fp32_bytes_ = 0;
   double last_sync_s_ = 0;
 };
 

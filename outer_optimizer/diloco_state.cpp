@@ -256,9 +256,7 @@ void Diloco::resumed(int64_t step, trainer::SiteStrategy& strategy) {
     f.voted = false;
     f.awaiting_decision = true;
     f.pending_merge = true;
-    begin_round_buffers(f);
-    f.delta.resize(f.n);
-    gather_local(f, strategy.shard_params(), f.delta);  // (the round's error stats: against these)
+    snapshot(f, strategy, /*quantize=*/false);  // (the round's error stats: against these)
     collect_round(f, ctx_, r.step, r.round, 0, f.delta, membership_.active(r.round), membership_.deadline_s(),
                   trace_tid(f), &r.mine);
   }

@@ -45,8 +45,6 @@ void put_header(const Envelope& e, uint64_t body, std::vector<uint8_t>& out) {
 }  // namespace
 
 void write_envelope(const Envelope& e, std::vector<uint8_t>& out) {
-  GEOLOCO_CHECK(e.attachment.size() <= kMaxAttachment, "an envelope attachment of {} bytes (at most {})",
-                e.attachment.size(), kMaxAttachment);
   out.resize(kEnvelopeBytes + e.body.size() + e.attachment.size());
   put_header(e, e.body.size(), out);
   if (!e.body.empty()) std::memcpy(out.data() + kEnvelopeBytes, e.body.data(), e.body.size());

@@ -46,13 +46,11 @@ void add_own_error(const Fragment& f, double& err2, double& ref2) {
 
 }  // namespace
 
-std::vector<std::pair<size_t, size_t>> round_slices(const Fragment& f, bool owner, int sites) {
-  std::vector<std::pair<size_t, size_t>> out;
+std::vector<Slice> round_slices(const Fragment& f, bool owner, int sites) {
+  std::vector<Slice> out;
   for (const Segment& sg : f.segments)
-    for (int j = 0; j < (owner ? sites : 1); ++j) {
-      const Slice sl = owner ? owner_slice(sg, j, sites) : Slice{sg.begin, sg.end};
-      out.emplace_back(sl.begin, sl.end);
-    }
+    for (int j = 0; j < (owner ? sites : 1); ++j)
+      out.push_back(owner ? owner_slice(sg, j, sites) : Slice{sg.begin, sg.end});
   return out;
 }
 
@@ -133,13 +131,13 @@ void collect_round(Fragment& f, const ExchangeContext& ctx, int64_t step, uint64
       in.infos = again->infos;
       in.mine = again->envelopes;
     } else {
-      GEOLOCO_CHECK(!staged || f.staged->slices.size() == K * per_segment,
+      const std::vector<Slice> slices = round_slices(f, owner_mode, S);  // by (segment, owner site)
+      GEOLOCO_CHECK(!staged || f.staged->slices.size() == slices.size(),
                     "round {}: {} slices quantized on the device for {} frames", round, f.staged->slices.size(),
-                    K * per_segment);
+                    slices.size());
       for (size_t k = 0; k < K; ++k)
         for (size_t j = 0; j < per_segment; ++j) {
-          const Segment& sg = f.segments[k];
-          const Slice sl = owner_mode ? owner_slice(sg, static_cast<int>(j), S) : Slice{sg.begin, sg.end};
+          const Slice sl = slices[k * per_segment + j];
           // The attachment rides once per round and site: with the first segment (rank 0's:
           // piece 0, which rank 0 of every site owns).
           const auto attachment = k == 0 ? std::span<const uint8_t>(f.attachment) : std::span<const uint8_t>();

@@ -80,6 +80,13 @@ struct Segment {
   size_t size() const { return end - begin; }
 };
 
+// A run of a fragment's gathered vector that travels as one frame: a segment, or one of its
+// slices under outer.exchange: owner (owner_exchange.hpp).
+struct Slice {
+  size_t begin = 0, end = 0;
+  size_t size() const { return end - begin; }
+};
+
 // One fragment's part of this rank's shard and its outer-loop state.
 struct Fragment {
   int index = 0;
@@ -162,7 +169,7 @@ struct OwnContribution {
 };
 // The frames of a round of fragment f, in collect_round's order: each segment whole, or under
 // outer.exchange: owner its S slices (owner_slice), segment after segment.
-std::vector<std::pair<size_t, size_t>> round_slices(const Fragment& f, bool owner, int sites);
+std::vector<Slice> round_slices(const Fragment& f, bool owner, int sites);
 // The fragment's segments: its elements cut by the pieces of this rank's shard.
 std::vector<Segment> cut_segments(const std::vector<Range>& local, parallel::ShardRange shard,
                                   const ExchangeLayout& layout, int site, int rank);

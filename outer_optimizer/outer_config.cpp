@@ -33,9 +33,7 @@ OuterOptimizerConfig OuterOptimizerConfig::from_yaml(const config::Node& n) {
 }
 
 bool device_quantizable(const compression::PipelineConfig& p) {
-  const auto k = p.codec;
-  return !p.topk && (k == compression::Codec::kInt8 || k == compression::Codec::kInt4 ||
-                     k == compression::Codec::kFp4 || k == compression::Codec::kInt2);
+  return !p.topk && compression::codec_has_scales(p.codec);  // int8, int4, fp4, int2
 }
 
 OuterConfig OuterConfig::from_yaml(const config::Node& n) {

@@ -33,10 +33,6 @@
 namespace geoloco::outer {
 
 // Slice `site` of `sg` out of `sites` (contiguous, balanced, in the fragment's gathered vector).
-struct Slice {
-  size_t begin = 0, end = 0;
-  size_t size() const { return end - begin; }
-};
 Slice owner_slice(const Segment& sg, int site, int sites);
 
 // The owner residual is kept for the elements `site` owns only, segment after segment: about

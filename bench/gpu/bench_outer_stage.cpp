@@ -71,12 +71,7 @@ int main(int argc, char** argv) {
     const cuda::DeviceInfo dev = cuda::select_device(0, 1);
     compression::PipelineConfig pc;
     const auto c = compression::codec_from_name(codec);
-    if (!c) throw ConfigError("--codec: int8, int4, fp4 or int2, not " + codec);
-    const std::map<std::string, trainer::DeviceCodec> dc{{"int8", trainer::DeviceCodec::kInt8},
-                                                         {"int4", trainer::DeviceCodec::kInt4},
-                                                         {"fp4", trainer::DeviceCodec::kFp4},
-                                                         {"int2", trainer::DeviceCodec::kInt2}};
-    if (!dc.count(codec)) throw ConfigError("--codec: int8, int4, fp4 or int2, not " + codec);
+    if (!c || !compression::codec_has_scales(*c)) throw ConfigError("--codec: int8, int4, fp4 or int2, not " + codec);
     pc.codec = *c;
     pc.block = block;
     pc.error_feedback = !no_ef;
@@ -121,7 +116,7 @@ int main(int argc, char** argv) {
       }
       {
         const auto t0 = Clock::now();
-        const auto st = stage.quantize(0, dc.at(codec), block, 1.0f, {{0, n}});
+        const auto st = stage.quantize(0, *c, block, 1.0f, {{0, n}});
         dev_pipe.encode_staged(st.slices[0].scales, st.slices[0].codes, n, fd);
         dev_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
         dev_bytes = st.host_bytes;

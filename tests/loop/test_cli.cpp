@@ -121,8 +121,9 @@ TEST(Cli, EveryExampleConfigValidates) {
     } else {
       EXPECT_EQ(r.code, 0) << e.path() << ": " << r.out;
       // A GPU config says where its sites quantize (outer.quantize_on).
-      if (gpu && e.path().filename() == "gpu-two-campus.yaml")
+      if (gpu && e.path().filename() == "gpu-two-campus.yaml") {
         EXPECT_NE(r.out.find("GPU site(s) paris, lyon: int4 quantized on the device"), std::string::npos) << r.out;
+      }
     }
     ++checked;
   }

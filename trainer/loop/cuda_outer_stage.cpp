@@ -13,14 +13,16 @@ namespace geoloco::trainer {
 
 namespace {
 
-cuda::QuantCodec quant_codec(DeviceCodec c) {
+cuda::QuantCodec quant_codec(compression::Codec c) {
   switch (c) {
-    case DeviceCodec::kInt8: return cuda::QuantCodec::kInt8;
-    case DeviceCodec::kInt4: return cuda::QuantCodec::kInt4;
-    case DeviceCodec::kFp4: return cuda::QuantCodec::kFp4;
-    case DeviceCodec::kInt2: return cuda::QuantCodec::kInt2;
+    case compression::Codec::kInt8: return cuda::QuantCodec::kInt8;
+    case compression::Codec::kInt4: return cuda::QuantCodec::kInt4;
+    case compression::Codec::kFp4: return cuda::QuantCodec::kFp4;
+    case compression::Codec::kInt2: return cuda::QuantCodec::kInt2;
+    default:
+      throw Error(fmt::format("device outer stage: the device quantizes int8, int4, fp4 and int2, not {}",
+                              compression::codec_name(c)));
   }
-  return cuda::QuantCodec::kInt8;
 }
 
 size_t align4(size_t b) { return (b + 3) & ~size_t{3}; }
@@ -96,7 +98,7 @@ void CudaOuterStage::reserve_scratch(size_t n, size_t slices, size_t groups, boo
   }
 }
 
-StagedRound CudaOuterStage::quantize(int index, DeviceCodec codec, uint32_t block, float decay,
+StagedRound CudaOuterStage::quantize(int index, compression::Codec codec, uint32_t block, float decay,
                                      const std::vector<DeviceSlice>& slices) {
   Fragment& f = at(index);
   GEOLOCO_CHECK(block > 0, "device outer stage: block 0");

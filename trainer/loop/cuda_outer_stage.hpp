@@ -27,7 +27,7 @@ class CudaOuterStage final : public DeviceOuter {
   void clear() override;
   void define(int index, const std::vector<DeviceRun>& runs, std::span<const float> global,
               std::span<const float> residual) override;
-  StagedRound quantize(int index, DeviceCodec codec, uint32_t block, float decay,
+  StagedRound quantize(int index, compression::Codec codec, uint32_t block, float decay,
                        const std::vector<DeviceSlice>& slices) override;
   void merge(int index, std::span<const float> global, float alpha) override;
   void residual(int index, std::span<float> out) override;

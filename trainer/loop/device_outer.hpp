@@ -27,10 +27,9 @@
 #include <span>
 #include <vector>
 
-namespace geoloco::trainer {
+#include "compression/codec.hpp"
 
-// Codecs the device quantizes (compression::Codec's scaled codecs).
-enum class DeviceCodec : uint8_t { kInt8, kInt4, kFp4, kInt2 };
+namespace geoloco::trainer {
 
 struct DeviceRun {
   int64_t begin = 0, end = 0;  // elements of this rank's shard
@@ -68,11 +67,12 @@ class DeviceOuter {
   virtual void define(int index, const std::vector<DeviceRun>& runs, std::span<const float> global,
                       std::span<const float> residual) = 0;
   // The round's pseudo-gradient of fragment `index` from the shard's current values, each
-  // slice quantized with `codec` in blocks of `block` (error feedback when the fragment has a
+  // slice quantized with `codec` (a scaled one: int8, int4, fp4, int2; else Error) in blocks
+  // of `block` (error feedback when the fragment has a
   // residual: corrected = pseudo-gradient + residual, or + decay x residual for decay < 1).
   // Throws Error naming the fragment when a corrected value is non-finite or above 2^64 in
   // magnitude (what the CPU encoder refuses).
-  virtual StagedRound quantize(int index, DeviceCodec codec, uint32_t block, float decay,
+  virtual StagedRound quantize(int index, compression::Codec codec, uint32_t block, float decay,
                                const std::vector<DeviceSlice>& slices) = 0;
   // After the fragment's outer step: `global` (host, gathered) becomes the device copy, and the
   // shard's runs become it (alpha < 0) or alpha * shard + (1 - alpha) * global; then the
