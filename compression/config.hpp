@@ -19,7 +19,7 @@
 #include <string>
 
 #include "compression/codec.hpp"
-#include "trainer/core/config_node.hpp"
+#include "core/config_node.hpp"
 
 namespace geoloco::compression {
 

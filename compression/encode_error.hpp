@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 namespace geoloco::compression {
 

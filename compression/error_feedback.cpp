@@ -7,8 +7,8 @@
 #include <cstring>
 
 #include "compression/bytes.hpp"
-#include "trainer/core/error.hpp"
-#include "trainer/core/hash.hpp"
+#include "core/error.hpp"
+#include "core/hash.hpp"
 
 namespace geoloco::compression {
 namespace {

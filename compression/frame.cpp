@@ -8,7 +8,7 @@
 
 #include "compression/bytes.hpp"
 #include "compression/config.hpp"
-#include "trainer/core/hash.hpp"
+#include "core/hash.hpp"
 
 namespace geoloco::compression {
 

@@ -27,7 +27,7 @@
 #include <string_view>
 
 #include "compression/codec.hpp"
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 namespace geoloco::compression {
 

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "trainer/core/rng.hpp"
+#include "core/rng.hpp"
 
 namespace geoloco::compression {
 

@@ -1,15 +1,15 @@
 // outer.plan: auto, the pure parts: the decision, its wire form, recalibration, drift (auto_plan.hpp).
 #include "outer_optimizer/auto_plan.hpp"
 
-#include "outer_optimizer/planner/quality_floor.hpp"
+#include "planner/quality_floor.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 
-#include "outer_optimizer/planner/budget.hpp"
-#include "trainer/core/error.hpp"
+#include "planner/budget.hpp"
+#include "core/error.hpp"
 
 namespace geoloco::outer {
 
@@ -57,7 +57,7 @@ nlohmann::json PlanDecision::to_json() const {
           {"bits", bits},
           {"codec", codec},
           {"lanes", lanes},
-          {"exchange", exchange},
+          {"exchange", name(exchange)},
           {"step_time_s", step_time_s},
           {"predicted_fragment_sync_s", predicted_fragment_sync_s},
           {"predicted_utilization", predicted_utilization},
@@ -77,7 +77,12 @@ PlanDecision PlanDecision::from_json(const nlohmann::json& j, const std::string&
     d.bits = j.at("bits").get<int>();
     d.codec = j.at("codec").get<std::string>();
     d.lanes = j.at("lanes").get<int>();
-    if (j.contains("exchange")) d.exchange = j.at("exchange").get<std::string>();  // absent before the owner exchange
+    if (j.contains("exchange")) {  // absent before the owner exchange
+      const std::string e = j.at("exchange").get<std::string>();
+      if (e != name(ExchangeKind::AllToAll) && e != name(ExchangeKind::Owner))
+        throw Error(fmt::format("exchange '{}' is neither all_to_all nor owner", e));
+      d.exchange = e == name(ExchangeKind::Owner) ? ExchangeKind::Owner : ExchangeKind::AllToAll;
+    }
     d.step_time_s = j.at("step_time_s").get<double>();
     d.predicted_fragment_sync_s = j.at("predicted_fragment_sync_s").get<double>();
     d.predicted_utilization = j.at("predicted_utilization").get<double>();
@@ -95,7 +100,7 @@ PlanDecision PlanDecision::from_json(const nlohmann::json& j, const std::string&
         d.local_sync_s[b] = sec;
       }
     if (d.epoch < 0 || d.interval < 1 || d.fragments < 1 || d.fragments > d.interval || d.lanes < 1 ||
-        !compression::codec_from_name(d.codec) || (d.exchange != "all_to_all" && d.exchange != "owner"))
+        !compression::codec_from_name(d.codec))
       throw Error("values out of range");
     return d;
   } catch (const nlohmann::json::exception& e) {
@@ -148,7 +153,7 @@ planner::BudgetInput budget_input(const PlanRequest& req) {
   // The quality floor: plan_h_min, raised when the outer lr is too large for a small H
   // (planner/quality_floor.hpp).
   in.h_floor =
-      std::max<int64_t>(planner::quality_h_floor(o.plan_h_min, o.optimizer.kind, o.optimizer.lr), o.overlap_steps + 1);
+      std::max<int64_t>(planner::quality_h_floor(o.plan_h_min, name(o.optimizer.kind), o.optimizer.lr), o.overlap_steps + 1);
   in.h_max = o.plan_h_max;
   in.search_bits = o.plan_bits;
   in.search_fragments.clear();
@@ -185,7 +190,7 @@ PlanDecision choose_plan(const PlanRequest& req) {
   d.bits = e.bits;
   d.codec = codec_for_bits(e.bits);
   d.lanes = e.lanes;
-  d.exchange = planner::pattern_name(e.pattern);
+  d.exchange = e.pattern == planner::Pattern::Owner ? ExchangeKind::Owner : ExchangeKind::AllToAll;
   d.step_time_s = req.step_time_s;
   d.predicted_fragment_sync_s = e.fragment_sync.total_s;
   d.predicted_utilization = e.utilization;
@@ -219,7 +224,7 @@ PlanDecision choose_plan(const PlanRequest& req) {
       req.path.path_Bps * 8 / 1e6, req.path.connections,
       req.capacity_scale != 1.0 ? fmt::format(" (recalibrated x{:.3f} to the measured syncs)", req.capacity_scale) : "",
       req.step_time_s * 1e3, local, req.params / 1e6, req.sites, req.ranks, d.interval, d.fragments, d.codec, d.bits,
-      d.lanes, d.exchange, o.exchange_auto() ? " (outer.exchange: auto)" : "",
+      d.lanes, name(d.exchange), o.exchange_auto() ? " (outer.exchange: auto)" : "",
       o.delayed_update ? "H (delayed update)" : std::to_string(o.overlap_steps), d.predicted_fragment_sync_s * 1e3,
       double(d.interval) * req.step_time_s * 1e3, d.predicted_utilization, s.found ? ">=" : "<", o.target_utilization,
       s.found ? " (the smallest H that reaches it; more bits preferred at equal H)" : fmt::format(" ({})", s.reason),
@@ -229,7 +234,7 @@ PlanDecision choose_plan(const PlanRequest& req) {
 
 double calibrated_capacity_scale(const PlanRequest& req, const PlanDecision& plan, double measured_s) {
   planner::BudgetInput in = budget_input(req);
-  in.pattern = plan.exchange == "owner" ? planner::Pattern::Owner : planner::Pattern::AllToAll;
+  in.pattern = plan.exchange == ExchangeKind::Owner ? planner::Pattern::Owner : planner::Pattern::AllToAll;
   const double bpv = in.bytes_per_value_for_bits(plan.bits);
   const planner::SyncCost c = planner::sync_cost(in, bpv, plan.fragments, req.transport_lanes, plan.bits);
   const double fixed = c.latency_s + c.slow_start_s + c.local_s;

@@ -3,7 +3,7 @@
 // At start-up (after `plan_measure_steps` inner steps, before any sync) rank 0 of every site
 // probes every other site (transport/probe: RTT, one-connection and all-lanes throughput), every
 // rank times its inner steps, and site 0 turns the worst path and the slowest site's step
-// time into a plan with the budget model (outer_optimizer/planner): the smallest H, and the fragment
+// time into a plan with the budget model (planner): the smallest H, and the fragment
 // count and bit width, that reach `outer.target_utilization` (ties prefer more bits, then
 // fewer fragments), with the run's overlap (tau) and the transport's lanes; under
 // outer.exchange: auto also the exchange (all_to_all or owner; ties prefer all_to_all: one
@@ -69,7 +69,7 @@ struct PlanDecision {
   int bits = 32;
   std::string codec = "fp32";
   int lanes = 1;
-  std::string exchange = "all_to_all";  // all_to_all | owner (outer.exchange; auto: the plan's choice)
+  ExchangeKind exchange = ExchangeKind::AllToAll;  // AllToAll | Owner (outer.exchange; auto: the plan's choice)
   double step_time_s = 0;
   double predicted_fragment_sync_s = 0;
   double predicted_utilization = 0;

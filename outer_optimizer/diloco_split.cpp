@@ -19,7 +19,7 @@
 
 #include "outer_optimizer/diloco.hpp"
 #include "outer_optimizer/join_wire.hpp"
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 namespace geoloco::outer {
 
@@ -50,13 +50,13 @@ bool split_side_kept(SiteMask ours, SiteMask theirs) {
   return std::countr_zero(ours) < std::countr_zero(theirs);
 }
 
-void Diloco::check_split(uint64_t round, int64_t step, trainer::SiteStrategy& strategy) {
+void Diloco::check_split(uint64_t round, int64_t step) {
   // Sites admitted by a round of this step and not served yet count as in the run.
   const SiteMask active = membership_.active(round) | membership_.pending();
   if (split_watch_.empty()) split_watch_.resize(static_cast<size_t>(peers_.sites()));
   SiteMask theirs = 0;
   for (int s = 0; s < peers_.sites(); ++s) {
-    if (s == site_) continue;
+    if (s == opt_.site) continue;
     SplitWatch& w = split_watch_[static_cast<size_t>(s)];
     if ((active >> s) & 1) {
       // A member (again, after a join): a later split with it is told anew.
@@ -109,7 +109,7 @@ void Diloco::check_split(uint64_t round, int64_t step, trainer::SiteStrategy& st
         // Only a status sent since this site's side left that site out speaks of a split: an
         // older one was meant for an earlier life of this site (sent when that site evicted
         // it, held by the transport until this process, rejoined since, read it) and is stale.
-        uint64_t since = static_cast<uint64_t>(tokens_first_round_);  // this process's join round (0: from the start)
+        uint64_t since = static_cast<uint64_t>(books_.counts_start());  // this process's join round (0: from the start)
         for (const auto& ev : membership_.evictions())
           if (ev.site == s) since = std::max(since, ev.round);
         if (sent_in < since)
@@ -118,7 +118,7 @@ void Diloco::check_split(uint64_t round, int64_t step, trainer::SiteStrategy& st
               "{}) is stale; ignored",
               round, peers_.name(s), sent_in, since);
         // Its side committed without this site, as this site's did without it: a split.
-        else if (m != 0 && !((m >> site_) & 1) && ((m >> s) & 1))
+        else if (m != 0 && !((m >> opt_.site) & 1) && ((m >> s) & 1))
           w.theirs = m;
       } catch (const transport::TransportError&) {
         // The site is gone: nothing to reconcile.
@@ -130,8 +130,8 @@ void Diloco::check_split(uint64_t round, int64_t step, trainer::SiteStrategy& st
     theirs |= w.theirs;
   }
   // Every rank of the site decides the same: the union of what its ranks heard.
-  if (auto* coll = strategy.collective(); coll && strategy.ranks() > 1) {
-    for (const auto& b : coll->all_gather_bytes(std::as_bytes(std::span<const SiteMask>(&theirs, 1)))) {
+  if (site_.ranks() > 1) {
+    for (const auto& b : site_.all_gather(std::as_bytes(std::span<const SiteMask>(&theirs, 1)))) {
       SiteMask m = 0;
       std::memcpy(&m, b.data(), std::min(b.size(), sizeof m));
       theirs |= m;
@@ -154,19 +154,19 @@ void Diloco::check_split(uint64_t round, int64_t step, trainer::SiteStrategy& st
                               ? fmt::format("{} site(s) against {}", n_kept, n_other)
                               : fmt::format("{} site(s) each, and it holds the lowest site index", n_kept);
   if (kept) {
-    if (rank_ == 0)
+    if (opt_.rank == 0)
       spdlog::warn(
           "outer round {}: the partition healed: sites {} committed rounds without this side since round {}; this "
           "side ({}) is kept ({}), theirs is discarded and rejoins",
-          round, member_names(theirs).dump(), since, member_names(active).dump(), why);
+          round, books_.member_names(theirs).dump(), since, books_.member_names(active).dump(), why);
     return;
   }
-  const uint64_t lost = static_cast<uint64_t>(std::max<int64_t>(step - since_step, 0)) * tokens_since(1, 0);
+  const uint64_t lost = books_.tokens_of(std::max<int64_t>(step - since_step, 0));
   throw SiteLeftOut(fmt::format(
       "outer round {}: the partition healed: sites {} committed rounds without this site's side ({}) since round {}; "
       "their side is kept ({}); this side's rounds since then are discarded ({} tokens trained in them, not "
       "committed) and the site leaves the run to rejoin from them",
-      round, member_names(theirs).dump(), member_names(active).dump(), since, why, lost));
+      round, books_.member_names(theirs).dump(), books_.member_names(active).dump(), since, why, lost));
 }
 
 }  // namespace geoloco::outer

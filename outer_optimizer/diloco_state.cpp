@@ -14,43 +14,14 @@
 #include <limits>
 
 #include "outer_optimizer/diloco.hpp"
-#include "outer_optimizer/owner_exchange.hpp"
+#include "outer_optimizer/round_sync.hpp"
 #include "outer_optimizer/join_wire.hpp"
 #include "outer_optimizer/membership_driver.hpp"
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 namespace geoloco::outer {
 
-std::vector<std::span<const float>> Diloco::shard_views(const std::function<std::span<const float>(Fragment&)>& get) {
-  // Every fragment's ranges, in shard order: pieces of its gathered vector (pack_state's
-  // order, without the copy). The fragments' ranges tile the shard.
-  struct Part {
-    int64_t begin;
-    std::span<const float> values;
-  };
-  std::vector<Part> parts;
-  for (auto& f : frags_) {
-    const std::span<const float> v = get(*f);
-    size_t k = 0;
-    for (const auto& r : f->local) {
-      parts.push_back({r.begin, v.subspan(k, static_cast<size_t>(r.size()))});
-      k += static_cast<size_t>(r.size());
-    }
-  }
-  std::sort(parts.begin(), parts.end(), [](const Part& a, const Part& b) { return a.begin < b.begin; });
-  std::vector<std::span<const float>> out;
-  int64_t at = 0;
-  for (const auto& p : parts) {
-    GEOLOCO_CHECK(p.begin == at, "outer state: the fragments' ranges leave [{}, {}) of the shard uncovered", at,
-                  p.begin);
-    at += static_cast<int64_t>(p.values.size());
-    out.push_back(p.values);
-  }
-  GEOLOCO_CHECK(at == static_cast<int64_t>(n_), "outer state: the fragments' ranges cover {} of {} elements", at, n_);
-  return out;
-}
-
-Diloco::State Diloco::save_state() {
+OuterState Diloco::save_state() {
   // Syncs in flight: wait for their results (global weights, outer optimizer and error
   // feedback state all advance in the worker) and checkpoint the merges still due, so a
   // resumed run merges at the same steps as an uninterrupted one.
@@ -61,25 +32,26 @@ Diloco::State Diloco::save_state() {
   };
   // Collected, not applied yet: decided and applied now (after_inner_step did already at a
   // periodic checkpoint's step).
-  if (!lost) decide_in_flight(*strategy_);
+  if (!lost) decide_in_flight();
   // A checkpoint holds weights every site agreed on. (After a lost quorum the other sites
   // may be out of reach: the rounds exchanged again on resume post checks that cover them.)
   if (!lost) verify_pending_checks();
   // Sites the rounds decided here took in are served what this checkpoint holds.
-  if (!lost) serve_admitted(step_, *strategy_);
+  if (!lost) serve_admitted(step_);
   // The outer state in shard layout, as views of the fragments' own vectors (no copy: at real
   // size each is the size of the shard).
-  State s;
-  residuals_to_host();  // (quantized on the device: the residual lives there)
-  s.views["global"] = shard_views([](Fragment& f) { return std::span<const float>(f.global); });
-  if (!frags_[0]->opt->state_a().empty())
-    s.views["opt_a"] = shard_views([](Fragment& f) { return std::span<const float>(f.opt->state_a()); });
-  if (!frags_[0]->opt->state_b().empty())
-    s.views["opt_b"] = shard_views([](Fragment& f) { return std::span<const float>(f.opt->state_b()); });
-  if (frags_[0]->ef)
-    s.views["ef_residual"] = shard_views([](Fragment& f) { return std::span<const float>(f.ef->residual()); });
+  OuterState s;
+  for (auto& f : frags_) store_->residual_to_host(f->state);  // (quantized on the device: the residual lives there)
+  const FragmentState& first = frags_[0]->state;
+  s.views["global"] = shard_views([](FragmentState& f) { return std::span<const float>(f.global); });
+  if (!first.opt->state_a().empty())
+    s.views["opt_a"] = shard_views([](FragmentState& f) { return std::span<const float>(f.opt->state_a()); });
+  if (!first.opt->state_b().empty())
+    s.views["opt_b"] = shard_views([](FragmentState& f) { return std::span<const float>(f.opt->state_b()); });
+  if (first.ef)
+    s.views["ef_residual"] = shard_views([](FragmentState& f) { return std::span<const float>(f.ef->residual()); });
   // Kept for the owned elements only: expanded to shard layout for the checkpoint (a copy).
-  if (frags_[0]->owner_ef) s.tensors["owner_ef_residual"] = pack_owner_residual();
+  if (first.owner_ef) s.tensors["owner_ef_residual"] = pack_owner_residual();
   s.metadata["round"] = std::to_string(round_);
   if (lost) {
     // The rounds the quorum was lost in (with overlap: every round then in flight), to
@@ -104,12 +76,7 @@ Diloco::State Diloco::save_state() {
   s.metadata["fragments"] = std::to_string(frags_.size());
   if (ocfg_.pace_by_time()) s.metadata["pace"] = pace_.save();
   // Tokens trained and committed (the summary's membership.tokens), carried across --resume.
-  s.metadata["tokens.trained_steps"] = std::to_string(trained_steps_);
-  s.metadata["tokens.after_round"] = std::to_string(tokens_first_round_);
-  std::string committed;
-  for (size_t i = 0; i < committed_tokens_.size(); ++i)
-    committed += fmt::format("{}{:.17g}", i ? "," : "", committed_tokens_[i]);
-  s.metadata["tokens.committed"] = committed;
+  books_.save(s.metadata);
   if (ocfg_.auto_plan()) {
     // The plan in effect and where its schedule starts; the protocol restarts after a
     // checkpoint (drained above, in the uninterrupted run as in the resumed one).
@@ -119,31 +86,32 @@ Diloco::State Diloco::save_state() {
     s.metadata["replans"] = std::to_string(planner_.replans());
     s.metadata["plan_protocol"] = planner_.save();
   }
-  for (auto& f : frags_) {
-    const std::string p = fmt::format("f{}.", f->index);
-    s.metadata[p + "last_sync_step"] = std::to_string(f->last_sync_step);
-    if (ocfg_.pace_by_time()) s.metadata[p + "last_sync_trained"] = std::to_string(f->last_sync_trained);
-    s.metadata[p + "blocking_step"] = std::to_string(f->blocking_step);
-    s.metadata[p + "opt_steps"] = std::to_string(f->opt->steps());
-    if (f->pending_merge && !(lost && retried(f->index))) {
-      s.metadata[p + "pending_merge_step"] = std::to_string(f->merge_step);
-      s.metadata[p + "pending_launch_step"] = std::to_string(f->launch_step);
-      s.metadata[p + "pending_round"] = std::to_string(f->round);
-      s.metadata[p + "pending_frame_bytes"] = std::to_string(f->result.frame_bytes);
-      s.metadata[p + "pending_envelope_bytes"] = std::to_string(f->result.envelope_bytes);
-      s.metadata[p + "pending_elements"] = std::to_string(f->result.elements);
+  for (auto& frag : frags_) {
+    const FragmentState& f = frag->state;
+    const Round& r = frag->round;
+    const std::string p = fmt::format("f{}.", f.index);
+    s.metadata[p + "last_sync_step"] = std::to_string(f.last_sync_step);
+    if (ocfg_.pace_by_time()) s.metadata[p + "last_sync_trained"] = std::to_string(f.last_sync_trained);
+    s.metadata[p + "blocking_step"] = std::to_string(f.blocking_step);
+    s.metadata[p + "opt_steps"] = std::to_string(f.opt->steps());
+    if (r.pending_merge && !(lost && retried(f.index))) {
+      s.metadata[p + "pending_merge_step"] = std::to_string(r.merge_step);
+      s.metadata[p + "pending_launch_step"] = std::to_string(r.launch_step);
+      s.metadata[p + "pending_round"] = std::to_string(r.number);
+      s.metadata[p + "pending_frame_bytes"] = std::to_string(r.result.frame_bytes);
+      s.metadata[p + "pending_envelope_bytes"] = std::to_string(r.result.envelope_bytes);
+      s.metadata[p + "pending_elements"] = std::to_string(r.result.elements);
       std::string tokens;  // the round's contributions, counted when it merges
-      for (size_t i = 0; i < f->result.tokens.size(); ++i)
-        tokens += fmt::format("{}{}", i ? "," : "", f->result.tokens[i]);
+      for (size_t i = 0; i < r.result.tokens.size(); ++i) tokens += fmt::format("{}{}", i ? "," : "", r.result.tokens[i]);
       s.metadata[p + "pending_tokens"] = tokens;
     }
   }
   return s;
 }
 
-void Diloco::restore_state(const trainer::SafetensorsFile& file) {
+void Diloco::restore_state(const SafetensorsFile& file) {
   restore_outer(file, /*joining=*/false);
-  restore_tokens(file);
+  books_.restore(file, round_);
   if (ocfg_.pace_by_time()) {
     if (!file.metadata().count("outer.pace"))
       throw FileError(file.path(), "has no outer.pace: it was written by a run with outer.pace: steps");
@@ -166,12 +134,12 @@ void Diloco::restore_state(const trainer::SafetensorsFile& file) {
     Retry r;
     r.fragment = static_cast<int>(file.meta_int(p + "fragment", 0, static_cast<int64_t>(frags_.size()) - 1));
     r.round = file.meta_uint(p + "round", 1, kMax);
-    r.step = file.meta_int(p + "step", 1, cfg_.train.steps);
-    r.merge_step = listed ? file.meta_int(p + "merge_step", r.step, cfg_.train.steps) : r.step;
-    const Fragment& frag = *frags_[static_cast<size_t>(r.fragment)];
-    // One envelope per segment; with outer.exchange: owner one per segment and site (its slices).
-    const size_t per_segment = ctx_.owner ? static_cast<size_t>(peers_.sites()) : 1;
-    const size_t K = frag.segments.size() * per_segment;
+    r.step = file.meta_int(p + "step", 1, opt_.total_steps);
+    r.merge_step = listed ? file.meta_int(p + "merge_step", r.step, opt_.total_steps) : r.step;
+    const FragmentState& frag = frags_[static_cast<size_t>(r.fragment)]->state;
+    // One envelope per frame: per segment, or with outer.exchange: owner per segment and site.
+    const size_t per_segment = exchange_->frames_per_segment();
+    const size_t K = exchange_->frame_count(frag);
     const int64_t segments = meta.count(p + "segments") ? file.meta_int(p + "segments", 0, 1 << 24) : 1;
     if (static_cast<size_t>(segments) != K)
       throw FileError(file.path(),
@@ -184,7 +152,7 @@ void Diloco::restore_state(const trainer::SafetensorsFile& file) {
       r.mine.envelopes.push_back(transport::make_payload(std::vector<uint8_t>(env.begin(), env.end())));
     }
     const bool blocking = r.merge_step == r.step;
-    if (blocking && overlapped() && r.step != cfg_.train.steps)
+    if (blocking && overlapped() && r.step != opt_.total_steps)
       throw FileError(file.path(),
                       "holds an outer round to exchange again, but this run overlaps its syncs "
                       "(outer.overlap_steps or outer.delayed_update changed?)");
@@ -208,11 +176,9 @@ void Diloco::restore_state(const trainer::SafetensorsFile& file) {
     for (size_t k = 0; k < K; ++k) {
       try {
         const auto& env = *r.mine.envelopes[k];
-        const Envelope e = read_envelope(env, EnvelopeKind::kPseudoGradient, r.round, static_cast<uint32_t>(site_),
-                                         static_cast<uint32_t>(rank_), env.size(), "this rank's saved contribution");
-        const Segment& sg = frag.segments[k / per_segment];
-        const size_t elements =
-            per_segment > 1 ? owner_slice(sg, static_cast<int>(k % per_segment), peers_.sites()).size() : sg.size();
+        const Envelope e = read_envelope(env, EnvelopeKind::kPseudoGradient, r.round, static_cast<uint32_t>(opt_.site),
+                                         static_cast<uint32_t>(opt_.rank), env.size(), "this rank's saved contribution");
+        const size_t elements = exchange_->frame(frag.segments[k / per_segment], k % per_segment).size();
         r.mine.infos.push_back(compression::Pipeline::inspect(e.body, elements));
       } catch (const Error& e) {
         throw FileError(file.path(), fmt::format("{}envelope{}: {}", p, k ? fmt::format(".{}", k) : "", e.what()));
@@ -222,7 +188,7 @@ void Diloco::restore_state(const trainer::SafetensorsFile& file) {
   }
 }
 
-void Diloco::resumed(int64_t step, trainer::SiteStrategy& strategy) {
+void Diloco::resumed(int64_t step) {
   if (resume_retries_.empty()) return;
   const std::vector<Retry> rs = std::exchange(resume_retries_, {});
   GEOLOCO_CHECK(rs.front().step <= step && rs.front().merge_step >= step,
@@ -231,54 +197,58 @@ void Diloco::resumed(int64_t step, trainer::SiteStrategy& strategy) {
   if (rs.front().merge_step == rs.front().step) {
     // A blocking round (the only one): the rest of its step had run before it.
     const Retry& r = rs.front();
-    if (rank_ == 0)
+    if (opt_.rank == 0)
       spdlog::info("outer round {} (inner step {}): its quorum was lost; exchanged again after --resume", r.round,
                    r.step);
-    sync(*frags_[static_cast<size_t>(r.fragment)], step, strategy, &r);
+    sync(*frags_[static_cast<size_t>(r.fragment)], step, &r);
     // The last step's blocking syncs of the fragments after it, as the uninterrupted run does.
-    if (step == cfg_.train.steps) final_sync(step, strategy);
-    serve_admitted(step, strategy);
+    if (step == opt_.total_steps) final_sync(step);
+    serve_admitted(step);
     return;
   }
   // Overlapped rounds: every one's contribution exchanged again first (so a quorum lost
   // again finds them all undecided, as the first time), then decided in round order and
   // applied (their global weights are read at their merges only), each merged at its step.
   for (const Retry& r : rs) {
-    if (rank_ == 0)
+    if (opt_.rank == 0)
       spdlog::info("outer round {} (launched at inner step {}): {}; exchanged again after --resume", r.round, r.step,
                    &r == &rs.front() ? "its quorum was lost" : "in flight when the quorum was lost");
     Fragment& f = *frags_[static_cast<size_t>(r.fragment)];
+    Round& rd = f.round;
     round_ = static_cast<int64_t>(r.round);
-    f.launch_step = r.step;
-    f.round = r.round;
-    f.merge_step = r.merge_step;
-    f.vote_step = step;
-    f.voted = false;
-    f.awaiting_decision = true;
-    f.pending_merge = true;
-    snapshot(f, strategy, /*quantize=*/false);  // (the round's error stats: against these)
-    collect_round(f, ctx_, r.step, r.round, 0, f.delta, membership_.active(r.round), membership_.deadline_s(),
-                  trace_tid(f), &r.mine);
+    rd.launch_step = r.step;
+    rd.number = r.round;
+    rd.merge_step = r.merge_step;
+    rd.vote_step = step;
+    rd.voted = false;
+    rd.awaiting_decision = true;
+    rd.pending_merge = true;
+    snapshot(f, /*quantize=*/false);  // (the round's error stats: against these)
+    collect_round(f.state, rd, *exchange_, ctx_, r.step, r.round, 0, rd.delta, membership_.active(r.round),
+                  membership_.deadline_s(), trace_tid(f), &r.mine);
   }
   // (A quorum lost again keeps them as the first time did, in the step's merges or not.)
   const bool rest = std::exchange(resume_retry_rest_, false);
   {
-    const MergesRunning merging{in_merges_, rest};
+    const FlagScope merging{in_merges_, rest};
     for (const Retry& r : rs) {
       Fragment& f = *frags_[static_cast<size_t>(r.fragment)];
       if (r.merge_step <= step)
-        complete(f, strategy);
+        complete(f);
       else
-        f.result = decide_or_keep(f, strategy);
+        f.round.result = decide_or_keep(f);
     }
   }
   // The rest of the step the quorum was lost at, when it failed in its merges: votes, the
   // last step's syncs, a plan boundary, the launches due, as the uninterrupted run does them.
-  if (rest)
-    after_merges(step, strategy, true);
-  else if (step == cfg_.train.steps)
-    final_sync(step, strategy);
-  serve_admitted(step, strategy);
+  if (rest) {
+    StepPlan plan = decide_step(step_state(step));
+    std::erase_if(plan.rest, [](const Action& a) { return a.act == Act::DecideInFlight; });  // (checkpointed already)
+    run_rest(step, plan.rest, true);
+  } else if (step == opt_.total_steps) {
+    final_sync(step);
+  }
+  serve_admitted(step);
 }
 
 namespace {
@@ -329,31 +299,31 @@ std::string steps_text(const std::vector<int64_t>& steps) {
 
 }  // namespace
 
-int64_t Diloco::agree_resume_step(const std::vector<int64_t>& steps, trainer::SiteStrategy& strategy) {
-  if (!peers_.transport() || peers_.sites() < 2) return trainer::OuterHook::agree_resume_step(steps, strategy);
+int64_t Diloco::agree_resume_step(const std::vector<int64_t>& steps) {
+  if (!peers_.transport() || peers_.sites() < 2) return steps.empty() ? -1 : steps.back();
   GEOLOCO_CHECK(steps.size() <= kMaxResumeSteps, "{} checkpoints to offer", steps.size());
   constexpr int64_t kNoCommonStep = -2;
   int64_t chosen = -1;
   std::string why;
-  if (rank_ == 0) {
+  if (opt_.rank == 0) {
     const int S = peers_.sites();
     std::vector<transport::SendHandle> sends;
     std::vector<std::pair<int, transport::RecvHandle>> recvs;
     const auto mine = encode_steps(steps);
     for (int s = 0; s < S; ++s) {
-      if (s == site_) continue;
+      if (s == opt_.site) continue;
       recvs.emplace_back(s, peers_.post_recv(s, 0, kResumeShard, 4 + 8 * kMaxResumeSteps));
       sends.push_back(peers_.send(s, EnvelopeKind::kResumeSteps, 0, kResumeShard, 0, mine));
     }
     std::vector<int64_t> common = steps;
-    std::string listing = fmt::format("{}: {}", cfg_.sites[static_cast<size_t>(site_)].name, steps_text(steps));
+    std::string listing = fmt::format("{}: {}", opt_.name(), steps_text(steps));
     bool any = !steps.empty();
     for (auto& [s, h] : recvs) {
       std::vector<uint8_t> bytes;
       const Envelope e = peers_.read(h, s, EnvelopeKind::kResumeSteps, 0, bytes, 4 + 8 * kMaxResumeSteps);
       const auto theirs = decode_steps(e.body, peers_.name(s));
       any = any || !theirs.empty();
-      listing += fmt::format("; {}: {}", cfg_.sites[static_cast<size_t>(s)].name, steps_text(theirs));
+      listing += fmt::format("; {}: {}", opt_.site_name(s), steps_text(theirs));
       std::vector<int64_t> both;
       std::set_intersection(common.begin(), common.end(), theirs.begin(), theirs.end(), std::back_inserter(both));
       common = std::move(both);
@@ -369,43 +339,17 @@ int64_t Diloco::agree_resume_step(const std::vector<int64_t>& steps, trainer::Si
       spdlog::info("--resume: the sites hold {}; every site resumes from step {}", listing, chosen);
   }
   // Every rank of the site restores the step its leader agreed on (or stops as it does).
-  if (auto* coll = strategy.collective(); coll && strategy.ranks() > 1) {
-    const auto all = coll->all_gather_bytes(std::as_bytes(std::span<const int64_t>(&chosen, 1)));
+  if (site_.ranks() > 1) {
+    const auto all = site_.all_gather(std::as_bytes(std::span<const int64_t>(&chosen, 1)));
     GEOLOCO_CHECK(all.at(0).size() == sizeof chosen, "resume step of {} bytes", all.at(0).size());
     std::memcpy(&chosen, all.at(0).data(), sizeof chosen);
   }
   if (chosen == kNoCommonStep)
-    throw InputError(rank_ == 0 ? why : "--resume: no checkpoint step is held by every site (rank 0 names them)");
+    throw InputError(opt_.rank == 0 ? why : "--resume: no checkpoint step is held by every site (rank 0 names them)");
   return chosen;
 }
 
-void Diloco::restore_tokens(const trainer::SafetensorsFile& file) {
-  if (!file.metadata().count("outer.tokens.committed")) {
-    tokens_first_round_ = round_;  // a checkpoint from before the counts: they start here
-    return;
-  }
-  trained_steps_ = file.meta_int("outer.tokens.trained_steps", 0, cfg_.train.steps);
-  tokens_first_round_ = file.meta_int("outer.tokens.after_round", 0, round_);
-  const std::string& text = file.meta("outer.tokens.committed");
-  std::vector<double> v;
-  size_t at = 0;
-  while (at <= text.size()) {
-    const size_t end = std::min(text.find(',', at), text.size());
-    const std::string item = text.substr(at, end - at);
-    char* stop = nullptr;
-    const double x = std::strtod(item.c_str(), &stop);
-    if (item.empty() || stop != item.c_str() + item.size() || !std::isfinite(x) || x < 0)
-      throw FileError(file.path(), fmt::format("outer.tokens.committed: '{}' is not a token count", item));
-    v.push_back(x);
-    at = end + 1;
-  }
-  if (v.size() != committed_tokens_.size())
-    throw FileError(file.path(), fmt::format("outer.tokens.committed holds {} site(s), the config has {}", v.size(),
-                                             committed_tokens_.size()));
-  committed_tokens_ = std::move(v);
-}
-
-void Diloco::restore_outer(const trainer::SafetensorsFile& file, bool joining) {
+void Diloco::restore_outer(const SafetensorsFile& file, bool joining) {
   const std::vector<int64_t> shape = {static_cast<int64_t>(n_)};
   if (ocfg_.auto_plan() && file.metadata().count("outer.planned") && file.meta("outer.planned") == "1") {
     // Rebuild the fragments of the saved plan before reading their state.
@@ -431,14 +375,15 @@ void Diloco::restore_outer(const trainer::SafetensorsFile& file, bool joining) {
     file.copy_f32(name, shape, v);
     return v;
   };
+  const FragmentState& first = frags_[0]->state;
   ShardState st;
   st.global = read("outer.global");
-  if (!frags_[0]->opt->state_a().empty()) st.opt_a = read("outer.opt_a");
-  if (!frags_[0]->opt->state_b().empty()) st.opt_b = read("outer.opt_b");
-  if (frags_[0]->ef && !joining) st.ef = read("outer.ef_residual");  // a joiner's residual starts at zero
+  if (!first.opt->state_a().empty()) st.opt_a = read("outer.opt_a");
+  if (!first.opt->state_b().empty()) st.opt_b = read("outer.opt_b");
+  if (first.ef && !joining) st.ef = read("outer.ef_residual");  // a joiner's residual starts at zero
   // outer.exchange: owner: the owner residual (a checkpoint of an all-to-all run has none:
   // the owners' error feedback starts at zero, as it does at a run's start).
-  if (frags_[0]->owner_ef && !joining) {
+  if (first.owner_ef && !joining) {
     if (file.has("outer.owner_ef_residual"))
       st.owner_ef = read("outer.owner_ef_residual");
     else
@@ -448,23 +393,25 @@ void Diloco::restore_outer(const trainer::SafetensorsFile& file, bool joining) {
   unpack_state(st);
   round_ = file.meta_int("outer.round", 0);
   step_ = file.meta_int("geoloco_step", 0);
-  for (auto& f : frags_) {
-    const std::string p = fmt::format("outer.f{}.", f->index);
-    f->last_sync_step = file.meta_int(p + "last_sync_step", 0);
-    if (ocfg_.pace_by_time() && !joining) f->last_sync_trained = file.meta_int(p + "last_sync_trained", 0);
-    f->blocking_step = file.meta_int(p + "blocking_step", -1);
-    f->opt->set_steps(file.meta_int(p + "opt_steps", 0));
-    f->pending_merge = file.metadata().count(p + "pending_merge_step") > 0;
-    if (f->pending_merge) {
-      f->merge_step = file.meta_int(p + "pending_merge_step", 0);
-      f->launch_step = file.meta_int(p + "pending_launch_step", 0);
-      f->round = file.meta_uint(p + "pending_round", 1);
-      f->result = {};
-      f->result.hash = f->hash;
-      f->result.segment_hash = f->segment_hash;
-      f->result.frame_bytes = file.meta_uint(p + "pending_frame_bytes", 0);
-      f->result.envelope_bytes = file.meta_uint(p + "pending_envelope_bytes", 0);
-      f->result.elements = file.meta_uint(p + "pending_elements", 0);
+  for (auto& frag : frags_) {
+    FragmentState& f = frag->state;
+    Round& r = frag->round;
+    const std::string p = fmt::format("outer.f{}.", f.index);
+    f.last_sync_step = file.meta_int(p + "last_sync_step", 0);
+    if (ocfg_.pace_by_time() && !joining) f.last_sync_trained = file.meta_int(p + "last_sync_trained", 0);
+    f.blocking_step = file.meta_int(p + "blocking_step", -1);
+    f.opt->set_steps(file.meta_int(p + "opt_steps", 0));
+    r.pending_merge = file.metadata().count(p + "pending_merge_step") > 0;
+    if (r.pending_merge) {
+      r.merge_step = file.meta_int(p + "pending_merge_step", 0);
+      r.launch_step = file.meta_int(p + "pending_launch_step", 0);
+      r.number = file.meta_uint(p + "pending_round", 1);
+      r.result = {};
+      r.result.hash = f.hash;
+      r.result.segment_hash = f.segment_hash;
+      r.result.frame_bytes = file.meta_uint(p + "pending_frame_bytes", 0);
+      r.result.envelope_bytes = file.meta_uint(p + "pending_envelope_bytes", 0);
+      r.result.elements = file.meta_uint(p + "pending_elements", 0);
       if (file.metadata().count(p + "pending_tokens")) {
         const std::string& text = file.meta(p + "pending_tokens");
         for (size_t at = 0; at < text.size();) {
@@ -474,7 +421,7 @@ void Diloco::restore_outer(const trainer::SafetensorsFile& file, bool joining) {
           const unsigned long long x = std::strtoull(item.c_str(), &stop, 10);
           if (item.empty() || stop != item.c_str() + item.size())
             throw FileError(file.path(), fmt::format("{}pending_tokens: '{}' is not a token count", p, item));
-          f->result.tokens.push_back(x);
+          r.result.tokens.push_back(x);
           at = end + 1;
         }
       }

@@ -5,7 +5,7 @@
 
 #include <cstring>
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 namespace geoloco::outer {
 

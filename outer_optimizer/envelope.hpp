@@ -30,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 namespace geoloco::outer {
 

@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 namespace geoloco::outer {
 
@@ -31,8 +31,8 @@ ExchangeLayout::ExchangeLayout(int64_t n, std::vector<int> ranks) : n_(n), ranks
   }
 }
 
-parallel::ShardRange ExchangeLayout::shard(int site, int rank) const {
-  return parallel::shard_of(n_, rank, ranks(site));
+ShardRange ExchangeLayout::shard(int site, int rank) const {
+  return shard_of(n_, rank, ranks(site));
 }
 
 int ExchangeLayout::owner_of(int site, int64_t element) const {

@@ -2,7 +2,7 @@
 // other site, when sites shard the model over different rank counts (docs/shapes.md).
 //
 // Every site shards the flat parameter buffer of n elements over its own ranks
-// (parallel::shard_of). The pieces are the common refinement of every site's shard
+// (shard_of). The pieces are the common refinement of every site's shard
 // boundaries: each piece lies inside exactly one shard of every site, so it has one owner
 // rank per site. A rank exchanges each piece of its shard with that piece's owner at every
 // other site -- its pseudo-gradient frame and the cross-site hash of the piece, keyed on the
@@ -18,7 +18,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "trainer/parallel/shard.hpp"
+#include "core/shard.hpp"
 
 namespace geoloco::outer {
 
@@ -41,7 +41,7 @@ class ExchangeLayout {
   // Every site has the same rank count (pieces are shards).
   bool uniform() const { return uniform_; }
   const std::vector<Piece>& pieces() const { return pieces_; }
-  parallel::ShardRange shard(int site, int rank) const;
+  ShardRange shard(int site, int rank) const;
   // The indices of the pieces inside (site, rank)'s shard, ascending (none for an empty shard).
   std::vector<uint32_t> pieces_of(int site, int rank) const;
   // The ranks of `other` whose shards overlap (site, rank)'s, ascending.

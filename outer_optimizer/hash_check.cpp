@@ -4,7 +4,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "trainer/core/hash.hpp"
+#include "core/hash.hpp"
 #include "transport/transport_error.hpp"
 
 namespace geoloco::outer {
@@ -25,7 +25,7 @@ HashCheck post_hash_check(const SitePeers& peers, const std::vector<PieceHash>& 
   return c;
 }
 
-uint64_t verify_hash_check(const SitePeers& peers, const trainer::RunConfig& cfg, HashCheck& c, bool tolerate_lost,
+uint64_t verify_hash_check(const SitePeers& peers, const OuterOptions& cfg, HashCheck& c, bool tolerate_lost,
                            std::optional<std::chrono::steady_clock::time_point> until) {
   uint64_t lost = 0;
   const bool limited = tolerate_lost && until.has_value();
@@ -62,7 +62,7 @@ uint64_t verify_hash_check(const SitePeers& peers, const trainer::RunConfig& cfg
       spdlog::warn(
           "outer round {}: the hash check from site {} did not arrive within the round's deadline; it is "
           "late, not checked this round",
-          c.round, cfg.sites[static_cast<size_t>(s)].name);
+          c.round, cfg.site_name(s));
       lost |= uint64_t{1} << s;
       continue;
     }
@@ -71,13 +71,13 @@ uint64_t verify_hash_check(const SitePeers& peers, const trainer::RunConfig& cfg
     } catch (const transport::TransportError& err) {
       if (!tolerate_lost) throw;
       spdlog::warn("outer round {}: the hash check from site {} did not arrive ({}); it left after the round", c.round,
-                   cfg.sites[static_cast<size_t>(s)].name, err.what());
+                   cfg.site_name(s), err.what());
       lost |= uint64_t{1} << s;
       continue;
     }
     if (e.value == reply.hash) continue;
-    const std::string& here = cfg.sites[static_cast<size_t>(peers.site())].name;
-    const std::string& there = cfg.sites[static_cast<size_t>(s)].name;
+    const std::string& here = cfg.site_name(peers.site());
+    const std::string& there = cfg.site_name(s);
     const Piece& p = peers.layout().pieces().at(reply.piece);
     const std::string what = peers.layout().uniform()
                                  ? fmt::format("shard {}", reply.piece)
@@ -89,7 +89,7 @@ uint64_t verify_hash_check(const SitePeers& peers, const trainer::RunConfig& cfg
                       "site must start from the same weights: same run.seed and, with train.init_from, the same file "
                       "contents ({} here)",
                       what, hex64(reply.hash), here, hex64(e.value), there, peers.name_of(s, reply.rank),
-                      cfg.train.init_from.empty() ? std::string("none") : cfg.train.init_from));
+                      cfg.init_from.empty() ? std::string("none") : cfg.init_from));
     throw Error(
         fmt::format("outer round {}: global weights diverged: {} hash {} here (site {}) but {} at site "
                     "{} ({}); stopping",

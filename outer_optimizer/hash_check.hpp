@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "outer_optimizer/site_peers.hpp"
-#include "trainer/loop/run_config.hpp"
+#include "outer_optimizer/outer_options.hpp"
 
 namespace geoloco::outer {
 
@@ -48,7 +48,7 @@ HashCheck post_hash_check(const SitePeers& peers, const std::vector<PieceHash>& 
 // a reply that fails in the transport (peer died, cancelled) is logged and skipped.
 // `until` (with tolerate_lost): a reply or send not done by then is cancelled and counted
 // as lost, like one that failed. Returns the sites whose reply did not come.
-uint64_t verify_hash_check(const SitePeers& peers, const trainer::RunConfig& cfg, HashCheck& check,
+uint64_t verify_hash_check(const SitePeers& peers, const OuterOptions& options, HashCheck& check,
                            bool tolerate_lost = false,
                            std::optional<std::chrono::steady_clock::time_point> until = std::nullopt);
 

@@ -5,7 +5,7 @@
 
 #include <cstring>
 
-#include "trainer/core/hash.hpp"
+#include "core/hash.hpp"
 
 namespace geoloco::outer {
 

@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "outer_optimizer/membership.hpp"
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 namespace geoloco::outer {
 

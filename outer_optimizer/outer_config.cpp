@@ -3,13 +3,38 @@
 
 #include <fmt/format.h>
 
+#include <array>
+#include <string>
+#include <vector>
+
 namespace geoloco::outer {
 
+namespace {
+
+constexpr std::array<const char*, 4> kOptimizers{"sgd", "nesterov", "adam", "sparseloco"};
+constexpr std::array<const char*, 2> kWeightings{"uniform", "tokens"};
+constexpr std::array<const char*, 3> kExchanges{"all_to_all", "owner", "auto"};
+constexpr std::array<const char*, 3> kQuantizeOn{"auto", "device", "host"};
+constexpr std::array<const char*, 2> kPaces{"steps", "time"};
+constexpr std::array<const char*, 2> kInnerStates{"keep", "reset"};
+constexpr std::array<const char*, 2> kPlans{"manual", "auto"};
+
+}  // namespace
+
+const char* name(OuterOptimizerKind k) { return kOptimizers.at(static_cast<size_t>(k)); }
+const char* name(Weighting w) { return kWeightings.at(static_cast<size_t>(w)); }
+const char* name(ExchangeKind e) { return kExchanges.at(static_cast<size_t>(e)); }
+const char* name(QuantizeOn q) { return kQuantizeOn.at(static_cast<size_t>(q)); }
+const char* name(PaceKind p) { return kPaces.at(static_cast<size_t>(p)); }
+const char* name(InnerState s) { return kInnerStates.at(static_cast<size_t>(s)); }
+const char* name(PlanKind p) { return kPlans.at(static_cast<size_t>(p)); }
+
 OuterOptimizerConfig OuterOptimizerConfig::from_yaml(const config::Node& n) {
+  using K = OuterOptimizerKind;
   OuterOptimizerConfig c;
-  c.kind = n.get_choice("kind", c.kind, {"sgd", "nesterov", "adam", "sparseloco"});
-  c.lr = n.get_double("lr", c.kind == "adam" ? 1e-3 : c.kind == "sparseloco" ? 1.0 : c.lr, 0.0, 100.0);
-  if (c.kind == "sparseloco") {
+  c.kind = n.get_enum("kind", c.kind, kOptimizers);
+  c.lr = n.get_double("lr", c.kind == K::Adam ? 1e-3 : c.kind == K::SparseLoco ? 1.0 : c.lr, 0.0, 100.0);
+  if (c.kind == K::SparseLoco) {
     // SparseLoCo (Sarfi et al. 2025): no outer momentum; the decayed error feedback is it.
     if (n.has("momentum")) n.fail("momentum", "not used by sparseloco (its error feedback decays by ef_decay)");
     c.momentum = 0.0;
@@ -17,7 +42,7 @@ OuterOptimizerConfig OuterOptimizerConfig::from_yaml(const config::Node& n) {
     if (!(c.ef_decay > 0.0)) n.fail_value("ef_decay", "a number in (0, 1]");
   } else {
     if (n.has("ef_decay")) n.fail("ef_decay", "applies only to kind sparseloco");
-    c.momentum = n.get_double("momentum", c.kind == "sgd" ? 0.0 : c.momentum, 0.0, 0.999999);
+    c.momentum = n.get_double("momentum", c.kind == K::Sgd ? 0.0 : c.momentum, 0.0, 0.999999);
   }
   if (n.has("betas")) {
     auto b = n.get<std::vector<double>>("betas", {});
@@ -27,7 +52,7 @@ OuterOptimizerConfig OuterOptimizerConfig::from_yaml(const config::Node& n) {
     c.beta2 = b[1];
   }
   c.eps = n.get_double("eps", c.eps, 0.0, 1.0);
-  if (c.kind == "adam" && n.has("momentum")) n.fail("momentum", "not used by adam (set betas)");
+  if (c.kind == K::Adam && n.has("momentum")) n.fail("momentum", "not used by adam (set betas)");
   n.finish();
   return c;
 }
@@ -42,7 +67,7 @@ OuterConfig OuterConfig::from_yaml(const config::Node& n) {
   c.interval = n.get_int("interval", c.interval, 1, int64_t{1} << 40);
   c.optimizer = OuterOptimizerConfig::from_yaml(n.child("optimizer"));
   c.compression = compression::PipelineConfig::from_yaml(n.child("compression"));
-  if (c.optimizer.kind == "sparseloco") {
+  if (c.optimizer.kind == OuterOptimizerKind::SparseLoco) {
     // Its momentum is the error-feedback accumulator of sparsified pseudo-gradients.
     if (!c.compression.error_feedback || !c.compression.topk)
       n.child("optimizer")
@@ -54,17 +79,17 @@ OuterConfig OuterConfig::from_yaml(const config::Node& n) {
       n.child("compression").fail("error_feedback_decay", "set by outer.optimizer.ef_decay with kind sparseloco");
     c.compression.error_feedback_decay = c.optimizer.ef_decay;
   }
-  c.weighting = n.get_choice("weighting", c.weighting, {"uniform", "tokens"});
-  c.exchange = n.get_choice("exchange", c.exchange, {"all_to_all", "owner", "auto"});
-  c.quantize_on = n.get_choice("quantize_on", c.quantize_on, {"auto", "device", "host"});
-  c.pace = n.get_choice("pace", c.pace, {"steps", "time"});
+  c.weighting = n.get_enum("weighting", c.weighting, kWeightings);
+  c.exchange = n.get_enum("exchange", c.exchange, kExchanges);
+  c.quantize_on = n.get_enum("quantize_on", c.quantize_on, kQuantizeOn);
+  c.pace = n.get_enum("pace", c.pace, kPaces);
   c.pace_tolerance = n.get_double("pace_tolerance", c.pace_tolerance, 0.0, 0.9);
-  if (c.pace_by_time() && c.weighting != "tokens")
+  if (c.pace_by_time() && c.weighting != Weighting::Tokens)
     n.fail("pace",
            "time lets a slower site train fewer inner steps per round, so its pseudo-gradient must "
            "weigh by the tokens it trained: set outer.weighting: tokens");
   if (!c.pace_by_time() && n.has("pace_tolerance")) n.fail("pace_tolerance", "only used with pace: time");
-  c.inner_state = n.get_choice("inner_state", c.inner_state, {"keep", "reset"});
+  c.inner_state = n.get_enum("inner_state", c.inner_state, kInnerStates);
   c.check_hash = n.get<bool>("check_hash", c.check_hash);
   c.fragments = static_cast<int>(n.get_int("fragments", c.fragments, 1, 1 << 20));
   if (c.fragments > c.interval)
@@ -78,7 +103,7 @@ OuterConfig OuterConfig::from_yaml(const config::Node& n) {
   c.delayed_update = n.get<bool>("delayed_update", c.delayed_update);
   if (c.delayed_update && c.overlap_steps > 0)
     n.fail("overlap_steps", "delayed_update already overlaps a whole interval; leave overlap_steps at 0");
-  c.plan = n.get_choice("plan", c.plan, {"manual", "auto"});
+  c.plan = n.get_enum("plan", c.plan, kPlans);
   c.target_utilization = n.get_double("target_utilization", c.target_utilization, 0.01, 0.99999);
   c.plan_measure_steps = n.get_int("plan_measure_steps", c.plan_measure_steps, 2, 100000);
   c.plan_probe_seconds = n.get_double("plan_probe_seconds", c.plan_probe_seconds, 0.05, 600.0);
@@ -109,7 +134,7 @@ OuterConfig OuterConfig::from_yaml(const config::Node& n) {
     n.fail("exchange",
            "auto is chosen by the plan from the measured link: set outer.plan: auto, or exchange: "
            "all_to_all | owner");
-  if (c.quantize_on == "device") {
+  if (c.quantize_on == QuantizeOn::Device) {
     if (c.compression.topk)
       n.fail("quantize_on",
              "device quantizes dense blocks (int8, int4, fp4, int2): remove compression.topk or "
@@ -127,9 +152,9 @@ OuterConfig OuterConfig::from_yaml(const config::Node& n) {
   }
   if (c.auto_plan() && c.compression.topk)
     n.fail("plan", "auto picks a dense codec (fp16/int8/int4/int2): remove compression.topk or use plan: manual");
-  if (c.auto_plan() && c.inner_state == "reset")
+  if (c.auto_plan() && c.inner_state == InnerState::Reset)
     n.fail("plan", "auto may choose fragments > 1, which excludes inner_state: reset");
-  if (c.fragments > 1 && c.inner_state == "reset")
+  if (c.fragments > 1 && c.inner_state == InnerState::Reset)
     n.fail("inner_state",
            "reset needs fragments: 1 (a fragment's sync covers only part of the model, the AdamW state "
            "covers all of it)");

@@ -42,12 +42,29 @@
 #include <vector>
 
 #include "compression/config.hpp"
-#include "trainer/core/config_node.hpp"
+#include "core/config_node.hpp"
 
 namespace geoloco::outer {
 
+// Every choice of the section, parsed once (from_yaml) into an enum; name() gives the YAML word
+// back (summaries, logs).
+enum class OuterOptimizerKind : uint8_t { Sgd, Nesterov, Adam, SparseLoco };
+enum class Weighting : uint8_t { Uniform, Tokens };
+enum class ExchangeKind : uint8_t { AllToAll, Owner, Auto };
+enum class QuantizeOn : uint8_t { Auto, Device, Host };
+enum class PaceKind : uint8_t { Steps, Time };
+enum class InnerState : uint8_t { Keep, Reset };
+enum class PlanKind : uint8_t { Manual, Auto };
+const char* name(OuterOptimizerKind k);
+const char* name(Weighting w);
+const char* name(ExchangeKind e);
+const char* name(QuantizeOn q);
+const char* name(PaceKind p);
+const char* name(InnerState s);
+const char* name(PlanKind p);
+
 struct OuterOptimizerConfig {
-  std::string kind = "nesterov";  // sgd | nesterov | adam | sparseloco
+  OuterOptimizerKind kind = OuterOptimizerKind::Nesterov;
   double lr = 0.7;
   double momentum = 0.9;                          // sgd (heavy ball when > 0) and nesterov
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam
@@ -63,25 +80,25 @@ struct OuterConfig {
   int64_t interval = 100;  // H
   OuterOptimizerConfig optimizer;
   compression::PipelineConfig compression;
-  std::string weighting = "uniform";
+  Weighting weighting = Weighting::Uniform;
   // all_to_all: every rank sends its shard to every other site ((S-1) shards out per round).
   // owner: each site owns 1/S of every segment; its owner averages and sends it back
   // (2(S-1)/S shards out per round, two phases: owner_exchange.hpp).
-  std::string exchange = "all_to_all";
-  // Where a GPU site's round is quantized (trainer/loop/device_outer.hpp): auto (the device
+  ExchangeKind exchange = ExchangeKind::AllToAll;
+  // Where a GPU site's round is quantized (device_outer.hpp): auto (the device
   // when the codec is int8/int4/fp4/int2 without top-k, else the host), device (the same,
   // refused for a codec the device cannot make), host (the fp32 shard staged to the host).
   // The frames are the same bytes either way. CPU sites always quantize on the host.
-  std::string quantize_on = "auto";
-  std::string pace = "steps";  // steps | time (outer_optimizer/pace.hpp)
+  QuantizeOn quantize_on = QuantizeOn::Auto;
+  PaceKind pace = PaceKind::Steps;  // steps | time (outer_optimizer/pace.hpp)
   double pace_tolerance = 0.05;
-  std::string inner_state = "keep";
+  InnerState inner_state = InnerState::Keep;
   bool check_hash = true;
   int fragments = 1;          // F: streaming fragments, each synced at its own offset
   int64_t overlap_steps = 0;  // tau, 0 <= tau < interval
   double merge_alpha = 0.5;
   bool delayed_update = false;
-  std::string plan = "manual";
+  PlanKind plan = PlanKind::Manual;
   double target_utilization = 0.95;
   int64_t plan_measure_steps = 5;
   double plan_probe_seconds = 1.0;
@@ -101,10 +118,10 @@ struct OuterConfig {
   // (0 or 1: none). from_yaml resolves the default, -1, to outer.interval (bench/elastic/rewarm.sh:
   // a ramp over one period brings a joiner's first pseudo-gradient to the size of the others').
   int64_t join_warmup_steps = -1;
-  bool auto_plan() const { return plan == "auto"; }
-  bool pace_by_time() const { return pace == "time"; }
-  bool owner_exchange() const { return exchange == "owner"; }
-  bool exchange_auto() const { return exchange == "auto"; }
+  bool auto_plan() const { return plan == PlanKind::Auto; }
+  bool pace_by_time() const { return pace == PaceKind::Time; }
+  bool owner_exchange() const { return exchange == ExchangeKind::Owner; }
+  bool exchange_auto() const { return exchange == ExchangeKind::Auto; }
   int quorum(int sites) const { return min_sites > 0 ? min_sites : sites / 2 + 1; }
   bool overlapped() const { return overlap_steps > 0 || delayed_update; }
 

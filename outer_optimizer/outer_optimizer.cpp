@@ -3,12 +3,12 @@
 
 #include <cmath>
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 namespace geoloco::outer {
 
 OuterOptimizer::OuterOptimizer(const OuterOptimizerConfig& cfg, size_t n) : cfg_(cfg) {
-  if (cfg_.kind == "adam") {
+  if (cfg_.kind == OuterOptimizerKind::Adam) {
     a_.assign(n, 0.0f);
     b_.assign(n, 0.0f);
   } else if (cfg_.momentum > 0) {
@@ -23,7 +23,7 @@ void OuterOptimizer::step(std::span<float> global, std::span<const float> delta)
   const float lr = static_cast<float>(cfg_.lr);
   float* __restrict p = global.data();
   const float* __restrict d = delta.data();
-  if (cfg_.kind == "adam") {
+  if (cfg_.kind == OuterOptimizerKind::Adam) {
     const float b1 = static_cast<float>(cfg_.beta1), b2 = static_cast<float>(cfg_.beta2),
                 eps = static_cast<float>(cfg_.eps);
     const float bc1 = static_cast<float>(1.0 - std::pow(cfg_.beta1, double(t_)));
@@ -43,7 +43,7 @@ void OuterOptimizer::step(std::span<float> global, std::span<const float> delta)
     return;
   }
   float* __restrict buf = a_.data();
-  if (cfg_.kind == "nesterov") {
+  if (cfg_.kind == OuterOptimizerKind::Nesterov) {
     for (int64_t i = 0; i < n; ++i) {
       buf[i] = mu * buf[i] + d[i];
       p[i] -= lr * (d[i] + mu * buf[i]);

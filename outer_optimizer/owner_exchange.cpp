@@ -1,5 +1,4 @@
-// outer.exchange: owner: slices, the members' weights, the second phase (averages) and its
-// decoding (owner_exchange.hpp).
+// outer.exchange: owner: slices, the second phase (averages) and its decoding (owner_exchange.hpp).
 #include "outer_optimizer/owner_exchange.hpp"
 
 #include <fmt/format.h>
@@ -8,7 +7,8 @@
 #include <algorithm>
 
 #include "outer_optimizer/round_wait.hpp"
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
+#include "core/trace.hpp"
 
 namespace geoloco::outer {
 
@@ -18,13 +18,15 @@ Slice owner_slice(const Segment& sg, int site, int sites) {
   return {sg.begin + n * j / S, sg.begin + n * (j + 1) / S};
 }
 
-size_t owned_count(const Fragment& f, int site, int sites) {
+Slice OwnerExchange::frame(const Segment& sg, size_t j) const { return owner_slice(sg, static_cast<int>(j), sites_); }
+
+size_t owned_count(const FragmentState& f, int site, int sites) {
   size_t n = 0;
   for (const auto& sg : f.segments) n += owner_slice(sg, site, sites).size();
   return n;
 }
 
-void expand_owned(const Fragment& f, int site, int sites, std::span<const float> owned, std::span<float> gathered) {
+void expand_owned(const FragmentState& f, int site, int sites, std::span<const float> owned, std::span<float> gathered) {
   GEOLOCO_CHECK(owned.size() == owned_count(f, site, sites) && gathered.size() == f.n,
                 "fragment {}: {} owned values for {} into {} for {}", f.index, owned.size(),
                 owned_count(f, site, sites), gathered.size(), f.n);
@@ -38,7 +40,7 @@ void expand_owned(const Fragment& f, int site, int sites, std::span<const float>
   }
 }
 
-void gather_owned(const Fragment& f, int site, int sites, std::span<const float> gathered, std::span<float> owned) {
+void gather_owned(const FragmentState& f, int site, int sites, std::span<const float> gathered, std::span<float> owned) {
   GEOLOCO_CHECK(owned.size() == owned_count(f, site, sites) && gathered.size() == f.n,
                 "fragment {}: {} owned values for {} from {} for {}", f.index, owned.size(),
                 owned_count(f, site, sites), gathered.size(), f.n);
@@ -51,27 +53,26 @@ void gather_owned(const Fragment& f, int site, int sites, std::span<const float>
   }
 }
 
-std::vector<float> member_weights(const OuterConfig& ocfg, uint64_t round, SiteMask members, int sites,
-                                  const std::vector<uint64_t>& tokens, bool require_tokens) {
-  std::vector<int> m;
-  for (int s = 0; s < sites; ++s)
-    if ((members >> s) & 1) m.push_back(s);
-  std::vector<float> weight(static_cast<size_t>(sites), m.empty() ? 0.0f : 1.0f / static_cast<float>(m.size()));
-  if (ocfg.weighting == "tokens") {
-    double total = 0;
-    for (int s : m) total += static_cast<double>(tokens.at(static_cast<size_t>(s)));
-    if (total <= 0 && require_tokens)
-      throw Error(fmt::format("outer round {}: no member site reported any tokens", round));
-    if (total > 0)
-      for (int s : m)
-        weight[static_cast<size_t>(s)] = static_cast<float>(double(tokens[static_cast<size_t>(s)]) / total);
-  }
-  return weight;
+void OwnerExchange::own_error(const ExchangeContext& ctx, FragmentState& f, Round& r) const {
+  RoundInbox& in = r.inbox;
+  if (in.err_known) return;  // (quantized on the device: the device computed them)
+  const int S = sites_, self = self_, rank = ctx.peers.rank();
+  for (size_t k = 0; k < f.segments.size(); ++k)
+    for (int j = 0; j < S; ++j) {
+      const Slice sl = owner_slice(f.segments[k], j, S);
+      const auto& mine = *in.mine[sent_to(k, j)];
+      const Envelope e = read_envelope(mine, EnvelopeKind::kPseudoGradient, in.round, static_cast<uint32_t>(self),
+                                       static_cast<uint32_t>(rank), mine.size(), "self");
+      f.pipeline->decode(e.body, sl.size(), std::span<float>(r.decoded.data() + sl.begin, sl.size()));
+    }
+  add_own_error(f, r, in.err2, in.ref2);
+  in.err_known = true;
 }
 
-void exchange_averages(Fragment& f, const ExchangeContext& ctx, SiteMask active,
-                       std::chrono::steady_clock::time_point deadline, double deadline_s, int tid) {
-  RoundInbox& in = f.inbox;
+void OwnerExchange::after_contributions(const ExchangeContext& ctx, FragmentState& f, Round& r, SiteMask active,
+                                        std::chrono::steady_clock::time_point deadline, double deadline_s,
+                                        int tid) const {
+  RoundInbox& in = r.inbox;
   const SitePeers& peers = ctx.peers;
   const int S = peers.sites(), self = peers.site(), rank = peers.rank();
   const auto& pieces = peers.layout().pieces();
@@ -101,17 +102,17 @@ void exchange_averages(Fragment& f, const ExchangeContext& ctx, SiteMask active,
                          static_cast<uint32_t>(s == self ? rank : owner(s, k)), in.max_frame[k * Su + me], who(s, k));
   };
   {
-    trainer::TraceSpan sp(ctx.trace, "average", tid);
+    TraceSpan sp(ctx.trace, "average", tid);
     // Every envelope of a site's round carries its tokens.
     std::vector<uint64_t> tokens(Su, 0);
     if (K > 0)
       for (int s = 0; s < S; ++s) tokens[static_cast<size_t>(s)] = envelope(s, 0).value;
-    const std::vector<float> weight = member_weights(ctx.cfg.outer, round, active, S, tokens, K > 0);
-    if (f.owner_ef) f.owner_next.assign(f.owner_ef->size(), 0.0f);
+    const std::vector<float> weight = member_weights(ctx.opt.outer.weighting, round, active, S, tokens, K > 0);
+    if (f.owner_ef) r.owner_next.assign(f.owner_ef->size(), 0.0f);
     size_t owned_at = 0;  // this segment's slice in the owner residual
     for (size_t k = 0; k < K; ++k) {
       const Slice sl = owner_slice(f.segments[k], self, S);
-      const std::span<float> avg(f.avg.data() + sl.begin, sl.size()), dec(f.decoded.data() + sl.begin, sl.size());
+      const std::span<float> avg(r.avg.data() + sl.begin, sl.size()), dec(r.decoded.data() + sl.begin, sl.size());
       std::fill(avg.begin(), avg.end(), 0.0f);
       for (int s = 0; s < S; ++s) {
         try {
@@ -126,7 +127,7 @@ void exchange_averages(Fragment& f, const ExchangeContext& ctx, SiteMask active,
       std::vector<uint8_t> bytes;
       bytes.reserve(kEnvelopeBytes + f.pipeline->max_frame_bytes(sl.size()));
       if (f.owner_ef) {
-        const std::span<float> next(f.owner_next.data() + owned_at, sl.size());
+        const std::span<float> next(r.owner_next.data() + owned_at, sl.size());
         const auto residual = f.owner_ef->residual().subspan(owned_at, sl.size());
         std::copy(residual.begin(), residual.end(), next.begin());
         f.pipeline->encode_with_residual(avg, next, bytes, kEnvelopeBytes);
@@ -201,8 +202,10 @@ void exchange_averages(Fragment& f, const ExchangeContext& ctx, SiteMask active,
   if (ctx.trace && !recvs.empty()) ctx.trace->span("receive_average", tid, t0, std::chrono::steady_clock::now());
 }
 
-void decode_averages(Fragment& f, const ExchangeContext& ctx, SiteMask members) {
-  const RoundInbox& in = f.inbox;
+void OwnerExchange::average(const ExchangeContext& ctx, FragmentState& f, Round& r, SiteMask members,
+                            const std::vector<std::vector<Envelope>>&, const std::vector<uint64_t>&, double& err2,
+                            double& ref2) const {
+  const RoundInbox& in = r.inbox;
   const SitePeers& peers = ctx.peers;
   const int S = peers.sites(), self = peers.site(), rank = peers.rank();
   const auto& pieces = peers.layout().pieces();
@@ -220,18 +223,19 @@ void decode_averages(Fragment& f, const ExchangeContext& ctx, SiteMask members) 
       const Envelope e = read_envelope(bytes, EnvelopeKind::kAverage, in.round, static_cast<uint32_t>(j),
                                        static_cast<uint32_t>(sender), bytes.size(), who);
       try {
-        f.pipeline->decode(e.body, sl.size(), std::span<float>(f.avg.data() + sl.begin, sl.size()));
+        f.pipeline->decode(e.body, sl.size(), std::span<float>(r.avg.data() + sl.begin, sl.size()));
       } catch (const compression::FrameError& err) {
         throw Error(fmt::format("outer round {}: the average from {} rejected: {}", in.round, who, err.what()));
       }
     }
-}
-
-void commit_owner_residual(Fragment& f) {
-  if (!f.owner_ef) return;
-  GEOLOCO_CHECK(f.owner_next.size() == f.owner_ef->size(), "fragment {}: an owner residual of {} elements for {}",
-                f.index, f.owner_next.size(), f.owner_ef->size());
-  std::copy(f.owner_next.begin(), f.owner_next.end(), f.owner_ef->residual().begin());
+  err2 = in.err2;  // (computed while the frames travelled: own_error)
+  ref2 = in.ref2;
+  // The round is applied: its owner residual becomes the fragment's.
+  if (f.owner_ef) {
+    GEOLOCO_CHECK(r.owner_next.size() == f.owner_ef->size(), "fragment {}: an owner residual of {} elements for {}",
+                  f.index, r.owner_next.size(), f.owner_ef->size());
+    std::copy(r.owner_next.begin(), r.owner_next.end(), f.owner_ef->residual().begin());
+  }
 }
 
 }  // namespace geoloco::outer

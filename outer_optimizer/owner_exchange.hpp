@@ -28,9 +28,39 @@
 #include <cstddef>
 #include <span>
 
-#include "outer_optimizer/fragment_sync.hpp"
+#include "outer_optimizer/exchange.hpp"
 
 namespace geoloco::outer {
+
+class OwnerExchange final : public Exchange {
+ public:
+  OwnerExchange(int sites, int self) : sites_(sites), self_(self) {}
+  ExchangeKind kind() const override { return ExchangeKind::Owner; }
+  size_t frames_per_segment() const override { return static_cast<size_t>(sites_); }
+  Slice frame(const Segment& sg, size_t j) const override;
+  size_t sent_to(size_t k, int s) const override { return k * frames_per_segment() + static_cast<size_t>(s); }
+  size_t received(size_t k) const override { return sent_to(k, self_); }
+  // This rank's contribution as the owners decode it, slice by slice, while the frames travel.
+  void own_error(const ExchangeContext& ctx, FragmentState& f, Round& r) const override;
+  // Phase 2, once phase 1 is in (r.inbox.holds): when every active site's slice arrived,
+  // average them, encode with the owner residual (into r.owner_next, committed by average()),
+  // send to every active site and receive theirs until `deadline`. A site whose average does
+  // not arrive (or is malformed, or averaged other sites) is dropped from holds with the
+  // reason in missing. When a slice is missing nothing is sent: the round cannot be decided
+  // with every site and stops the run (the config requires them all).
+  void after_contributions(const ExchangeContext& ctx, FragmentState& f, Round& r, SiteMask active,
+                           std::chrono::steady_clock::time_point deadline, double deadline_s,
+                           int tid) const override;
+  // The average of every segment from the averages' frames (this site's own included), for a
+  // round decided with `members` (which must be the sites the owners averaged over); the
+  // round's owner residual becomes the fragment's.
+  void average(const ExchangeContext& ctx, FragmentState& f, Round& r, SiteMask members,
+               const std::vector<std::vector<Envelope>>& env, const std::vector<uint64_t>& tokens, double& err2,
+               double& ref2) const override;
+
+ private:
+  int sites_, self_;
+};
 
 // Slice `site` of `sg` out of `sites` (contiguous, balanced, in the fragment's gathered vector).
 Slice owner_slice(const Segment& sg, int site, int sites);
@@ -38,30 +68,8 @@ Slice owner_slice(const Segment& sg, int site, int sites);
 // The owner residual is kept for the elements `site` owns only, segment after segment: about
 // 1/S of the fragment. owned_count: its size; expand_owned / gather_owned: between it and the
 // fragment's gathered vector (zero at the elements others own).
-size_t owned_count(const Fragment& f, int site, int sites);
-void expand_owned(const Fragment& f, int site, int sites, std::span<const float> owned, std::span<float> gathered);
-void gather_owned(const Fragment& f, int site, int sites, std::span<const float> gathered, std::span<float> owned);
-
-// The round's weight of each site in `members` (site order): 1/|members|, or by the tokens its
-// envelope reported under outer.weighting: tokens. Throws Error when no member reported any
-// and `require_tokens` (a rank with elements to average).
-std::vector<float> member_weights(const OuterConfig& ocfg, uint64_t round, SiteMask members, int sites,
-                                  const std::vector<uint64_t>& tokens, bool require_tokens);
-
-// Phase 2, run by collect_round once phase 1 is in (in.holds): when every active site's slice
-// arrived, average them, encode with the owner residual (into f.owner_next, committed by
-// commit_owner_residual), send to every active site and receive theirs until `deadline`. A site
-// whose average does not arrive (or is malformed, or averaged other sites) is dropped from
-// in.holds with the reason in in.missing. When a slice is missing nothing is sent: the round
-// cannot be decided with every site and stops the run (the config requires them all).
-void exchange_averages(Fragment& f, const ExchangeContext& ctx, SiteMask active,
-                       std::chrono::steady_clock::time_point deadline, double deadline_s, int tid);
-
-// The average of every segment into f.avg from the averages' frames (this site's own included),
-// for a round decided with `members` (which must be the sites the owners averaged over).
-void decode_averages(Fragment& f, const ExchangeContext& ctx, SiteMask members);
-
-// The round is applied: its owner residual becomes the fragment's.
-void commit_owner_residual(Fragment& f);
+size_t owned_count(const FragmentState& f, int site, int sites);
+void expand_owned(const FragmentState& f, int site, int sites, std::span<const float> owned, std::span<float> gathered);
+void gather_owned(const FragmentState& f, int site, int sites, std::span<const float> gathered, std::span<float> owned);
 
 }  // namespace geoloco::outer

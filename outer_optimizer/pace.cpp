@@ -2,12 +2,15 @@
 #include "outer_optimizer/pace.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 namespace geoloco::outer {
 
@@ -72,6 +75,54 @@ void Pace::restore(const std::string& text, const std::string& what) {
   ratio_ppm_ = static_cast<uint32_t>(a);
   next_ppm_ = static_cast<uint32_t>(b);
   period_start_ = p;
+}
+
+namespace {
+// The site's one value of a per-rank integer some ranks may lack: the floor of the mean over
+// the ranks that have one (integers summed as doubles: exact, so the same on every rank);
+// none when no rank has one.
+std::optional<uint32_t> site_agreed(Site& site, std::optional<uint32_t> mine) {
+  std::array<double, 2> v{mine ? double(*mine) : 0.0, mine ? 1.0 : 0.0};
+  site.sum(v);
+  if (v[1] <= 0) return std::nullopt;
+  return static_cast<uint32_t>(std::llround(std::floor(v[0] / v[1])));
+}
+}  // namespace
+
+SitePace::SitePace(const OuterOptions& o) : opt_(o), enabled_(o.outer.pace_by_time()) {}
+
+bool SitePace::trains(int64_t step, int64_t epoch_start, int64_t interval, bool planned, int sites) {
+  if (!enabled_ || !planned || sites < 2) return true;
+  const bool t = pace_.trains(step, epoch_start, interval);
+  if (!t) skipped_ = step;
+  return t;
+}
+
+uint32_t SitePace::agreed_step_us(Site& site) {
+  const uint32_t mine = pace_.take_step_us();
+  return site_agreed(site, mine > 0 ? std::optional<uint32_t>(mine) : std::nullopt).value_or(0);
+}
+
+void SitePace::decide(Site& site, uint64_t round, int64_t step, int64_t interval,
+                      const std::vector<uint32_t>& step_us) {
+  // Every rank holding a contribution computes the same ratio from the same reports; a rank
+  // with no segment holds none and takes its site's.
+  const auto agreed = site_agreed(site, Pace::ratio_from(step_us, opt_.site, opt_.outer.pace_tolerance));
+  if (!agreed) return;
+  const uint32_t ratio = *agreed;
+  if (Pace::duty(ratio, interval) != Pace::duty(pace_.next_ppm(), interval)) {
+    history_.push_back({{"round", round}, {"step", step}, {"ratio", double(ratio) / Pace::kWhole}});
+    if (opt_.rank == 0)
+      spdlog::info(
+          "site {}: outer.pace: time: trains {} of every {} inner steps from the next period "
+          "(step times by site, us: {})",
+          opt_.name(), Pace::duty(ratio, interval), interval, fmt::join(step_us, ", "));
+  }
+  pace_.decide(ratio);
+}
+
+nlohmann::json SitePace::json(int64_t interval) const {
+  return {{"ratio", double(pace_.next_ppm()) / Pace::kWhole}, {"trains_of_interval", Pace::duty(pace_.next_ppm(), interval)}};
 }
 
 }  // namespace geoloco::outer

@@ -18,9 +18,13 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "outer_optimizer/outer_options.hpp"
+#include "outer_optimizer/site.hpp"
 
 namespace geoloco::outer {
 
@@ -61,6 +65,39 @@ class Pace {
   int64_t period_start_ = -1;    // the step the current period started after
   std::vector<double> samples_;
   uint32_t last_us_ = 0;
+};
+
+// SitePace: outer.pace: time as one rank of a site runs it -- which steps it trains, the
+// site's agreed step time for its contributions, the ratio decided from each committed round
+// (every rank of the site agrees: Site::sum), and the decisions' history for the summary.
+class SitePace {
+ public:
+  explicit SitePace(const OuterOptions& options);
+  bool enabled() const { return enabled_; }
+  // Whether this site trains inner step `step` (1-based) under the plan in force; always under
+  // pace: steps, before a plan (outer.plan: auto) or alone.
+  bool trains(int64_t step, int64_t epoch_start, int64_t interval, bool planned, int sites);
+  // Whether trains() said this site skips `step`.
+  bool skipped(int64_t step) const { return skipped_ == step; }
+  void sample(double seconds) { pace_.sample(seconds); }
+  // The site's step time for its next contribution: the mean of its ranks' medians (ranks with
+  // no sample yet count for none). Collective.
+  uint32_t agreed_step_us(Site& site);
+  // After a committed round: the site's ratio for the next period from its members' step
+  // times (by site). Collective.
+  void decide(Site& site, uint64_t round, int64_t step, int64_t interval, const std::vector<uint32_t>& step_us);
+  // The share in force (rounds.jsonl, the summary), and the decisions so far.
+  nlohmann::json json(int64_t interval) const;
+  const nlohmann::json& history() const { return history_; }
+  std::string save() const { return pace_.save(); }
+  void restore(const std::string& text, const std::string& what) { pace_.restore(text, what); }
+
+ private:
+  const OuterOptions& opt_;
+  bool enabled_;
+  Pace pace_;
+  int64_t skipped_ = -1;
+  nlohmann::json history_ = nlohmann::json::array();  // {round, step, ratio} as decided
 };
 
 }  // namespace geoloco::outer

@@ -44,11 +44,10 @@ PlanDecision parse_plan(const std::vector<uint8_t>& bytes, const std::string& so
 }
 
 // Site 0's rank 0 decides, every other site's rank 0 receives: rank 0's bytes on every rank.
-std::vector<uint8_t> site_broadcast(trainer::SiteStrategy& strategy, int rank, std::vector<uint8_t> mine) {
-  auto* coll = strategy.collective();
-  if (!coll || strategy.ranks() == 1) return mine;
+std::vector<uint8_t> site_broadcast(Site& site, int rank, std::vector<uint8_t> mine) {
+  if (site.ranks() == 1) return mine;
   if (rank != 0) mine.clear();
-  auto all = coll->all_gather_bytes(std::as_bytes(std::span<const uint8_t>(mine)));
+  auto all = site.all_gather(std::as_bytes(std::span<const uint8_t>(mine)));
   const auto& b = all.at(0);
   return std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(b.data()),
                               reinterpret_cast<const uint8_t*>(b.data()) + b.size());
@@ -56,9 +55,8 @@ std::vector<uint8_t> site_broadcast(trainer::SiteStrategy& strategy, int rank, s
 
 }  // namespace
 
-PlanCoordinator::PlanCoordinator(const trainer::RunConfig& cfg, const SitePeers& peers,
-                                 const trainer::ParamLayout& layout, const OuterHooks& hooks)
-    : cfg_(cfg), ocfg_(cfg.outer), peers_(peers), layout_(layout), hooks_(hooks) {}
+PlanCoordinator::PlanCoordinator(const OuterOptions& o, const SitePeers& peers)
+    : opt_(o), ocfg_(o.outer), peers_(peers), hooks_(o.hooks) {}
 
 PlanCoordinator::~PlanCoordinator() {
   // A run that failed while probing: the probe's waits are bounded by the transport's timeouts.
@@ -69,19 +67,17 @@ PlanRequest PlanCoordinator::request(const PathMeasurement& path, double step_ti
                                      const std::map<int, double>& local_sync_s) const {
   PlanRequest r;
   r.local_sync_s = local_sync_s;
-  r.params = static_cast<double>(layout_.total());
-  r.sites = static_cast<int>(cfg_.sites.size());
+  r.params = static_cast<double>(opt_.params.total);
+  r.sites = opt_.site_count();
   // Rank pairs that carry the exchange in parallel: the smallest site's rank count (each of its
   // ranks holds 1/ranks of the model and sends it all).
-  r.ranks = cfg_.sites[0].ranks;
-  for (const auto& s : cfg_.sites) r.ranks = std::min(r.ranks, s.ranks);
+  r.ranks = opt_.sites[0].ranks;
+  for (const auto& s : opt_.sites) r.ranks = std::min(r.ranks, s.ranks);
   r.transport_lanes = peers_.transport() ? peers_.transport()->lanes() : 1;
-  if (cfg_.transport) {
-    r.eager_bytes = static_cast<double>(cfg_.transport->eager_bytes);
-    // The emulator delays whole chunks over loopback, where handshakes cost nothing.
-    if (cfg_.transport->emulate.enabled()) r.rtts_per_round = 0.5;
-  }
-  r.n_layer = layout_.config().n_layer;
+  r.eager_bytes = static_cast<double>(opt_.eager_bytes);
+  // The emulator delays whole chunks over loopback, where handshakes cost nothing.
+  if (opt_.emulated_link) r.rtts_per_round = 0.5;
+  r.n_layer = std::max(opt_.params.blocks(), 1);
   r.path = path;
   r.step_time_s = step_time_s;
   r.capacity_scale = capacity_scale;
@@ -130,15 +126,15 @@ PathMeasurement PlanCoordinator::probe_sites() {
   return *worst;
 }
 
-PlanDecision PlanCoordinator::initial(trainer::SiteStrategy& strategy, const std::vector<double>& step_times) {
+PlanDecision PlanCoordinator::initial(Site& site, const std::vector<double>& step_times) {
   const int S = peers_.sites();
   // 1. The inner step time: this rank's median (the first step, with its start-up costs,
   //    left out), then the site's slowest rank.
   std::vector<double> times(step_times.begin() + std::min<ptrdiff_t>(1, ptrdiff_t(step_times.size())),
                             step_times.end());
   double step_s = median(times);
-  if (auto* coll = strategy.collective(); coll && strategy.ranks() > 1) {
-    auto all = coll->all_gather_bytes(std::as_bytes(std::span<const double>(&step_s, 1)));
+  if (site.ranks() > 1) {
+    auto all = site.all_gather(std::as_bytes(std::span<const double>(&step_s, 1)));
     for (auto& b : all) {
       double v = 0;
       std::memcpy(&v, b.data(), sizeof v);
@@ -147,11 +143,11 @@ PlanDecision PlanCoordinator::initial(trainer::SiteStrategy& strategy, const std
   }
   // The outer loop's own cost per sync of this rank's shard, by codec width (local_cost.hpp),
   // then the site's slowest rank's.
-  const auto measured = measure_local_sync_s(ocfg_.compression, ocfg_.plan_bits, S, strategy.shard_params().size());
+  const auto measured = measure_local_sync_s(ocfg_.compression, ocfg_.plan_bits, S, static_cast<size_t>(site.shard().count));
   std::vector<double> local_v;
   for (int b : ocfg_.plan_bits) local_v.push_back(measured.at(b));
-  if (auto* coll = strategy.collective(); coll && strategy.ranks() > 1) {
-    auto all = coll->all_gather_bytes(std::as_bytes(std::span<const double>(local_v)));
+  if (site.ranks() > 1) {
+    auto all = site.all_gather(std::as_bytes(std::span<const double>(local_v)));
     for (auto& bytes : all) {
       GEOLOCO_CHECK(bytes.size() == local_v.size() * sizeof(double), "outer plan: a rank's local costs of {} bytes",
                     bytes.size());
@@ -217,11 +213,11 @@ PlanDecision PlanCoordinator::initial(trainer::SiteStrategy& strategy, const std
     }
   }
   // 4. The same plan on every rank of the site.
-  plan_bytes = site_broadcast(strategy, peers_.rank(), std::move(plan_bytes));
+  plan_bytes = site_broadcast(site, peers_.rank(), std::move(plan_bytes));
   return parse_plan(plan_bytes, peers_.site() == 0 ? "this site" : peers_.name(0));
 }
 
-std::optional<PlanDecision> PlanCoordinator::boundary(int64_t step, int64_t index, trainer::SiteStrategy& strategy,
+std::optional<PlanDecision> PlanCoordinator::boundary(int64_t step, int64_t index, Site& site,
                                                       PlanDecision& plan, const std::vector<double>& sync_times,
                                                       const std::vector<double>& step_times) {
   const bool rank0 = peers_.rank() == 0;
@@ -234,7 +230,7 @@ std::optional<PlanDecision> PlanCoordinator::boundary(int64_t step, int64_t inde
     }
     due_.reset();
   }
-  due = site_broadcast(strategy, peers_.rank(), std::move(due));
+  due = site_broadcast(site, peers_.rank(), std::move(due));
   if (!due.empty()) {
     PlanDecision d = parse_plan(due, "the decision a committed round carried");
     if (!d.same_schedule(plan)) {
@@ -381,7 +377,7 @@ std::optional<PlanDecision> PlanCoordinator::decide(const std::vector<nlohmann::
   n.reason = fmt::format(
       "Re-planned by {} at boundary {} from {} site report(s): measured fragment sync {:.1f} ms (plan {:.1f} ms), "
       "step {:.1f} ms (plan {:.1f} ms), threshold {:.0f}%. {}",
-      cfg_.sites[static_cast<size_t>(peers_.site())].name, index, reports.size(), min_sync * 1e3,
+      opt_.name(), index, reports.size(), min_sync * 1e3,
       plan.predicted_fragment_sync_s * 1e3, max_step * 1e3, plan.step_time_s * 1e3, ocfg_.replan_threshold * 100,
       n.reason);
   return n;

@@ -32,18 +32,15 @@
 
 #include "outer_optimizer/auto_plan.hpp"
 #include "outer_optimizer/membership.hpp"
-#include "outer_optimizer/outer_hooks.hpp"
+#include "outer_optimizer/outer_options.hpp"
+#include "outer_optimizer/site.hpp"
 #include "outer_optimizer/site_peers.hpp"
-#include "trainer/loop/run_config.hpp"
-#include "trainer/loop/site_strategy.hpp"
-#include "trainer/model/param_layout.hpp"
 
 namespace geoloco::outer {
 
 class PlanCoordinator {
  public:
-  PlanCoordinator(const trainer::RunConfig& cfg, const SitePeers& peers, const trainer::ParamLayout& layout,
-                  const OuterHooks& hooks);
+  PlanCoordinator(const OuterOptions& options, const SitePeers& peers);
   ~PlanCoordinator();
   PlanCoordinator(const PlanCoordinator&) = delete;
   PlanCoordinator& operator=(const PlanCoordinator&) = delete;
@@ -52,12 +49,12 @@ class PlanCoordinator {
   void start_probe();
   // The start-up plan from this rank's inner step times (the first left out), the same on
   // every rank of every site (epoch 1).
-  PlanDecision initial(trainer::SiteStrategy& strategy, const std::vector<double>& step_times);
+  PlanDecision initial(Site& site, const std::vector<double>& step_times);
   // Period boundary `index` (1, 2, ... within the epoch of `plan`), a collective: every rank
   // of the site at the same step. Returns a plan with another schedule to apply now; a
   // recalibration of the same schedule updates `plan` in place. `sync_times` / `step_times`
   // are what this rank measured since the last boundary.
-  std::optional<PlanDecision> boundary(int64_t step, int64_t index, trainer::SiteStrategy& strategy, PlanDecision& plan,
+  std::optional<PlanDecision> boundary(int64_t step, int64_t index, Site& site, PlanDecision& plan,
                                        const std::vector<double>& sync_times, const std::vector<double>& step_times);
   // Rank 0: what this site attaches to its next contribution (its report, its decision not
   // yet committed); empty on the other ranks and before the first boundary.
@@ -105,10 +102,9 @@ class PlanCoordinator {
     static Decided from_json(const nlohmann::json& j, const std::string& source);
   };
 
-  const trainer::RunConfig& cfg_;
+  const OuterOptions& opt_;
   const OuterConfig& ocfg_;
   const SitePeers& peers_;
-  const trainer::ParamLayout& layout_;
   const OuterHooks& hooks_;
   std::optional<Report> report_;     // this site's report of the latest boundary (attached)
   std::optional<Decided> decision_;  // this site's decision, attached until a round commits one

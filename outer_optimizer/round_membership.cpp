@@ -30,14 +30,14 @@ std::vector<std::byte> encode_verdict(Verdict v, SiteMask members, bool can_appl
 
 }  // namespace
 
-RoundMembership::RoundMembership(const trainer::RunConfig& cfg, const SitePeers& peers, const OuterHooks& hooks)
-    : cfg_(cfg), peers_(peers), hooks_(hooks) {
+RoundMembership::RoundMembership(const OuterOptions& o, const SitePeers& peers)
+    : opt_(o), peers_(peers), hooks_(o.hooks) {
   const int S = peers.sites();
   cc_.sites = S;
   cc_.self = peers.site();
-  cc_.quorum = cfg.outer.quorum(S);
-  cc_.retry_s = cfg.outer.consensus_retry_s;
-  cc_.degrade_s = cfg.outer.consensus_retry_s / 2;
+  cc_.quorum = o.outer.quorum(S);
+  cc_.retry_s = o.outer.consensus_retry_s;
+  cc_.degrade_s = o.outer.consensus_retry_s / 2;
   members_ = all_sites(S);
   first_round_.assign(static_cast<size_t>(S), 0);
 }
@@ -73,8 +73,8 @@ void RoundMembership::set_members(SiteMask m) {
 }
 
 double RoundMembership::deadline_s() const {
-  if (cfg_.outer.deadline_s > 0) return cfg_.outer.deadline_s;
-  const double floor = cfg_.outer.deadline_floor_s;
+  if (opt_.outer.deadline_s > 0) return opt_.outer.deadline_s;
+  const double floor = opt_.outer.deadline_floor_s;
   if (waits_.empty()) return floor;
   std::vector<double> w(waits_.begin(), waits_.end());
   const size_t k = std::min(w.size() - 1, static_cast<size_t>(0.9 * static_cast<double>(w.size())));
@@ -87,15 +87,14 @@ void RoundMembership::record_wait(double seconds) {
   if (waits_.size() > kRecentWaits) waits_.pop_front();
 }
 
-SiteMask RoundMembership::vote_site(uint64_t round, SiteMask holds, SiteMask joiners, trainer::SiteStrategy& strategy) {
+SiteMask RoundMembership::vote_site(uint64_t round, SiteMask holds, SiteMask joiners, Site& site) {
   const int self = peers_.site();
   if (const auto& lo = hooks_.leave_out; lo && lo->site == self && round >= lo->from_round)
     throw SiteLeftOut(fmt::format("outer round {}: site {} left out by the test hook", round,
-                                  cfg_.sites[static_cast<size_t>(self)].name));
+                                  opt_.site_name(self)));
   holds = (holds & active(round)) | (joiners & ~active(round));
-  auto* coll = strategy.collective();
-  if (coll && strategy.ranks() > 1) {
-    const auto all = coll->all_gather_bytes(std::as_bytes(std::span<const SiteMask>(&holds, 1)));
+  if (site.ranks() > 1) {
+    const auto all = site.all_gather(std::as_bytes(std::span<const SiteMask>(&holds, 1)));
     for (const auto& b : all) {
       SiteMask m = 0;
       GEOLOCO_CHECK(b.size() == sizeof m, "membership vote of {} bytes", b.size());
@@ -117,7 +116,7 @@ std::vector<std::byte> RoundMembership::agree(uint64_t round, SiteMask site_hold
     // waiting for a late site up to the round's deadline: a site not heard from yet in this
     // round (alive, still in its exchange) is waited for that much longer.
     const MembershipOutcome out =
-        agree_membership(peers_, cc, round, site_holds, cfg_.outer.quorum_wait_s, &stopping_, deadline_s());
+        agree_membership(peers_, cc, round, site_holds, opt_.outer.quorum_wait_s, &stopping_, deadline_s());
     if (out.foreign)
       spdlog::warn(
           "outer round {}: sites {} decided this round without this side {} (the other side of a partition, "
@@ -132,12 +131,11 @@ std::vector<std::byte> RoundMembership::agree(uint64_t round, SiteMask site_hold
 }
 
 SiteMask RoundMembership::share(uint64_t round, int64_t step, SiteMask holds, std::vector<std::byte> verdict,
-                                const std::vector<std::string>& missing, trainer::SiteStrategy& strategy) {
+                                const std::vector<std::string>& missing, Site& site) {
   const int S = peers_.sites(), self = peers_.site();
-  const std::string& here = cfg_.sites[static_cast<size_t>(self)].name;
-  auto* coll = strategy.collective();
-  if (coll && strategy.ranks() > 1) {
-    auto all = coll->all_gather_bytes(verdict);
+  const std::string& here = opt_.site_name(self);
+  if (site.ranks() > 1) {
+    auto all = site.all_gather(verdict);
     verdict = std::move(all.at(0));
   }
   GEOLOCO_CHECK(verdict.size() >= 10, "membership verdict of {} bytes", verdict.size());
@@ -152,7 +150,7 @@ SiteMask RoundMembership::share(uint64_t round, int64_t step, SiteMask holds, st
     std::string r;
     for (int s = 0; s < S; ++s)
       if (((sites >> s) & 1) && s != self)
-        r += fmt::format("; {}: {}", cfg_.sites[static_cast<size_t>(s)].name,
+        r += fmt::format("; {}: {}", opt_.site_name(s),
                          missing[static_cast<size_t>(s)].empty() ? std::string("held here, not by every member")
                                                                  : missing[static_cast<size_t>(s)]);
     return r;
@@ -163,7 +161,7 @@ SiteMask RoundMembership::share(uint64_t round, int64_t step, SiteMask holds, st
     const SiteMask waited = all_sites(S) & ~(members & holds);
     std::string names;
     for (int s = 0; s < S; ++s)
-      if ((waited >> s) & 1) names += (names.empty() ? "" : ", ") + cfg_.sites[static_cast<size_t>(s)].name;
+      if ((waited >> s) & 1) names += (names.empty() ? "" : ", ") + opt_.site_name(s);
     throw QuorumLost(fmt::format("{} (site {} waited for {}){}", msg, here, names, reasons(active(round) & ~holds)),
                      members);
   }
@@ -186,7 +184,7 @@ SiteMask RoundMembership::share(uint64_t round, int64_t step, SiteMask holds, st
                                                        : missing[static_cast<size_t>(s)]};
     if (peers_.rank() == 0)
       spdlog::warn("outer round {} (inner step {}): site {} evicted: {}; the round commits with {} of {} sites {}",
-                   round, step, cfg_.sites[static_cast<size_t>(s)].name, e.why, mask_count(members), S,
+                   round, step, opt_.site_name(s), e.why, mask_count(members), S,
                    mask_string(members));
     evictions_.push_back(std::move(e));
   }
@@ -199,7 +197,7 @@ SiteMask RoundMembership::share(uint64_t round, int64_t step, SiteMask holds, st
       spdlog::info(
           "outer round {} (inner step {}): site {} joins the run: a member of this round, it fetches the "
           "committed state from the others and contributes from the next",
-          round, step, cfg_.sites[static_cast<size_t>(s)].name);
+          round, step, opt_.site_name(s));
     admissions_.push_back({round, step, s});
   }
   members_ = (members_ & ~evicted) | members;

@@ -19,10 +19,9 @@
 #include <vector>
 
 #include "outer_optimizer/membership.hpp"
-#include "outer_optimizer/outer_hooks.hpp"
+#include "outer_optimizer/outer_options.hpp"
+#include "outer_optimizer/site.hpp"
 #include "outer_optimizer/site_peers.hpp"
-#include "trainer/loop/run_config.hpp"
-#include "trainer/loop/site_strategy.hpp"
 
 namespace geoloco::outer {
 
@@ -49,7 +48,7 @@ struct Admission {
 
 class RoundMembership {
  public:
-  RoundMembership(const trainer::RunConfig& cfg, const SitePeers& peers, const OuterHooks& hooks);
+  RoundMembership(const OuterOptions& options, const SitePeers& peers);
 
   // Sites this round exchanges with (every site at the start; members of the last round
   // after; a test's leave_out hook takes its site out from its round on). A site taken in
@@ -74,11 +73,11 @@ class RoundMembership {
   // `joiners`: sites out of the run whose request to join this rank holds; they are voted
   // for like held contributions (a joiner is admitted once every member site holds its
   // request, on every rank).
-  SiteMask vote_site(uint64_t round, SiteMask holds, SiteMask joiners, trainer::SiteStrategy& strategy);
+  SiteMask vote_site(uint64_t round, SiteMask holds, SiteMask joiners, Site& site);
   // `in_run`: members() when the vote was taken (ConsensusConfig::in_run).
   std::vector<std::byte> agree(uint64_t round, SiteMask site_holds, SiteMask expected, SiteMask in_run) const;
   SiteMask share(uint64_t round, int64_t step, SiteMask site_holds, std::vector<std::byte> verdict,
-                 const std::vector<std::string>& missing, trainer::SiteStrategy& strategy);
+                 const std::vector<std::string>& missing, Site& site);
 
   int quorum() const { return cc_.quorum; }
   // The sites in the run: the latest round's members and the sites admitted since, active or not.
@@ -97,7 +96,7 @@ class RoundMembership {
  private:
   SiteMask in_round(uint64_t round) const;  // active() without the test hook
 
-  const trainer::RunConfig& cfg_;
+  const OuterOptions& opt_;
   const SitePeers& peers_;
   const OuterHooks& hooks_;
   ConsensusConfig cc_;

@@ -5,14 +5,12 @@
 
 #include <algorithm>
 
-#include "trainer/model/param_layout.hpp"
-
 namespace geoloco::outer {
 
-ExchangeLayout SitePeers::layout_of(const trainer::RunConfig& cfg) {
+ExchangeLayout SitePeers::layout_of(const std::vector<SiteSpec>& sites, int64_t params) {
   std::vector<int> ranks;
-  for (const auto& s : cfg.sites) ranks.push_back(s.ranks);
-  return ExchangeLayout(trainer::ParamLayout(cfg.model).total(), std::move(ranks));
+  for (const auto& s : sites) ranks.push_back(s.ranks);
+  return ExchangeLayout(params, std::move(ranks));
 }
 
 std::vector<int> SitePeers::connected_ranks(const ExchangeLayout& layout, int site, int rank, int other) {
@@ -25,17 +23,17 @@ std::vector<int> SitePeers::connected_ranks(const ExchangeLayout& layout, int si
   return out;
 }
 
-SitePeers::SitePeers(const trainer::RunConfig& cfg, int site, int rank, transport::Transport* t)
-    : site_(site), rank_(rank), t_(t), layout_(layout_of(cfg)) {
-  const int S = static_cast<int>(cfg.sites.size());
+SitePeers::SitePeers(const OuterOptions& o, transport::Transport* t)
+    : site_(o.site), rank_(o.rank), t_(t), layout_(layout_of(o.sites, o.params.total)) {
+  const int S = o.site_count(), site = o.site, rank = o.rank;
   peer_.assign(static_cast<size_t>(S), -1);
   peers_.resize(static_cast<size_t>(S));
   for (int s = 0; s < S; ++s) {
     if (s == site) continue;
     if (!t_) throw Error("outer loop: a multi-site run needs a transport");
-    const std::string& name = cfg.sites[static_cast<size_t>(s)].name;
+    const std::string& name = o.site_name(s);
     auto& by_rank = peers_[static_cast<size_t>(s)];
-    by_rank.assign(static_cast<size_t>(cfg.sites[static_cast<size_t>(s)].ranks), -1);
+    by_rank.assign(static_cast<size_t>(o.sites[static_cast<size_t>(s)].ranks), -1);
     for (int q : connected_ranks(layout_, site, rank, s)) {
       const int p = t_->peer_index(name, q);
       if (p < 0) throw Error(fmt::format("outer loop: no connection to site {} rank {}", name, q));

@@ -12,7 +12,7 @@
 
 #include "outer_optimizer/envelope.hpp"
 #include "outer_optimizer/exchange_layout.hpp"
-#include "trainer/loop/run_config.hpp"
+#include "outer_optimizer/outer_options.hpp"
 #include "transport/transport.hpp"
 
 namespace geoloco::outer {
@@ -23,13 +23,13 @@ class SitePeers {
  public:
   // `transport` connects this rank to the ranks of every other site that connected_ranks()
   // names (null for one site); its peers are found by (site name, rank).
-  SitePeers(const trainer::RunConfig& cfg, int site, int rank, transport::Transport* transport);
+  SitePeers(const OuterOptions& options, transport::Transport* transport);
 
   // The ranks of `other` that (site, rank) is connected to: those it exchanges pieces with,
   // its partner there, and those whose partner it is (a symmetric relation).
   static std::vector<int> connected_ranks(const ExchangeLayout& layout, int site, int rank, int other);
-  // The layout of a run: the model's parameters over every site's ranks.
-  static ExchangeLayout layout_of(const trainer::RunConfig& cfg);
+  // The layout of a run: the model's `params` parameters over every site's ranks.
+  static ExchangeLayout layout_of(const std::vector<SiteSpec>& sites, int64_t params);
 
   int sites() const { return static_cast<int>(peer_.size()); }
   int site() const { return site_; }

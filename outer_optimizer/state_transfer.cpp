@@ -10,7 +10,7 @@
 #include <map>
 #include <optional>
 
-#include "trainer/core/hash.hpp"
+#include "core/hash.hpp"
 #include "transport/transport_error.hpp"
 
 namespace geoloco::outer {

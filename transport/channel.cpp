@@ -6,7 +6,7 @@
 
 #include <algorithm>
 
-#include "trainer/core/log.hpp"
+#include "core/log.hpp"
 
 namespace geoloco::transport {
 

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "trainer/core/hash.hpp"
+#include "core/hash.hpp"
 #include "transport/channel.hpp"
 
 namespace geoloco::transport {

@@ -5,7 +5,7 @@
 
 #include <set>
 
-#include "trainer/core/log.hpp"
+#include "core/log.hpp"
 #include "transport/handshake.hpp"
 
 namespace geoloco::transport {

@@ -3,7 +3,7 @@
 
 #include <fmt/format.h>
 
-#include "trainer/core/hash.hpp"
+#include "core/hash.hpp"
 #include "transport/site_directory.hpp"
 
 namespace geoloco::transport {

@@ -1,7 +1,7 @@
 // Operation state and handles: completion, typed errors, take(), cancel() (op.hpp).
 #include "transport/op.hpp"
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 #include "transport/transport_error.hpp"
 
 namespace geoloco::transport {

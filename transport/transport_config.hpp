@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/core/config_node.hpp"
+#include "core/config_node.hpp"
 
 namespace geoloco::transport {
 

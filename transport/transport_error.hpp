@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 namespace geoloco::transport {
 

@@ -21,7 +21,7 @@
 #include "compression/bytes.hpp"
 #include "compression/pipeline.hpp"
 #include "compression/synthetic.hpp"
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 using namespace geoloco;
 using namespace geoloco::compression;

@@ -23,8 +23,8 @@
 
 #include "outer_optimizer/join_wire.hpp"
 #include "outer_optimizer/state_transfer.hpp"
-#include "trainer/checkpoint/safetensors.hpp"
-#include "trainer/core/hash.hpp"
+#include "core/safetensors.hpp"
+#include "core/hash.hpp"
 #include "trainer/loop/run_config.hpp"
 #include "transport/ucx/ucx_transport.hpp"
 
@@ -65,9 +65,9 @@ std::vector<uint8_t> make_state(int64_t params) {
   std::normal_distribution<float> n(0.0f, 0.02f);
   for (auto& x : global) x = n(rng);
   for (size_t i = 0; i < momentum.size(); ++i) momentum[i] = 0.1f * global[(i * 7919) % global.size()];
-  std::vector<trainer::TensorWrite> t = {trainer::f32_tensor("outer.global", {params}, global),
-                                         trainer::f32_tensor("outer.opt_a", {params}, momentum)};
-  return trainer::encode_safetensors(t, {{"outer.round", "1"}, {"geoloco_step", "1"}});
+  std::vector<geoloco::TensorWrite> t = {geoloco::f32_tensor("outer.global", {params}, global),
+                                         geoloco::f32_tensor("outer.opt_a", {params}, momentum)};
+  return geoloco::encode_safetensors(t, {{"outer.round", "1"}, {"geoloco_step", "1"}});
 }
 
 struct Pipes {
@@ -104,13 +104,11 @@ RepResult run_site(int site, int sites, const Options& o, int64_t params, bool r
   for (int s = 0; s < sites; ++s)
     if (s != site) peers.push_back({kNames[s], 0, "127.0.0.1", ports[static_cast<size_t>(s)]});
   t.connect(peers);
-  trainer::RunConfig cfg;
-  for (int s = 0; s < sites; ++s) {
-    trainer::SiteConfig sc;
-    sc.name = kNames[s];
-    cfg.sites.push_back(sc);
-  }
-  outer::SitePeers sp(cfg, site, 0, &t);
+  outer::OuterOptions oo;
+  for (int s = 0; s < sites; ++s) oo.sites.push_back({kNames[s], 1});
+  oo.site = site;
+  oo.params.total = 1000;  // (each site one rank: the layout only pairs rank 0 with rank 0)
+  outer::SitePeers sp(oo, &t);
   RepResult res;
 
   std::shared_ptr<outer::JoinSnapshot> snap;

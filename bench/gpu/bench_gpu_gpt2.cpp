@@ -14,7 +14,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "trainer/core/rng.hpp"
+#include "core/rng.hpp"
 #include "trainer/cuda/cuda_inner_optimizer.hpp"
 #include "trainer/cuda/cuda_gpt.hpp"
 #include "trainer/cuda/device.hpp"

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/core/rng.hpp"
+#include "core/rng.hpp"
 #include "trainer/model/blas_setup.hpp"
 #include "trainer/model/gpt.hpp"
 

@@ -20,7 +20,7 @@
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 
-#include "trainer/core/log.hpp"
+#include "core/log.hpp"
 #include "transport/ucx/ucx_transport.hpp"
 
 using namespace geoloco::transport;

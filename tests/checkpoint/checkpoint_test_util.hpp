@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 #include "trainer/model/param_layout.hpp"
 
 namespace geoloco::trainer::test {

@@ -16,7 +16,7 @@
 #include "tests/checkpoint/hf_export.hpp"
 #include "tests/support/temp_dir.hpp"
 #include "trainer/checkpoint/model_checkpoint.hpp"
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 using namespace geoloco;
 using namespace geoloco::trainer;

@@ -12,7 +12,7 @@
 #include "tests/checkpoint/checkpoint_test_util.hpp"
 #include "tests/support/temp_dir.hpp"
 #include "trainer/checkpoint/model_checkpoint.hpp"
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 using namespace geoloco;
 using namespace geoloco::trainer;

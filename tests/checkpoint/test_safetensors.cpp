@@ -9,13 +9,13 @@
 #include <limits>
 
 #include "tests/support/temp_dir.hpp"
-#include "trainer/checkpoint/atomic_file.hpp"
-#include "trainer/checkpoint/safetensors.hpp"
-#include "trainer/core/error.hpp"
-#include "trainer/core/hash.hpp"
+#include "core/atomic_file.hpp"
+#include "core/safetensors.hpp"
+#include "core/error.hpp"
+#include "core/hash.hpp"
 
 using namespace geoloco;
-using namespace geoloco::trainer;
+
 using geoloco::test::TempDir;
 
 namespace {

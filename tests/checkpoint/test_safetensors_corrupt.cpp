@@ -7,11 +7,11 @@
 #include <fstream>
 
 #include "tests/support/temp_dir.hpp"
-#include "trainer/checkpoint/safetensors.hpp"
-#include "trainer/core/error.hpp"
+#include "core/safetensors.hpp"
+#include "core/error.hpp"
 
 using namespace geoloco;
-using namespace geoloco::trainer;
+
 using geoloco::test::TempDir;
 
 namespace {

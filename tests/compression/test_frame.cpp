@@ -11,7 +11,7 @@
 #include "compression/bytes.hpp"
 #include "compression/synthetic.hpp"
 #include "test_util.hpp"
-#include "trainer/core/rng.hpp"
+#include "core/rng.hpp"
 
 using namespace geoloco;
 using namespace geoloco::compression;

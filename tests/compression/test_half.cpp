@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "compression/half.hpp"
-#include "trainer/core/rng.hpp"
+#include "core/rng.hpp"
 #ifdef __F16C__
 #include <immintrin.h>
 #endif

@@ -9,7 +9,7 @@
 #include "compression/synthetic.hpp"
 #include "compression/values.hpp"
 #include "test_util.hpp"
-#include "trainer/core/rng.hpp"
+#include "core/rng.hpp"
 
 using namespace geoloco;
 using namespace geoloco::compression;

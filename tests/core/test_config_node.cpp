@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "trainer/core/config_node.hpp"
+#include "core/config_node.hpp"
 
 using geoloco::ConfigError;
 using namespace geoloco::config;

@@ -8,7 +8,7 @@
 #include <cerrno>
 #include <utility>
 
-#include "trainer/core/fd.hpp"
+#include "core/fd.hpp"
 
 namespace geoloco {
 namespace {

@@ -16,8 +16,8 @@
 #include <thread>
 #include <vector>
 
-#include "trainer/core/error.hpp"
-#include "trainer/core/net.hpp"
+#include "core/error.hpp"
+#include "core/net.hpp"
 
 namespace geoloco::net {
 namespace {

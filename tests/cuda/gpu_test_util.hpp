@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/core/rng.hpp"
+#include "core/rng.hpp"
 #include "trainer/cuda/bf16.hpp"
 #include "trainer/cuda/device.hpp"
 #include "trainer/cuda/handles.hpp"

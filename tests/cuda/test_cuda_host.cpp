@@ -27,7 +27,7 @@
 #include "trainer/cuda/precision.hpp"
 #include "trainer/cuda/token_buckets.hpp"
 #include "trainer/cuda/tolerance.hpp"
-#include "trainer/core/rng.hpp"
+#include "core/rng.hpp"
 
 namespace geoloco::cuda {
 namespace {

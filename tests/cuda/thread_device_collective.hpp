@@ -19,7 +19,7 @@
 
 #include "trainer/cuda/handles.hpp"
 #include "trainer/parallel/collective.hpp"
-#include "trainer/parallel/shard.hpp"
+#include "core/shard.hpp"
 
 namespace geoloco::cuda::testing {
 
@@ -50,7 +50,7 @@ class ThreadDeviceCollective final : public parallel::Collective {
 
   void reduce_scatter_sum(std::span<const float> in, std::span<float> out) override {
     publish(in);
-    const auto sh = parallel::shard_of(static_cast<int64_t>(in.size()), rank_, size());
+    const auto sh = geoloco::shard_of(static_cast<int64_t>(in.size()), rank_, size());
     std::vector<float> sum(static_cast<size_t>(sh.count), 0.0f);
     for (int r = 0; r < size(); ++r) {
       const float* src = reinterpret_cast<const float*>(board_->slots[size_t(r)].data()) + sh.offset;
@@ -64,7 +64,7 @@ class ThreadDeviceCollective final : public parallel::Collective {
     publish(mine);
     std::vector<float> full(out.size());
     for (int r = 0; r < size(); ++r) {
-      const auto sh = parallel::shard_of(static_cast<int64_t>(out.size()), r, size());
+      const auto sh = geoloco::shard_of(static_cast<int64_t>(out.size()), r, size());
       std::memcpy(full.data() + sh.offset, board_->slots[size_t(r)].data(), size_t(sh.count) * sizeof(float));
     }
     board_->sync.arrive_and_wait();

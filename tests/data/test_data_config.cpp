@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/support/temp_dir.hpp"
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 #include "trainer/data/open_data.hpp"
 
 using namespace geoloco;

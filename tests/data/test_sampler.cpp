@@ -5,7 +5,7 @@
 #include <map>
 #include <set>
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 #include "trainer/data/sampler.hpp"
 
 using namespace geoloco;

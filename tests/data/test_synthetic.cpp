@@ -5,7 +5,7 @@
 #include <cmath>
 #include <map>
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 #include "trainer/data/open_data.hpp"
 #include "trainer/data/sampler.hpp"
 #include "trainer/data/synthetic_source.hpp"

@@ -7,7 +7,7 @@
 #include <numeric>
 
 #include "tests/support/temp_dir.hpp"
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 #include "trainer/data/shard_source.hpp"
 #include "trainer/data/text_source.hpp"
 

@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "tests/support/temp_dir.hpp"
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 #include "trainer/launch/launcher.hpp"
 
 namespace geoloco::launch {

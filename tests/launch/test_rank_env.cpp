@@ -3,7 +3,7 @@
 #include <map>
 #include <memory>
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 #include "trainer/launch/rank_env.hpp"
 
 namespace geoloco::launch {

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 #include "trainer/launch/slurm_env.hpp"
 
 namespace geoloco::launch {

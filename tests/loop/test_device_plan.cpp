@@ -6,7 +6,7 @@
 #include <numeric>
 
 #include "test_util.hpp"
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 #include "trainer/loop/device_plan.hpp"
 #include "trainer/loop/device_site.hpp"
 #include "trainer/loop/run_config.hpp"
@@ -20,7 +20,7 @@ using geoloco::testing::tiny_config;
 TEST(DevicePlan, SizesPerStrategy) {
   const int64_t n = 1001;  // uneven over 3 ranks: shards 334, 334, 333
   for (int r = 0; r < 3; ++r) {
-    const auto sh = parallel::shard_of(n, r, 3);
+    const auto sh = geoloco::shard_of(n, r, 3);
     auto ddp = plan_device_buffers(StrategyKind::Ddp, n, r, 3);
     EXPECT_EQ(ddp.param_elems, n);
     EXPECT_EQ(ddp.grad_elems, n);
@@ -72,9 +72,9 @@ TEST(DevicePlan, HybridHoldsItsPiecesAndUpdatesItsShard) {
   const int64_t n = 1001;
   int64_t held_total = 0;
   for (int r = 0; r < 6; ++r) {
-    const auto sh = parallel::shard_of(n, r, 6);
+    const auto sh = geoloco::shard_of(n, r, 6);
     auto h = plan_device_buffers(StrategyKind::Hybrid, n, r, 6, 3);
-    EXPECT_EQ(h.param_elems, parallel::shard_of(n, r, 6).count + parallel::shard_of(n, (r + 3) % 6, 6).count);
+    EXPECT_EQ(h.param_elems, geoloco::shard_of(n, r, 6).count + geoloco::shard_of(n, (r + 3) % 6, 6).count);
     if (r < 3) held_total += h.param_elems;
     EXPECT_FALSE(h.grads_persistent);
     EXPECT_EQ(h.grad_shard_elems, sh.count);

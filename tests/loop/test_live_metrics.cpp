@@ -15,8 +15,8 @@
 
 #include "tests/support/ports.hpp"
 #include "tests/support/temp_dir.hpp"
-#include "trainer/core/error.hpp"
-#include "trainer/core/net.hpp"
+#include "core/error.hpp"
+#include "core/net.hpp"
 #include "trainer/loop/live_metrics.hpp"
 #include "trainer/loop/run_config.hpp"
 

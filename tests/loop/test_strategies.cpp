@@ -125,7 +125,7 @@ TEST(Strategies, MuonUnderEveryStrategyIsDdpsUpdate) {
   // that many bytes per step, far below an all-gather of the whole update buffer.
   auto z2 = run_site("zero2", 3, 2, "train.grad_clip=0", muon);
   const int64_t n = z2.summaries[0]["params"].get<int64_t>();
-  const std::vector<int64_t> bounds = {0, parallel::shard_of(n, 1, 3).offset, parallel::shard_of(n, 2, 3).offset, n};
+  const std::vector<int64_t> bounds = {0, geoloco::shard_of(n, 1, 3).offset, geoloco::shard_of(n, 2, 3).offset, n};
   OptimizerConfig oc;
   oc.kind = OptimizerKind::Muon;
   const auto parts = muon_cut_parts(oc, ParamLayout(ModelConfig{2, 2, 32, 16, 32}), bounds);

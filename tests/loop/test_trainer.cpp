@@ -7,7 +7,7 @@
 
 #include "test_util.hpp"
 #include "trainer/checkpoint/model_checkpoint.hpp"
-#include "trainer/core/hash.hpp"
+#include "core/hash.hpp"
 #include "trainer/loop/run_config.hpp"
 #include "trainer/loop/trainer.hpp"
 #include "trainer/model/gpt.hpp"

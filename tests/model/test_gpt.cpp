@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "trainer/core/error.hpp"
-#include "trainer/core/rng.hpp"
+#include "core/error.hpp"
+#include "core/rng.hpp"
 #include "trainer/model/gpt.hpp"
 
 namespace geoloco::trainer {

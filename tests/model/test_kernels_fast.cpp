@@ -10,7 +10,7 @@
 #include <cstring>
 #include <vector>
 
-#include "trainer/core/rng.hpp"
+#include "core/rng.hpp"
 #include "trainer/model/fast_math.hpp"
 #include "trainer/model/kernels_fast.hpp"
 #include "trainer/model/kernels_ref.hpp"

@@ -10,7 +10,7 @@
 #include <functional>
 #include <vector>
 
-#include "trainer/core/rng.hpp"
+#include "core/rng.hpp"
 #include "trainer/model/kernels_ref.hpp"
 
 namespace geoloco::trainer {

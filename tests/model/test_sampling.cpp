@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 #include "trainer/model/sampling.hpp"
 
 using namespace geoloco;

@@ -10,10 +10,10 @@
 #include <random>
 #include <vector>
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 #include "trainer/optim/inner_optimizer.hpp"
 #include "trainer/optim/muon.hpp"
-#include "trainer/core/config_node.hpp"
+#include "core/config_node.hpp"
 
 using namespace geoloco;
 using namespace geoloco::trainer;

@@ -68,7 +68,7 @@ inline std::string sites_yaml(int count, int ranks, int port, const std::string&
 
 // The parameters of a model.safetensors a run wrote (the summary's "checkpoint").
 inline std::vector<float> load_params(const std::string& checkpoint) {
-  auto f = trainer::SafetensorsFile::read(checkpoint);
+  auto f = geoloco::SafetensorsFile::read(checkpoint);
   auto mc = trainer::read_model_config(f);
   trainer::ParamLayout layout(mc);
   std::vector<float> p(static_cast<size_t>(layout.total()));

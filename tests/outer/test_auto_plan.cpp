@@ -12,8 +12,8 @@
 #include "multisite_util.hpp"
 #include "outer_optimizer/auto_plan.hpp"
 #include "outer_optimizer/local_cost.hpp"
-#include "trainer/core/config_node.hpp"
-#include "trainer/core/error.hpp"
+#include "core/config_node.hpp"
+#include "core/error.hpp"
 #include "trainer/loop/run_config.hpp"
 
 using namespace geoloco;
@@ -83,7 +83,7 @@ void expect_same_plans(const std::vector<nlohmann::json>& ranks) {
 
 TEST(AutoPlanConfig, DefaultsAndRejections) {
   auto c = outer_from("outer: {interval: 10}\n");
-  EXPECT_EQ(c.plan, "manual");
+  EXPECT_EQ(c.plan, outer::PlanKind::Manual);
   EXPECT_FALSE(c.auto_plan());
   EXPECT_EQ(c.target_utilization, 0.95);
   EXPECT_EQ(c.plan_bits, (std::vector<int>{16, 8, 4}));
@@ -137,27 +137,27 @@ TEST(AutoPlan, ExchangeAutoWeighsTheOwnerExchangeWithTheSameModel) {
   auto wide = request(o, 20, 1000, 300);
   wide.sites = 8;
   const auto d = outer::choose_plan(wide);
-  EXPECT_EQ(d.exchange, "owner") << d.reason;
+  EXPECT_EQ(d.exchange, outer::ExchangeKind::Owner) << d.reason;
   EXPECT_NE(d.reason.find("exchange owner (outer.exchange: auto)"), std::string::npos) << d.reason;
   auto fixed = o;
-  fixed.exchange = "all_to_all";
+  fixed.exchange = outer::ExchangeKind::AllToAll;
   wide.outer = &fixed;
   const auto a2a = outer::choose_plan(wide);
-  EXPECT_EQ(a2a.exchange, "all_to_all");
+  EXPECT_EQ(a2a.exchange, outer::ExchangeKind::AllToAll);
   EXPECT_GT(a2a.interval, d.interval) << "the owner exchange should need fewer steps per sync here";
-  fixed.exchange = "owner";  // chosen by the config: the plan prices and keeps it, even on two sites
+  fixed.exchange = outer::ExchangeKind::Owner;  // chosen by the config: the plan prices and keeps it, even on two sites
   auto pair_owner = request(fixed, 100, 100000, 300);
-  EXPECT_EQ(outer::choose_plan(pair_owner).exchange, "owner");
+  EXPECT_EQ(outer::choose_plan(pair_owner).exchange, outer::ExchangeKind::Owner);
   auto pair = request(o, 100, 100000, 300);
-  EXPECT_EQ(outer::choose_plan(pair).exchange, "all_to_all");
+  EXPECT_EQ(outer::choose_plan(pair).exchange, outer::ExchangeKind::AllToAll);
   const auto back = outer::PlanDecision::from_json(d.to_json(), "test");
-  EXPECT_EQ(back.exchange, "owner");
+  EXPECT_EQ(back.exchange, outer::ExchangeKind::Owner);
   EXPECT_FALSE(back.same_schedule(a2a));
   auto j = d.to_json();
   j["exchange"] = "tree";
   EXPECT_THROW(outer::PlanDecision::from_json(j, "test"), Error);
   j.erase("exchange");  // a plan written before the owner exchange
-  EXPECT_EQ(outer::PlanDecision::from_json(j, "test").exchange, "all_to_all");
+  EXPECT_EQ(outer::PlanDecision::from_json(j, "test").exchange, outer::ExchangeKind::AllToAll);
   EXPECT_THROW(outer_from("outer: {exchange: auto}\n"), ConfigError);  // needs plan: auto
 }
 

@@ -13,7 +13,7 @@
 #include "multisite_util.hpp"
 #include "trainer/app/rank_runner.hpp"
 #include "trainer/checkpoint/model_checkpoint.hpp"
-#include "trainer/core/hash.hpp"
+#include "core/hash.hpp"
 #include "trainer/loop/run_config.hpp"
 #include "trainer/loop/trainer.hpp"
 

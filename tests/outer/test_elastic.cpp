@@ -19,8 +19,8 @@
 #include "tests/support/threads.hpp"
 #include "trainer/loop/run_config.hpp"
 #include "trainer/optim/schedule.hpp"
-#include "trainer/core/config_node.hpp"
-#include "trainer/core/error.hpp"
+#include "core/config_node.hpp"
+#include "core/error.hpp"
 
 using namespace geoloco;
 using geoloco::test::TempDir;
@@ -898,7 +898,7 @@ TEST(Elastic, SitesOfDifferentSizesLoseTheQuorumWithOverlapAndResumeAsIfNeverCut
     stopped_at.insert(name);
     // A rank of milan (3 ranks) next to sites of 1 and 2 holds several pieces: it saved several envelopes.
     if (o.site == "milan" && o.rank == 1) {
-      const auto st = trainer::SafetensorsFile::read(
+      const auto st = geoloco::SafetensorsFile::read(
           (d.path() / "out" / "checkpoints" / "milan" / name / "state.r1.safetensors").string());
       several = st.metadata().count("outer.retry.0.segments") && st.meta("outer.retry.0.segments") != "1";
     }
@@ -938,7 +938,7 @@ TEST(Elastic, OwnerExchangeLosesTheQuorumWithOverlapAndResumesAsIfNeverCut) {
     std::getline(latest, name);
     stopped_at.insert(name);
     if (o.site == "paris") {
-      const auto st = trainer::SafetensorsFile::read(
+      const auto st = geoloco::SafetensorsFile::read(
           (d.path() / "out" / "checkpoints" / "paris" / name / "state.r0.safetensors").string());
       if (st.metadata().count("outer.retry.0.segments")) segments = st.meta("outer.retry.0.segments");
       EXPECT_TRUE(st.has("outer.owner_ef_residual"));

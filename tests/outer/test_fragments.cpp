@@ -11,10 +11,11 @@
 #include "../loop/test_util.hpp"
 #include "tests/support/ports.hpp"
 #include "multisite_util.hpp"
-#include "outer_optimizer/fragments.hpp"
-#include "trainer/checkpoint/safetensors.hpp"
-#include "trainer/core/error.hpp"
+#include "outer_optimizer/fragment_plan.hpp"
+#include "core/safetensors.hpp"
+#include "core/error.hpp"
 #include "trainer/loop/run_config.hpp"
+#include "trainer/loop/native_site.hpp"
 #include "trainer/model/param_layout.hpp"
 
 using namespace geoloco;
@@ -86,7 +87,7 @@ TEST(FragmentPlan, PartitionIsExactForEveryCount) {
       trainer::ParamLayout layout(model(L, 32, V));
       for (int F = 1; F <= L; ++F) {
         SCOPED_TRACE("L=" + std::to_string(L) + " V=" + std::to_string(V) + " F=" + std::to_string(F));
-        auto plans = outer::plan_fragments(layout, F, 100);
+        auto plans = outer::plan_fragments(trainer::model_params(layout), F, 100);
         ASSERT_EQ(plans.size(), static_cast<size_t>(F));
         expect_exact_partition(layout, plans);
         // Blocks strided over depth: block l in fragment l mod F, whole.
@@ -106,11 +107,11 @@ TEST(FragmentPlan, PartitionIsExactForEveryCount) {
 
 TEST(FragmentPlan, OffsetsAreStaggeredAndOneFragmentIsThePlainSchedule) {
   trainer::ParamLayout layout(model(4));
-  auto one = outer::plan_fragments(layout, 1, 50);
+  auto one = outer::plan_fragments(trainer::model_params(layout), 1, 50);
   EXPECT_EQ(one[0].offset, 0);
   for (int64_t s = 1; s <= 200; ++s) EXPECT_EQ(outer::syncs_at(one[0], s, 50), s % 50 == 0) << s;
   EXPECT_FALSE(outer::syncs_at(one[0], 0, 50));
-  auto four = outer::plan_fragments(layout, 4, 50);
+  auto four = outer::plan_fragments(trainer::model_params(layout), 4, 50);
   std::vector<int64_t> offs;
   for (auto& p : four) offs.push_back(p.offset);
   EXPECT_EQ(offs, (std::vector<int64_t>{12, 25, 37, 0}));
@@ -131,7 +132,7 @@ TEST(FragmentPlan, Gpt2SmallFragmentsAreBalanced) {
   // GPT-2 124M: wte is 5x a block; cutting it by rows keeps 4 fragments within 0.1%.
   trainer::ParamLayout layout(model(12, 768, 50257, 1024));
   for (int F : {2, 3, 4, 6, 12}) {
-    auto plans = outer::plan_fragments(layout, F, 100);
+    auto plans = outer::plan_fragments(trainer::model_params(layout), F, 100);
     int64_t lo = INT64_MAX, hi = 0;
     for (auto& p : plans) {
       lo = std::min(lo, p.elements());
@@ -143,12 +144,12 @@ TEST(FragmentPlan, Gpt2SmallFragmentsAreBalanced) {
 
 TEST(FragmentPlan, ShardIntersectionsReassembleTheFragment) {
   trainer::ParamLayout layout(model(3, 32, 50));
-  auto plans = outer::plan_fragments(layout, 3, 30);
+  auto plans = outer::plan_fragments(trainer::model_params(layout), 3, 30);
   for (int ranks : {1, 2, 3, 5}) {
     for (const auto& p : plans) {
       std::vector<outer::Range> back;
       for (int r = 0; r < ranks; ++r) {
-        auto sh = parallel::shard_of(layout.total(), r, ranks);
+        auto sh = geoloco::shard_of(layout.total(), r, ranks);
         for (auto x : outer::intersect(p.ranges, sh)) {
           EXPECT_GE(x.begin, 0);
           EXPECT_LE(x.end, sh.count);
@@ -167,9 +168,9 @@ TEST(FragmentPlan, ShardIntersectionsReassembleTheFragment) {
 
 TEST(FragmentPlan, RejectsImpossibleCounts) {
   trainer::ParamLayout layout(model(2));
-  EXPECT_THROW(outer::plan_fragments(layout, 0, 10), ConfigError);
-  EXPECT_THROW(outer::plan_fragments(layout, 3, 10), ConfigError);  // more than n_layer
-  EXPECT_THROW(outer::plan_fragments(layout, 2, 1), ConfigError);   // more than interval
+  EXPECT_THROW(outer::plan_fragments(trainer::model_params(layout), 0, 10), ConfigError);
+  EXPECT_THROW(outer::plan_fragments(trainer::model_params(layout), 3, 10), ConfigError);  // more than n_layer
+  EXPECT_THROW(outer::plan_fragments(trainer::model_params(layout), 2, 1), ConfigError);   // more than interval
   TempDir d;
   try {
     load(d, base(d.path() / "out", 4, 2) + "outer: {interval: 4, fragments: 3}\n" + sites(2, 1) + kTransport);
@@ -226,7 +227,7 @@ TEST(Fragments, ResumeWithTwoFragmentsInFlightIsExact) {
   int states = 0;
   for (auto& e : std::filesystem::recursive_directory_iterator(b.path() / "out" / "checkpoints" / "paris"))
     if (e.path().filename() == "state.r0.safetensors") {
-      auto f = trainer::SafetensorsFile::read(e.path().string());
+      auto f = geoloco::SafetensorsFile::read(e.path().string());
       EXPECT_EQ(f.meta("outer.f0.pending_merge_step"), "9");
       EXPECT_EQ(f.meta("outer.f1.pending_merge_step"), "7");
       ++states;

@@ -16,7 +16,7 @@
 #include "tests/support/ports.hpp"
 #include "trainer/app/launch_selection.hpp"
 #include "trainer/app/rank_address.hpp"
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 #include "trainer/loop/run_config.hpp"
 
 using namespace geoloco;

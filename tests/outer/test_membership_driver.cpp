@@ -19,17 +19,24 @@ using transport::test::MemoryCluster;
 const std::vector<std::string> kNames = {"paris", "lyon", "nice", "lille"};
 
 struct Leaders {
-  trainer::RunConfig cfg;
+  std::vector<outer::SiteSpec> sites;  // the run's sites, in order
   std::unique_ptr<MemoryCluster> cluster;
   std::vector<std::unique_ptr<SitePeers>> peers;
+  // Site s's leader (rank 0) as the outer loop's options name it.
+  OuterOptions leader(int s) const {
+    OuterOptions o;
+    o.sites = sites;
+    o.site = s;
+    o.params.total = 1000;
+    return o;
+  }
 
   explicit Leaders(int sites) {
     std::vector<transport::TransportConfig> cfgs;
     std::vector<transport::Identity> ids;
     for (int s = 0; s < sites; ++s) {
-      trainer::SiteConfig sc;
-      sc.name = kNames[static_cast<size_t>(s)];
-      cfg.sites.push_back(sc);
+      outer::SiteSpec sc{kNames[static_cast<size_t>(s)], 1};
+      this->sites.push_back(sc);
       auto tc = transport::test::small_config();
       tc.transfer_timeout_s = 3;
       cfgs.push_back(tc);
@@ -38,14 +45,14 @@ struct Leaders {
     cluster = std::make_unique<MemoryCluster>(cfgs, ids);
     for (const auto& e : cluster->connect_all()) EXPECT_EQ(e, "");
     for (int s = 0; s < sites; ++s)
-      peers.push_back(std::make_unique<SitePeers>(cfg, s, 0, cluster->t[static_cast<size_t>(s)].get()));
+      peers.push_back(std::make_unique<SitePeers>(leader(s), cluster->t[static_cast<size_t>(s)].get()));
   }
   ~Leaders() {
     peers.clear();
     cluster.reset();
   }
   ConsensusConfig cc(int s, int quorum) const {
-    return {.sites = static_cast<int>(cfg.sites.size()), .self = s, .quorum = quorum, .retry_s = 0.2, .degrade_s = 0.1};
+    return {.sites = static_cast<int>(sites.size()), .self = s, .quorum = quorum, .retry_s = 0.2, .degrade_s = 0.1};
   }
   // Runs agree_membership on every listed site in parallel; each one's outcome or error text.
   std::vector<std::variant<MembershipOutcome, std::string>> agree(const std::vector<int>& sites, int quorum,

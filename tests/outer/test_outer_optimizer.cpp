@@ -3,8 +3,8 @@
 #include <cmath>
 
 #include "outer_optimizer/outer_optimizer.hpp"
-#include "trainer/core/config_node.hpp"
-#include "trainer/core/error.hpp"
+#include "core/config_node.hpp"
+#include "core/error.hpp"
 
 using namespace geoloco::outer;
 
@@ -12,7 +12,7 @@ using namespace geoloco::outer;
 // lr * (g + mu * buf_t); after T steps p = p0 - lr * sum_t (g + mu * buf_t).
 TEST(OuterOptimizer, NesterovClosedForm) {
   OuterOptimizerConfig c;
-  c.kind = "nesterov";
+  c.kind = OuterOptimizerKind::Nesterov;
   c.lr = 0.7;
   c.momentum = 0.9;
   OuterOptimizer opt(c, 3);
@@ -32,7 +32,7 @@ TEST(OuterOptimizer, NesterovClosedForm) {
 
 TEST(OuterOptimizer, PlainSgdLrOneMovesGlobalToLocal) {
   OuterOptimizerConfig c;
-  c.kind = "sgd";
+  c.kind = OuterOptimizerKind::Sgd;
   c.lr = 1.0;
   c.momentum = 0.0;
   OuterOptimizer opt(c, 2);
@@ -44,7 +44,7 @@ TEST(OuterOptimizer, PlainSgdLrOneMovesGlobalToLocal) {
 
 TEST(OuterOptimizer, HeavyBallSgd) {
   OuterOptimizerConfig c;
-  c.kind = "sgd";
+  c.kind = OuterOptimizerKind::Sgd;
   c.lr = 0.5;
   c.momentum = 0.5;
   OuterOptimizer opt(c, 1);
@@ -57,7 +57,7 @@ TEST(OuterOptimizer, HeavyBallSgd) {
 // Adam's first step moves every coordinate by lr * sign(g) (bias correction), whatever |g|.
 TEST(OuterOptimizer, AdamFirstStepIsSignTimesLr) {
   OuterOptimizerConfig c;
-  c.kind = "adam";
+  c.kind = OuterOptimizerKind::Adam;
   c.lr = 0.01;
   OuterOptimizer opt(c, 3);
   std::vector<float> p = {0, 0, 0}, g = {3.0f, -1e-3f, 0.5f};
@@ -72,7 +72,7 @@ TEST(OuterOptimizer, AdamFirstStepIsSignTimesLr) {
 // and requires, with top-k.
 TEST(OuterOptimizer, SparseLoCoIsPlainDescentAndItsConfigSetsTheErrorFeedbackDecay) {
   OuterOptimizerConfig c;
-  c.kind = "sparseloco";
+  c.kind = OuterOptimizerKind::SparseLoco;
   c.lr = 1.0;
   c.momentum = 0.0;
   OuterOptimizer opt(c, 2);

@@ -15,8 +15,8 @@
 #include "multisite_util.hpp"
 #include "outer_optimizer/outer_config.hpp"
 #include "trainer/app/rank_runner.hpp"
-#include "trainer/core/config_node.hpp"
-#include "trainer/core/error.hpp"
+#include "core/config_node.hpp"
+#include "core/error.hpp"
 #include "trainer/loop/run_config.hpp"
 
 using namespace geoloco;

@@ -7,7 +7,7 @@
 #include "multisite_util.hpp"
 #include "outer_optimizer/pace.hpp"
 #include "tests/support/ports.hpp"
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 #include "trainer/loop/run_config.hpp"
 
 using namespace geoloco;

@@ -11,8 +11,8 @@
 #include "multisite_util.hpp"
 #include "tests/support/ports.hpp"
 #include "tests/support/temp_dir.hpp"
-#include "trainer/checkpoint/safetensors.hpp"
-#include "trainer/core/error.hpp"
+#include "core/safetensors.hpp"
+#include "core/error.hpp"
 #include "trainer/loop/device_site.hpp"
 
 using namespace geoloco;
@@ -34,7 +34,7 @@ std::string rehearsal_config(const std::filesystem::path& out, const std::string
 }
 
 std::vector<float> delta(const std::filesystem::path& dir, const std::string& site, int rank, int round) {
-  const auto f = trainer::SafetensorsFile::read(
+  const auto f = geoloco::SafetensorsFile::read(
       (dir / ("pseudograd." + site + ".r" + std::to_string(rank) + ".round" + std::to_string(round) + ".safetensors"))
           .string());
   const auto& t = f.tensors().at(0);

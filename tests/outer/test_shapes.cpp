@@ -10,12 +10,13 @@
 #include "../loop/test_util.hpp"
 #include "multisite_util.hpp"
 #include "outer_optimizer/exchange_layout.hpp"
-#include "outer_optimizer/fragment_sync.hpp"
+#include "outer_optimizer/owner_exchange.hpp"
+#include "outer_optimizer/round_sync.hpp"
 #include "outer_optimizer/owner_exchange.hpp"
 #include "outer_optimizer/site_peers.hpp"
 #include "tests/support/ports.hpp"
 #include "trainer/checkpoint/model_checkpoint.hpp"
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 #include "trainer/loop/run_config.hpp"
 
 using namespace geoloco;
@@ -147,7 +148,7 @@ TEST(ExchangeLayout, PiecesTileAndConnectionsAreSymmetricForRandomShapes) {
 // gathered vector in piece order, empty where the fragment has nothing in a piece.
 TEST(ExchangeLayout, FragmentSegmentsFollowThePieces) {
   const ExchangeLayout l(12, {1, 2, 3});
-  const parallel::ShardRange shard = l.shard(0, 0);  // paris holds all 12: pieces 0..3
+  const geoloco::ShardRange shard = l.shard(0, 0);  // paris holds all 12: pieces 0..3
   // A fragment of elements [2, 5) and [9, 11).
   const std::vector<outer::Range> local = {{2, 5}, {9, 11}};
   const auto seg = outer::cut_segments(local, shard, l, 0, 0);
@@ -293,7 +294,7 @@ TEST(OwnerExchange, SlicesTileEverySegmentAndEveryElementHasOneOwner) {
       EXPECT_EQ(at, sg.end) << n << " " << S;
       EXPECT_LE(hi - lo, 1u) << n << " " << S;
     }
-  outer::Fragment f;
+  outer::FragmentState f;
   f.n = 23;
   f.segments = {{0, 0, 10}, {1, 10, 10}, {2, 10, 23}};
   // The owner residual holds each site's slices in segment order; expanded, the three sites'

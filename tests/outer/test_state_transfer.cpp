@@ -11,7 +11,7 @@
 
 #include "outer_optimizer/state_transfer.hpp"
 #include "tests/transport/memory_cluster.hpp"
-#include "trainer/core/hash.hpp"
+#include "core/hash.hpp"
 
 namespace geoloco::outer {
 namespace {
@@ -19,18 +19,24 @@ namespace {
 using transport::test::MemoryCluster;
 
 struct Sites {
-  trainer::RunConfig cfg;
+  std::vector<outer::SiteSpec> sites;  // the run's sites, in order
   std::unique_ptr<MemoryCluster> cluster;
   std::vector<std::unique_ptr<SitePeers>> peers;
+  // Site s's leader (rank 0) as the outer loop's options name it.
+  OuterOptions leader(int s) const {
+    OuterOptions o;
+    o.sites = sites;
+    o.site = s;
+    o.params.total = 1000;
+    return o;
+  }
   OuterHooks hooks;
 
   explicit Sites(const std::vector<std::string>& names, double transfer_timeout_s) {
     std::vector<transport::TransportConfig> cfgs;
     std::vector<transport::Identity> ids;
     for (const auto& n : names) {
-      trainer::SiteConfig sc;
-      sc.name = n;
-      cfg.sites.push_back(sc);
+      sites.push_back({n, 1});
       auto tc = transport::test::small_config();
       tc.transfer_timeout_s = transfer_timeout_s;
       cfgs.push_back(tc);
@@ -39,7 +45,7 @@ struct Sites {
     cluster = std::make_unique<MemoryCluster>(cfgs, ids);
     for (const auto& e : cluster->connect_all()) EXPECT_EQ(e, "");
     for (size_t s = 0; s < names.size(); ++s)
-      peers.push_back(std::make_unique<SitePeers>(cfg, static_cast<int>(s), 0, cluster->t[s].get()));
+      peers.push_back(std::make_unique<SitePeers>(leader(static_cast<int>(s)), cluster->t[s].get()));
   }
   ~Sites() {
     peers.clear();

@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "trainer/core/rng.hpp"
-#include "trainer/parallel/shard.hpp"
+#include "core/rng.hpp"
+#include "core/shard.hpp"
 
 namespace geoloco::parallel::testing {
 

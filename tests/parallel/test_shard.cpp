@@ -1,8 +1,8 @@
 #include <gtest/gtest.h>
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 #include "trainer/parallel/hybrid_shard.hpp"
-#include "trainer/parallel/shard.hpp"
+#include "core/shard.hpp"
 
 namespace geoloco::parallel {
 namespace {

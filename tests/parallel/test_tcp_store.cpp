@@ -6,7 +6,7 @@
 
 #include "tests/parallel/test_util.hpp"
 #include "trainer/parallel/errors.hpp"
-#include "trainer/core/net.hpp"
+#include "core/net.hpp"
 #include "trainer/parallel/store_protocol.hpp"
 #include "trainer/parallel/tcp_store.hpp"
 

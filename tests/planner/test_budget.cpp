@@ -5,11 +5,11 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "outer_optimizer/planner/budget.hpp"
+#include "planner/budget.hpp"
 #include "tools/planner/budget_report.hpp"
 #include "tools/planner/cli.hpp"
-#include "outer_optimizer/planner/physics.hpp"
-#include "trainer/core/config_node.hpp"
+#include "planner/physics.hpp"
+#include "core/config_node.hpp"
 
 using namespace geoloco::planner;
 using geoloco::ConfigError;

@@ -6,11 +6,11 @@
 #include <fstream>
 #include <sstream>
 
-#include "outer_optimizer/planner/budget.hpp"
+#include "planner/budget.hpp"
 #include "tests/support/temp_dir.hpp"
 #include "tools/planner/budget_plot.hpp"
 #include "tools/planner/cli.hpp"
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 using namespace geoloco::planner;
 

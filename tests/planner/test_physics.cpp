@@ -1,9 +1,9 @@
 // Physics pins: fiber delay, the 1T-parameter sync, TCP's window/RTT ceiling, codec bytes.
 #include <gtest/gtest.h>
 
-#include "outer_optimizer/planner/physics.hpp"
-#include "outer_optimizer/planner/quantity.hpp"
-#include "trainer/core/error.hpp"
+#include "planner/physics.hpp"
+#include "planner/quantity.hpp"
+#include "core/error.hpp"
 
 using namespace geoloco::planner;
 using geoloco::InputError;

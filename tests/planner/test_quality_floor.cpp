@@ -1,8 +1,8 @@
-// The planner's quality floor (outer_optimizer/planner/quality_floor.hpp): H below 25 only with
+// The planner's quality floor (planner/quality_floor.hpp): H below 25 only with
 // an outer lr the quality grid found safe there.
 #include <gtest/gtest.h>
 
-#include "outer_optimizer/planner/quality_floor.hpp"
+#include "planner/quality_floor.hpp"
 #include "tools/planner/cli.hpp"
 
 using namespace geoloco::planner;

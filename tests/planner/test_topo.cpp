@@ -7,9 +7,9 @@
 #include <sstream>
 
 #include "tools/planner/cli.hpp"
-#include "trainer/topology/strategy_model.hpp"
-#include "trainer/topology/topology.hpp"
-#include "trainer/core/config_node.hpp"
+#include "planner/strategy_model.hpp"
+#include "planner/topology.hpp"
+#include "core/config_node.hpp"
 
 using namespace geoloco::planner;
 using geoloco::ConfigError;

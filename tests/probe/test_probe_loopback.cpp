@@ -12,12 +12,12 @@
 #include <thread>
 
 #include "probe_test_util.hpp"
-#include "outer_optimizer/planner/budget.hpp"
+#include "planner/budget.hpp"
 #include "tools/planner/budget_report.hpp"
 #include "tools/probe/probe_report.hpp"
 #include "tools/probe/probe_runner.hpp"
-#include "trainer/core/config_node.hpp"
-#include "trainer/core/net.hpp"
+#include "core/config_node.hpp"
+#include "core/net.hpp"
 
 namespace geoloco::probe {
 namespace {

@@ -14,7 +14,7 @@
 #include "tools/report/report_figures.hpp"
 #include "tools/report/report_html.hpp"
 #include "tools/report/run_data.hpp"
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 using namespace geoloco::report;
 using geoloco::test::TempDir;

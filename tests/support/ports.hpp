@@ -16,7 +16,7 @@
 
 #include <string>
 
-#include "trainer/core/fd.hpp"
+#include "core/fd.hpp"
 
 namespace geoloco::test {
 

@@ -17,7 +17,7 @@
 
 #include "tests/support/temp_dir.hpp"
 #include "tools/wan/delayline.hpp"
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 namespace geoloco::wan {
 namespace {

@@ -15,7 +15,7 @@
 #include "tests/support/ports.hpp"
 #include "tools/wan/pingpong.hpp"
 #include "transport/probe/probe_result.hpp"
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 namespace geoloco::wan {
 namespace {

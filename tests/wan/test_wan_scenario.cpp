@@ -7,7 +7,7 @@
 #include <string>
 
 #include "tools/wan/scenario.hpp"
-#include "trainer/core/config_node.hpp"
+#include "core/config_node.hpp"
 
 namespace geoloco::wan {
 namespace {

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "tools/wan/delay_schedule.hpp"
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 namespace geoloco::wan {
 namespace {

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "outer_optimizer/planner/physics.hpp"
+#include "planner/physics.hpp"
 
 namespace geoloco::planner {
 namespace {

@@ -1,13 +1,13 @@
 // `geoloco budget --plot FILE`: the budget as a picture -- compute utilization against H and
 // against fiber distance for each codec bit width, with the configuration as given and the
 // plan the smallest-H search chose marked. The curves come from the same model the table
-// reports (outer_optimizer/planner/budget.hpp); gnuplot draws them (tools/plot).
+// reports (planner/budget.hpp); gnuplot draws them (tools/plot).
 #pragma once
 
 #include <string>
 #include <vector>
 
-#include "outer_optimizer/planner/budget.hpp"
+#include "planner/budget.hpp"
 #include "tools/plot/gnuplot.hpp"
 
 namespace geoloco::planner {

@@ -5,10 +5,10 @@
 #include <string>
 #include <vector>
 
-#include "outer_optimizer/planner/budget.hpp"
+#include "planner/budget.hpp"
 #include "tools/planner/budget_report.hpp"
-#include "outer_optimizer/planner/physics.hpp"
-#include "outer_optimizer/planner/quantity.hpp"
+#include "planner/physics.hpp"
+#include "planner/quantity.hpp"
 
 namespace geoloco::planner {
 namespace {

@@ -1,4 +1,4 @@
-// `geoloco budget`'s report of the budget model (outer_optimizer/planner/budget.hpp): the
+// `geoloco budget`'s report of the budget model (planner/budget.hpp): the
 // table a person reads and the JSON a script reads.
 #pragma once
 
@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "outer_optimizer/planner/budget.hpp"
+#include "planner/budget.hpp"
 
 namespace geoloco::planner {
 

@@ -1,20 +1,20 @@
 #include "tools/planner/cli.hpp"
 
-#include "outer_optimizer/planner/quality_floor.hpp"
+#include "planner/quality_floor.hpp"
 
 #include <fmt/format.h>
 
 #include <iostream>
 #include <sstream>
 
-#include "outer_optimizer/planner/budget.hpp"
+#include "planner/budget.hpp"
 #include "tools/planner/budget_plot.hpp"
 #include "tools/planner/budget_report.hpp"
-#include "outer_optimizer/planner/quantity.hpp"
-#include "trainer/topology/strategy_model.hpp"
-#include "trainer/topology/topology.hpp"
-#include "outer_optimizer/planner/yaml_section.hpp"
-#include "trainer/core/config_node.hpp"
+#include "planner/quantity.hpp"
+#include "planner/strategy_model.hpp"
+#include "planner/topology.hpp"
+#include "planner/yaml_section.hpp"
+#include "core/config_node.hpp"
 #include "trainer/loop/run_config.hpp"
 #include "trainer/loop/strategy_choice.hpp"
 #include "trainer/model/model_config.hpp"
@@ -103,7 +103,7 @@ std::string run_budget(const BudgetFlags& f) {
                        : config::load_file(f.from, specs);
     if (!f.plot.empty()) (void)plot::format_for(f.plot, "--plot");  // before any work
     BudgetInput in = BudgetInput::from_yaml(doc.node());
-    // The quality floor (outer_optimizer/planner/quality_floor.hpp): an outer lr above 0.7
+    // The quality floor (planner/quality_floor.hpp): an outer lr above 0.7
     // keeps the search at H >= 25.
     if (f.outer_lr > 0) in.h_floor = planner::quality_h_floor(in.h_floor, "nesterov", f.outer_lr);
     auto report = plan_budget(in);

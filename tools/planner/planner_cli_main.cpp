@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 
 #include "tools/planner/cli.hpp"
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"geoloco planner (development driver)"};

@@ -13,8 +13,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "trainer/core/error.hpp"
-#include "trainer/core/fd.hpp"
+#include "core/error.hpp"
+#include "core/fd.hpp"
 
 extern char** environ;
 

@@ -8,10 +8,10 @@
 #include <memory>
 
 #include "compression/codec.hpp"
-#include "outer_optimizer/planner/quantity.hpp"
+#include "planner/quantity.hpp"
 #include "tools/probe/probe_report.hpp"
 #include "tools/probe/probe_runner.hpp"
-#include "trainer/core/log.hpp"
+#include "core/log.hpp"
 #include "trainer/loop/run_config.hpp"
 
 namespace geoloco::probe {

@@ -7,7 +7,7 @@
 #include <optional>
 #include <string>
 
-#include "outer_optimizer/planner/budget.hpp"
+#include "planner/budget.hpp"
 #include "tools/probe/probe_runner.hpp"
 
 namespace geoloco::probe {

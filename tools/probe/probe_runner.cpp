@@ -14,8 +14,8 @@
 #include <cstring>
 #include <map>
 
-#include "trainer/core/fd.hpp"
-#include "trainer/core/hash.hpp"
+#include "core/fd.hpp"
+#include "core/hash.hpp"
 #include "transport/ucx/ucx_transport.hpp"
 
 namespace geoloco::probe {

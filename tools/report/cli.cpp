@@ -8,8 +8,8 @@
 #include "tools/report/report_figures.hpp"
 #include "tools/report/report_html.hpp"
 #include "tools/report/run_data.hpp"
-#include "trainer/core/error.hpp"
-#include "trainer/loop/metrics.hpp"
+#include "core/error.hpp"
+#include "core/atomic_file.hpp"
 
 namespace geoloco::report {
 namespace fs = std::filesystem;
@@ -25,7 +25,7 @@ std::string run_report(const ReportFlags& f) {
   for (const auto& d : f.runs) runs.push_back(load_run(d));
   auto figs = build_figures(runs);
   render_figures(figs);
-  trainer::write_text_atomically(out, report_html(runs, figs));
+  write_text_atomically(out, report_html(runs, figs));
   size_t incomplete = 0;
   for (const auto& r : runs) incomplete += !r.complete;
   return fmt::format("geoloco: report written to {} ({} figures{}); open it in a browser: file://{}\n", out,

@@ -10,7 +10,7 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 namespace geoloco::report {
 namespace fs = std::filesystem;

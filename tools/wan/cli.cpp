@@ -11,7 +11,7 @@
 #include "tools/wan/delayline.hpp"
 #include "tools/wan/pingpong.hpp"
 #include "tools/wan/scenario.hpp"
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 namespace geoloco::wan {
 namespace {

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "trainer/core/error.hpp"
-#include "trainer/core/rng.hpp"
+#include "core/error.hpp"
+#include "core/rng.hpp"
 
 namespace geoloco::wan {
 

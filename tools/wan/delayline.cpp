@@ -31,8 +31,8 @@
 #include <vector>
 
 #include "tools/wan/delay_schedule.hpp"
-#include "trainer/core/error.hpp"
-#include "trainer/core/fd.hpp"
+#include "core/error.hpp"
+#include "core/fd.hpp"
 
 namespace geoloco::wan {
 namespace {

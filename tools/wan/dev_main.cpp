@@ -6,8 +6,8 @@
 #include <iostream>
 
 #include "tools/wan/cli.hpp"
-#include "trainer/core/error.hpp"
-#include "trainer/core/log.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"geoloco WAN emulator tools (development driver)"};

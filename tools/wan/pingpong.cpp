@@ -17,9 +17,9 @@
 #include <numeric>
 #include <thread>
 
-#include "trainer/core/error.hpp"
-#include "trainer/core/fd.hpp"
-#include "trainer/core/net.hpp"
+#include "core/error.hpp"
+#include "core/fd.hpp"
+#include "core/net.hpp"
 
 namespace geoloco::wan {
 namespace {

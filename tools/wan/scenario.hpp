@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/core/config_node.hpp"
+#include "core/config_node.hpp"
 
 namespace geoloco::wan {
 

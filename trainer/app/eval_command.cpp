@@ -8,8 +8,8 @@
 
 #include "trainer/app/commands.hpp"
 #include "trainer/checkpoint/model_checkpoint.hpp"
-#include "trainer/checkpoint/safetensors.hpp"
-#include "trainer/core/error.hpp"
+#include "core/safetensors.hpp"
+#include "core/error.hpp"
 #include "trainer/data/shard_source.hpp"
 #include "trainer/data/text_source.hpp"
 #include "trainer/model/gpt.hpp"

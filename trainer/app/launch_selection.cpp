@@ -6,7 +6,7 @@
 
 #include <algorithm>
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 namespace geoloco::app {
 

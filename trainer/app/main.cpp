@@ -7,7 +7,7 @@
 #include <exception>
 
 #include "trainer/app/commands.hpp"
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{

@@ -4,8 +4,8 @@
 #include <arpa/inet.h>
 #include <fmt/format.h>
 
-#include "trainer/core/error.hpp"
-#include "trainer/core/net.hpp"
+#include "core/error.hpp"
+#include "core/net.hpp"
 
 namespace geoloco::app {
 

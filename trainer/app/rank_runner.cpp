@@ -10,9 +10,10 @@
 #include "outer_optimizer/diloco.hpp"
 #include "trainer/app/rank_address.hpp"
 #include "trainer/app/run_summary.hpp"
-#include "trainer/core/error.hpp"
-#include "trainer/loop/trainer.hpp"
+#include "core/error.hpp"
 #include "trainer/loop/device_site.hpp"
+#include "trainer/loop/outer_edge.hpp"
+#include "trainer/loop/trainer.hpp"
 #include "trainer/loop/strategy_choice.hpp"
 #include "trainer/parallel/gloo_collective.hpp"
 #include "trainer/parallel/nccl_collective.hpp"
@@ -129,7 +130,8 @@ nlohmann::json run_rank(const trainer::RunConfig& given, const RankOptions& o) {
     std::vector<transport::PeerInfo> peers;
     // The ranks of the other sites this rank exchanges with (its rank when every site has
     // the same rank count; outer_optimizer/exchange_layout.hpp otherwise).
-    const outer::ExchangeLayout layout = outer::SitePeers::layout_of(cfg);
+    const outer::ExchangeLayout layout =
+        outer::SitePeers::layout_of(trainer::outer_sites(cfg), trainer::ParamLayout(cfg.model).total());
     for (size_t s = 0; s < cfg.sites.size(); ++s) {
       if (static_cast<int>(s) == site) continue;
       const auto& other = cfg.sites[s];
@@ -163,8 +165,8 @@ nlohmann::json run_rank(const trainer::RunConfig& given, const RankOptions& o) {
   trainer::Trainer trainer(cfg, opt);
   std::unique_ptr<outer::Diloco> diloco;
   if (cfg.outer.enabled) {
-    diloco = std::make_unique<outer::Diloco>(cfg, site, rank, tp.get(), trainer.strategy(),
-                                             trainer::ParamLayout(cfg.model), o.outer_hooks, o.join);
+    diloco = std::make_unique<outer::Diloco>(trainer::outer_options(cfg, site, rank, o.outer_hooks, o.join), tp.get(),
+                                             trainer.site());
     trainer.set_outer(diloco.get());
   }
   nlohmann::json mine = trainer.run();

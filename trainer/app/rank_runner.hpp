@@ -21,7 +21,7 @@ struct RankOptions {
   int rank = 0;
   bool resume = false;
   // Join the running job from the other sites (a restarted or new site): the transport
-  // connects in ConnectMode::kJoin, the outer loop fetches the committed state (OuterHook::join).
+  // connects in ConnectMode::kJoin, the outer loop fetches the committed state (outer::Diloco::join).
   bool join = false;
   int64_t stop_at_step = 0;
   bool progress = true;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "core/atomic_file.hpp"
 #include "trainer/loop/metrics.hpp"
 
 namespace geoloco::app {
@@ -31,7 +32,7 @@ nlohmann::json write_run_summary(const trainer::RunConfig& cfg, const std::vecto
   s["world_size"] = cfg.world_size();
   if (ranks.size() > 1) s["ranks"] = ranks;
   const auto path = std::filesystem::path(cfg.run.output_dir) / "summary.json";
-  trainer::write_text_atomically(path.string(), s.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  write_text_atomically(path.string(), s.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   return s;
 }
 

@@ -5,7 +5,7 @@
 
 #include "trainer/app/commands.hpp"
 #include "trainer/checkpoint/model_checkpoint.hpp"
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 #include "trainer/data/text_source.hpp"
 #include "trainer/model/gpt.hpp"
 #include "trainer/model/sampling.hpp"

@@ -9,18 +9,20 @@
 #include "tools/report/cli.hpp"
 #include "tools/probe/cli.hpp"
 #include "tools/wan/cli.hpp"
-#include "outer_optimizer/planner/quality_floor.hpp"
+#include "planner/quality_floor.hpp"
 #include "outer_optimizer/site_peers.hpp"
 #include "trainer/app/commands.hpp"
 #include "trainer/app/rank_runner.hpp"
 #include "trainer/app/run_summary.hpp"
-#include "trainer/core/error.hpp"
-#include "trainer/core/hash.hpp"
-#include "trainer/core/log.hpp"
+#include "core/error.hpp"
+#include "core/hash.hpp"
+#include "core/log.hpp"
 #include "trainer/data/open_data.hpp"
 #include "trainer/loop/metrics.hpp"
+#include "trainer/loop/outer_edge.hpp"
 #include "trainer/loop/run_config.hpp"
 #include "trainer/loop/trainer.hpp"
+#include "trainer/model/param_layout.hpp"
 
 namespace geoloco::app {
 
@@ -70,11 +72,12 @@ void run_validate(const ConfigArgs& a) {
         "model compute, no loss; the outer loop runs at the model's full size\n",
         cfg.train.rehearsal.step_seconds);
   if (cfg.sites.size() > 1 && !cfg.outer.auto_plan())
-    if (auto note = planner::outer_lr_note(cfg.outer.optimizer.kind, cfg.outer.optimizer.lr, cfg.outer.interval))
+    if (auto note = planner::outer_lr_note(outer::name(cfg.outer.optimizer.kind), cfg.outer.optimizer.lr, cfg.outer.interval))
       fmt::print("  note: {}\n", *note);
   // Sites of different shapes (docs/shapes.md): how they exchange, and whether their batches differ.
   if (cfg.sites.size() > 1) {
-    const outer::ExchangeLayout layout = outer::SitePeers::layout_of(cfg);
+    const outer::ExchangeLayout layout =
+        outer::SitePeers::layout_of(trainer::outer_sites(cfg), trainer::ParamLayout(cfg.model).total());
     if (!layout.uniform())
       fmt::print(
           "  sites of different rank counts: the parameters are cut into {} pieces; each rank exchanges every "
@@ -96,19 +99,19 @@ void run_validate(const ConfigArgs& a) {
     const auto& pc = cfg.outer.compression;
     const bool device_codec = outer::device_quantizable(pc);
     if (!gpus.empty()) {
-      if (cfg.outer.quantize_on == "host")
+      if (cfg.outer.quantize_on == outer::QuantizeOn::Host)
         fmt::print("  GPU site(s) {}: the fp32 shard is staged to the host for each round (outer.quantize_on: host)\n",
                    gpus);
       else if (cfg.outer.auto_plan())
         fmt::print(
             "  GPU site(s) {}: rounds quantized on the device when the plan's codec is int8/int4/int2 "
             "(outer.quantize_on: {}), on the host otherwise\n",
-            gpus, cfg.outer.quantize_on);
+            gpus, outer::name(cfg.outer.quantize_on));
       else if (device_codec)
         fmt::print(
             "  GPU site(s) {}: {} quantized on the device, only scales and codes copied to the host "
             "(outer.quantize_on: {})\n",
-            gpus, compression::codec_name(pc.codec), cfg.outer.quantize_on);
+            gpus, compression::codec_name(pc.codec), outer::name(cfg.outer.quantize_on));
       else
         fmt::print(
             "  GPU site(s) {}: {} is quantized on the host (outer.quantize_on: auto; the device makes "
@@ -124,7 +127,7 @@ void run_validate(const ConfigArgs& a) {
     }
     if (differ)
       fmt::print("  sites train different batches per inner step ({} sequences); {}\n", batches,
-                 cfg.outer.weighting == "tokens"
+                 cfg.outer.weighting == outer::Weighting::Tokens
                      ? "their pseudo-gradients are weighed by the tokens each trained (outer.weighting: tokens)"
                      : "their pseudo-gradients count equally (outer.weighting: uniform): outer.weighting: tokens "
                        "weighs them by tokens, sites[].grad_accum evens the batches");

@@ -16,9 +16,9 @@
 #include <nlohmann/json.hpp>
 
 #include "compression/half.hpp"
-#include "trainer/checkpoint/atomic_file.hpp"
-#include "trainer/checkpoint/strict_json.hpp"
-#include "trainer/core/error.hpp"
+#include "core/atomic_file.hpp"
+#include "core/strict_json.hpp"
+#include "core/error.hpp"
 
 namespace geoloco::trainer {
 

@@ -48,7 +48,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/checkpoint/safetensors.hpp"
+#include "core/safetensors.hpp"
 #include "trainer/model/model_config.hpp"
 #include "trainer/model/param_layout.hpp"
 

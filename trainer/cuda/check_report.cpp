@@ -3,7 +3,7 @@
 #include <charconv>
 #include <cmath>
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 namespace geoloco::cuda {
 

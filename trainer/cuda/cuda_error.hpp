@@ -14,7 +14,7 @@
 #include <string>
 #include <string_view>
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 namespace geoloco::cuda {
 

@@ -1,6 +1,6 @@
 #include "trainer/cuda/precision.hpp"
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 namespace geoloco::cuda {
 

@@ -4,7 +4,7 @@
 
 #include <limits>
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 namespace geoloco::cuda {
 

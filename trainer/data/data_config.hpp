@@ -17,7 +17,7 @@
 #include <optional>
 #include <string>
 
-#include "trainer/core/config_node.hpp"
+#include "core/config_node.hpp"
 
 namespace geoloco::trainer {
 

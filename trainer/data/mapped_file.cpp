@@ -8,8 +8,8 @@
 #include <cstring>
 #include <utility>
 
-#include "trainer/core/error.hpp"
-#include "trainer/core/fd.hpp"
+#include "core/error.hpp"
+#include "core/fd.hpp"
 
 namespace geoloco::trainer {
 

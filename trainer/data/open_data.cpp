@@ -4,8 +4,8 @@
 
 #include <fmt/format.h>
 
-#include "trainer/core/error.hpp"
-#include "trainer/core/rng.hpp"
+#include "core/error.hpp"
+#include "core/rng.hpp"
 #include "trainer/data/shard_source.hpp"
 #include "trainer/data/synthetic_source.hpp"
 #include "trainer/data/text_source.hpp"

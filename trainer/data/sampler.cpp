@@ -6,8 +6,8 @@
 
 #include <fmt/format.h>
 
-#include "trainer/core/error.hpp"
-#include "trainer/core/rng.hpp"
+#include "core/error.hpp"
+#include "core/rng.hpp"
 
 namespace geoloco::trainer {
 

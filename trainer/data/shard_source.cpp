@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 #include "trainer/data/mapped_file.hpp"
 
 namespace geoloco::trainer {

@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 namespace geoloco::trainer {
 

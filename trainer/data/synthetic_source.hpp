@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/core/rng.hpp"
+#include "core/rng.hpp"
 #include "trainer/data/token_dataset.hpp"
 
 namespace geoloco::trainer {

@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <vector>
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 #include "trainer/data/mapped_file.hpp"
 
 namespace geoloco::trainer {

@@ -19,8 +19,8 @@
 
 #include <fmt/format.h>
 
-#include "trainer/core/error.hpp"
-#include "trainer/core/fd.hpp"
+#include "core/error.hpp"
+#include "core/fd.hpp"
 #include "trainer/launch/line_prefixer.hpp"
 #include "trainer/launch/status_block.hpp"
 
@@ -285,7 +285,7 @@ class Launcher {
     if (block_) {
       block_->print(line);
     } else {
-      write_all_fd(opts_.err_fd, line.data(), line.size());
+      (void)write_all(opts_.err_fd, line.data(), line.size());
     }
   }
   size_t live() const {

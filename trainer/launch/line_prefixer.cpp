@@ -1,5 +1,7 @@
 #include "trainer/launch/line_prefixer.hpp"
 
+#include "core/fd.hpp"
+
 #include <unistd.h>
 
 #include <cerrno>
@@ -7,22 +9,6 @@
 
 namespace geoloco::launch {
 
-void write_all_fd(int fd, const char* data, size_t len) {
-  while (len > 0) {
-    ssize_t n = ::write(fd, data, len);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN) {
-        // A non-blocking sink (terminal set O_NONBLOCK by someone else): wait and retry.
-        ::usleep(1000);
-        continue;
-      }
-      return;
-    }
-    data += n;
-    len -= static_cast<size_t>(n);
-  }
-}
 
 LinePrefixer::LinePrefixer(std::string label, int out_fd) : prefix_("[" + label + "] "), fd_(out_fd) {}
 LinePrefixer::LinePrefixer(std::string label, std::function<void(const std::string&)> sink)
@@ -40,7 +26,7 @@ void LinePrefixer::emit(const char* line, size_t len) {
   if (sink_) {
     sink_(out);
   } else {
-    write_all_fd(fd_, out.data(), out.size());
+    (void)write_all(fd_, out.data(), out.size());  // a failed sink only loses the view
   }
 }
 

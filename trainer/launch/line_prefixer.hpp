@@ -31,8 +31,4 @@ class LinePrefixer {
   std::string pending_;
 };
 
-// write(2) all of it, retrying on EINTR/short writes; errors (e.g. a closed terminal) are
-// ignored on purpose: losing output must not stop the launcher from reaping its children.
-void write_all_fd(int fd, const char* data, size_t len);
-
 }  // namespace geoloco::launch

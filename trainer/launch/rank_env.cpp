@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <set>
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 namespace geoloco::launch {
 namespace {

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <optional>
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 namespace geoloco::launch {
 

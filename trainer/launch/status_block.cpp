@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/fd.hpp"
 #include "trainer/launch/line_prefixer.hpp"
 
 namespace geoloco::launch {
@@ -103,7 +104,7 @@ void StatusBlock::draw() {
     out += format_line(site, name_width_, it == latest_.end() ? nlohmann::json() : it->second, w) + "\n";
   }
   drawn_ = sites_.size();
-  write_all_fd(fd_, out.data(), out.size());
+  (void)write_all(fd_, out.data(), out.size());
   last_draw_ = std::chrono::steady_clock::now();
 }
 
@@ -116,19 +117,19 @@ void StatusBlock::update(const nlohmann::json& status) {
 
 void StatusBlock::print(const std::string& lines) {
   if (finished_) {
-    write_all_fd(fd_, lines.data(), lines.size());
+    (void)write_all(fd_, lines.data(), lines.size());
     return;
   }
   std::string out = erase_sequence() + lines;
   drawn_ = 0;
-  write_all_fd(fd_, out.data(), out.size());
+  (void)write_all(fd_, out.data(), out.size());
   draw();
 }
 
 void StatusBlock::finish() {
   if (finished_) return;
   const std::string out = erase_sequence();
-  write_all_fd(fd_, out.data(), out.size());
+  (void)write_all(fd_, out.data(), out.size());
   drawn_ = 0;
   finished_ = true;
 }

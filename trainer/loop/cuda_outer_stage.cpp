@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 #include "trainer/cuda/cuda_check.hpp"
 #include "trainer/cuda/quantize_kernel.hpp"
 
@@ -44,7 +44,7 @@ void CudaOuterStage::clear() {
   frags_.clear();
 }
 
-void CudaOuterStage::define(int index, const std::vector<DeviceRun>& runs, std::span<const float> global,
+void CudaOuterStage::define(int index, const std::vector<outer::DeviceRun>& runs, std::span<const float> global,
                             std::span<const float> residual) {
   GEOLOCO_CHECK(index >= 0, "device outer stage: fragment {}", index);
   size_t n = 0;
@@ -98,8 +98,8 @@ void CudaOuterStage::reserve_scratch(size_t n, size_t slices, size_t groups, boo
   }
 }
 
-StagedRound CudaOuterStage::quantize(int index, compression::Codec codec, uint32_t block, float decay,
-                                     const std::vector<DeviceSlice>& slices) {
+outer::StagedRound CudaOuterStage::quantize(int index, compression::Codec codec, uint32_t block, float decay,
+                                     const std::vector<outer::DeviceSlice>& slices) {
   Fragment& f = at(index);
   GEOLOCO_CHECK(block > 0, "device outer stage: block 0");
   const auto c = quant_codec(codec);
@@ -161,14 +161,14 @@ StagedRound CudaOuterStage::quantize(int index, compression::Codec codec, uint32
         cudaMemcpyAsync(host_partial_.data(), partial_.data(), parts * sizeof(double), cudaMemcpyDeviceToHost, stream_),
         "device outer stage: download the error sums");
   cuda::check_cuda(cudaStreamSynchronize(stream_), fmt::format("device outer stage: quantize fragment {}", index));
-  StagedRound out;
+  outer::StagedRound out;
   double refused = 0;
   for (size_t i = 0; i < slices.size(); ++i) {
     const auto sums = cuda::sum_error_partials(host_partial_.data() + i * 3 * cuda::kErrorBlocks);
     out.err2 += sums.err2;
     out.ref2 += sums.ref2;
     refused += sums.refused;
-    StagedSlice s;
+    outer::StagedSlice s;
     s.scales = std::span<const uint8_t>(f.host.data() + place[i].scales, place[i].scale_bytes);
     s.codes = std::span<const uint8_t>(f.host.data() + place[i].codes, place[i].code_bytes);
     s.elements = slices[i].end - slices[i].begin;

@@ -14,28 +14,28 @@
 #include <vector>
 
 #include "trainer/cuda/handles.hpp"
-#include "trainer/loop/device_outer.hpp"
+#include "outer_optimizer/device_outer.hpp"
 
 namespace geoloco::trainer {
 
-class CudaOuterStage final : public DeviceOuter {
+class CudaOuterStage final : public outer::DeviceOuter {
  public:
   // shard: this rank's shard on the device (valid at every call); share: makes the site's
   // replica consistent after the shard was overwritten (collective).
   CudaOuterStage(std::function<std::span<float>()> shard, cudaStream_t stream, std::function<void()> share);
 
   void clear() override;
-  void define(int index, const std::vector<DeviceRun>& runs, std::span<const float> global,
+  void define(int index, const std::vector<outer::DeviceRun>& runs, std::span<const float> global,
               std::span<const float> residual) override;
-  StagedRound quantize(int index, compression::Codec codec, uint32_t block, float decay,
-                       const std::vector<DeviceSlice>& slices) override;
+  outer::StagedRound quantize(int index, compression::Codec codec, uint32_t block, float decay,
+                       const std::vector<outer::DeviceSlice>& slices) override;
   void merge(int index, std::span<const float> global, float alpha) override;
   void residual(int index, std::span<float> out) override;
   uint64_t device_bytes() const override;
 
  private:
   struct Fragment {
-    std::vector<DeviceRun> runs;
+    std::vector<outer::DeviceRun> runs;
     size_t n = 0;
     cuda::DeviceBuffer<float> global, residual;  // residual empty: no error feedback
     cuda::DeviceBuffer<uint8_t> packed;          // the round's scales and codes, slice after slice

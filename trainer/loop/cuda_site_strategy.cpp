@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 #include "trainer/cuda/cuda_check.hpp"
 #include "trainer/cuda/precision.hpp"
 
@@ -329,7 +329,7 @@ void CudaSiteStrategy::shard_updated() {
   share_shard();
 }
 
-DeviceOuter* CudaSiteStrategy::device_outer() {
+outer::DeviceOuter* CudaSiteStrategy::device_outer() {
   if (!outer_stage_)
     outer_stage_ = std::make_unique<CudaOuterStage>([this] { return shard_on_device(); }, model_.stream(),
                                                     [this] { share_shard(); });

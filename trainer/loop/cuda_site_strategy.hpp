@@ -56,7 +56,7 @@ class CudaSiteStrategy final : public SiteStrategy, public DeviceSite {
   // SiteStrategy (host contract)
   std::span<float> shard_params() override;
   void shard_updated() override;
-  DeviceOuter* device_outer() override;
+  outer::DeviceOuter* device_outer() override;
   std::span<const float> full_params() override;
   void release_full_params() override { std::vector<float>().swap(host_full_); }
   OptimizerHostState optimizer_state() override;

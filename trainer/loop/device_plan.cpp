@@ -1,6 +1,6 @@
 #include "trainer/loop/device_plan.hpp"
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 #include "trainer/loop/run_config.hpp"
 #include "trainer/parallel/hybrid_shard.hpp"
 
@@ -11,7 +11,7 @@ DeviceBufferPlan plan_device_buffers(StrategyKind kind, int64_t n, int rank, int
   DeviceBufferPlan p;
   p.kind = kind;
   p.n = n;
-  p.shard = parallel::shard_of(n, rank, ranks);
+  p.shard = shard_of(n, rank, ranks);
   p.mirror_elems = p.shard.count;
   p.grad_elems = n;
   switch (kind) {

@@ -1,6 +1,6 @@
 // make_device_site in a build without CUDA: site.device: cuda is a configuration this binary
 // cannot run (run_config.cpp refuses it at load time already; this is the second line).
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 #include "trainer/loop/device_site.hpp"
 
 namespace geoloco::trainer {

@@ -10,7 +10,7 @@
 #include <map>
 #include <mutex>
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 namespace geoloco::trainer {
 

@@ -7,8 +7,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "trainer/checkpoint/atomic_file.hpp"
-#include "trainer/core/error.hpp"
+#include "core/atomic_file.hpp"
+#include "core/error.hpp"
 
 namespace geoloco::trainer {
 
@@ -29,9 +29,6 @@ void MetricsWriter::write(const nlohmann::json& line) {
     throw Error(fmt::format("{}: write failed: {}", path_, std::strerror(errno)));
 }
 
-void write_text_atomically(const std::string& path, const std::string& text) {
-  write_file_atomically(path, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
-}
 
 std::string format_duration(double s) {
   if (!std::isfinite(s) || s < 0) return "?";

@@ -1,5 +1,5 @@
 // Run outputs: metrics.jsonl lines (flushed per line, so a crash loses at most the line
-// being written), atomic text files, and the live progress line on a terminal.
+// being written) and the live progress line on a terminal. (Atomic text files: core/atomic_file.hpp.)
 #pragma once
 
 #include <chrono>
@@ -23,8 +23,6 @@ class MetricsWriter {
   std::string path_;
   std::FILE* f_ = nullptr;
 };
-
-void write_text_atomically(const std::string& path, const std::string& text);
 
 // On a terminal: one line rewritten in place ("step 120/2000 | loss 2.345 | 45.2k tok/s |
 // ETA 1m23s"). Otherwise: a plain line per update.

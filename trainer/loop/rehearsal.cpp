@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "compression/synthetic.hpp"
-#include "trainer/core/rng.hpp"
+#include "core/rng.hpp"
 
 namespace geoloco::trainer {
 

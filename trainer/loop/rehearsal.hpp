@@ -21,7 +21,7 @@
 #include <span>
 #include <vector>
 
-#include "trainer/core/config_node.hpp"
+#include "core/config_node.hpp"
 
 namespace geoloco::trainer {
 

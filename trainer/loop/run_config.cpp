@@ -8,11 +8,11 @@
 #include <string_view>
 
 #include "trainer/checkpoint/model_checkpoint.hpp"
-#include "trainer/core/hash.hpp"
+#include "core/hash.hpp"
 #include "trainer/cuda/attention_choice.hpp"
 #include "trainer/loop/device_site.hpp"
 #include "trainer/loop/strategy_choice.hpp"
-#include "trainer/topology/topology.hpp"
+#include "planner/topology.hpp"
 
 namespace geoloco::trainer {
 
@@ -304,8 +304,8 @@ RunConfig parse_run_config(const config::Document& doc) {
     root.child("outer").fail(
         "exchange", fmt::format("{} needs every site in every round (a site lost between its two phases would "
                                 "leave its slice's average with nobody): set outer.min_sites: {} (now {})",
-                                c.outer.exchange, c.sites.size(), c.outer.quorum(static_cast<int>(c.sites.size()))));
-  if (c.outer.quantize_on == "device" &&
+                                outer::name(c.outer.exchange), c.sites.size(), c.outer.quorum(static_cast<int>(c.sites.size()))));
+  if (c.outer.quantize_on == outer::QuantizeOn::Device &&
       std::none_of(c.sites.begin(), c.sites.end(), [](const SiteConfig& s) { return s.device == "cuda"; }))
     root.child("outer").fail("quantize_on",
                              "device quantizes on a GPU site's device, and no site has device: cuda: set "

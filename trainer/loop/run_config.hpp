@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "outer_optimizer/outer_config.hpp"
-#include "trainer/core/config_node.hpp"
+#include "core/config_node.hpp"
 #include "transport/transport_config.hpp"
 #include "trainer/data/data_config.hpp"
 #include "trainer/model/model_config.hpp"

@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 #include "trainer/optim/grad_clip.hpp"
 
 namespace geoloco::trainer {
@@ -37,7 +37,7 @@ SiteStrategy::SiteStrategy(StrategyKind kind, const ParamLayout& layout, paralle
     : kind_(kind), layout_(layout), coll_(coll), n_(layout.total()) {
   GEOLOCO_CHECK(static_cast<int64_t>(initial.size()) == n_, "initial params: {} != {}", initial.size(), n_);
   if (coll_ && coll_->size() == 1) coll_ = nullptr;
-  shard_ = parallel::shard_of(n_, rank(), ranks());
+  shard_ = shard_of(n_, rank(), ranks());
   if (kind_ == StrategyKind::Hybrid) {
     init_hybrid(group_size);
     const auto& h = *hybrid_;
@@ -63,7 +63,7 @@ SiteStrategy::SiteStrategy(StrategyKind kind, const ParamLayout& layout, paralle
                            const OptimizerConfig& optimizer, NoHostState h)
     : kind_(kind), layout_(layout), coll_(coll), n_(layout.total()), host_(false) {
   if (coll_ && coll_->size() == 1 && !h.keep_one_rank_collective) coll_ = nullptr;
-  shard_ = parallel::shard_of(n_, rank(), ranks());
+  shard_ = shard_of(n_, rank(), ranks());
   opt_ = std::make_unique<InnerOptimizer>(optimizer, layout_, 0, 0);
   plan_muon_parts(optimizer);
   if (kind_ == StrategyKind::Hybrid) init_hybrid(h.group_size);
@@ -242,7 +242,7 @@ StepResult SiteStrategy::finish_step(double lr, double max_norm) {
 void SiteStrategy::plan_muon_parts(const OptimizerConfig& optimizer) {
   if (!coll_ || kind_ == StrategyKind::Ddp) return;
   std::vector<int64_t> bounds(static_cast<size_t>(ranks()) + 1, n_);
-  for (int r = 0; r < ranks(); ++r) bounds[static_cast<size_t>(r)] = parallel::shard_of(n_, r, ranks()).offset;
+  for (int r = 0; r < ranks(); ++r) bounds[static_cast<size_t>(r)] = shard_of(n_, r, ranks()).offset;
   muon_parts_ = muon_cut_parts(optimizer, layout_, bounds);
 }
 

@@ -21,7 +21,7 @@
 // (muon_cut_parts), since Newton-Schulz needs each matrix whole (trainer/optim/inner_optimizer.hpp);
 // a matrix inside one shard costs nothing.
 //
-// A rank's site shard is parallel::shard_of(num_params, rank, ranks) under every strategy, and
+// A rank's site shard is shard_of(num_params, rank, ranks) under every strategy, and
 // the outer loop syncs exactly that shard with the same rank of the other sites.
 //
 // Equivalences (tests/loop): zero1 == ddp bit for bit; zero2 and fsdp differ from ddp only
@@ -38,12 +38,12 @@
 #include <string>
 #include <vector>
 
-#include "trainer/loop/device_outer.hpp"
+#include "outer_optimizer/device_outer.hpp"
 #include "trainer/model/param_layout.hpp"
 #include "trainer/optim/inner_optimizer.hpp"
 #include "trainer/parallel/collective.hpp"
 #include "trainer/parallel/hybrid_shard.hpp"
-#include "trainer/parallel/shard.hpp"
+#include "core/shard.hpp"
 
 namespace geoloco::trainer {
 
@@ -87,7 +87,7 @@ class SiteStrategy {
   StrategyKind kind() const { return kind_; }
   int rank() const { return coll_ ? coll_->rank() : 0; }
   int ranks() const { return coll_ ? coll_->size() : 1; }
-  parallel::ShardRange shard() const { return shard_; }
+  ShardRange shard() const { return shard_; }
   // hybrid: ranks per group (the others: 0).
   int group_size() const { return hybrid_ ? hybrid_->group_size : 0; }
   // Muon on a sharded site: the parts of the matrices the ranks' shards cut (muon_cut_parts),
@@ -115,7 +115,7 @@ class SiteStrategy {
   virtual void shard_updated();
   // The outer loop's device side (device_outer.hpp) on a GPU site; null on the CPU (the host
   // path: shard_params() / shard_updated()).
-  virtual DeviceOuter* device_outer() { return nullptr; }
+  virtual outer::DeviceOuter* device_outer() { return nullptr; }
   // Full parameters in host memory (gathers under fsdp; the returned buffer is valid until
   // the next call).
   virtual std::span<const float> full_params();
@@ -176,7 +176,7 @@ class SiteStrategy {
   StrategyKind kind_;
   const ParamLayout& layout_;
   parallel::Collective* coll_;
-  parallel::ShardRange shard_;
+  ShardRange shard_;
   int64_t n_;
   // hybrid: the layout and the two subgroups (null when of one rank).
   std::unique_ptr<parallel::HybridShards> hybrid_;

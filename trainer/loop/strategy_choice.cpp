@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <vector>
 
-#include "trainer/core/error.hpp"
-#include "trainer/topology/host_topology.hpp"
+#include "core/error.hpp"
+#include "planner/host_topology.hpp"
 
 namespace geoloco::trainer {
 

@@ -1,5 +1,5 @@
 // site.strategy: auto -- a site's strategy (and hybrid group size) from its GPU topology, by
-// the cost model `geoloco topo` reports (trainer/topology/strategy_model.hpp).
+// the cost model `geoloco topo` reports (planner/strategy_model.hpp).
 //
 // The workload is the run's: the model's parameters and layers, the site's grad_accum as
 // micro-batches, compute time 6 x parameters x tokens per rank per step / (topology.gpu_tflops
@@ -17,8 +17,8 @@
 
 #include "trainer/loop/run_config.hpp"
 #include "trainer/parallel/collective.hpp"
-#include "trainer/topology/strategy_model.hpp"
-#include "trainer/topology/topology.hpp"
+#include "planner/strategy_model.hpp"
+#include "planner/topology.hpp"
 
 namespace geoloco::trainer {
 

@@ -1,17 +1,16 @@
-// Trainer: one rank's inner loop. Reads its batches from the distributed sampler, runs
-// forward/backward with gradient accumulation, lets the site strategy reduce gradients and
-// apply AdamW, hands control to the outer loop (when there is one) after every step, and
-// writes metrics, checkpoints and the summary.
+// Trainer: one rank's inner loop, the native trainer. Reads its batches from the distributed
+// sampler, runs forward/backward with gradient accumulation, lets the site strategy reduce
+// gradients and apply the inner optimizer, hands each step to the outer loop (when there is
+// one: outer::Diloco, through this rank's side of its seam, native_site.hpp), evaluates, and
+// leaves its records to RunRecords (metrics.jsonl, rounds, live metrics; run_records.hpp), its
+// checkpoints to RankCheckpoints (rank_checkpoints.hpp) and its timeline to trace_files.hpp.
 //
-// Output layout under run.output_dir:
+// Output under run.output_dir:
 //   metrics.jsonl, summary.json                 global rank 0 (the run's canonical view)
 //   sites/<site>/metrics.jsonl                  each site's rank 0
 //   sites/<site>/rank<r>.json                   every rank's own summary
-//   checkpoints/<site>/step_<N>/model.safetensors   HF GPT-2 names (site rank 0)
-//   checkpoints/<site>/step_<N>/config.json         its GPT2Config: the step directory loads
-//                                                   with GPT2LMHeadModel.from_pretrained
-//   checkpoints/<site>/step_<N>/state.r<r>.safetensors   optimizer, sampler, outer state
-//   checkpoints/<site>/latest                   name of the newest complete checkpoint
+//   sites/<site>/rounds.r<r>.jsonl, trace.r<r>.json   every rank's outer rounds and spans
+//   checkpoints/<site>/...                      rank_checkpoints.hpp
 #pragma once
 
 #include <cstdint>
@@ -20,11 +19,15 @@
 #include <optional>
 #include <string>
 
-#include "trainer/loop/outer_hook.hpp"
+#include "outer_optimizer/site.hpp"
 #include "trainer/loop/run_config.hpp"
+#include "trainer/loop/site_strategy.hpp"
 
 namespace geoloco::parallel {
 class Collective;
+}
+namespace geoloco::outer {
+class Diloco;
 }
 
 namespace geoloco::trainer {
@@ -33,12 +36,12 @@ struct TrainerOptions {
   int site = 0;         // index into cfg.sites
   int rank = 0;         // rank within the site
   bool resume = false;  // continue from checkpoints/<site>/latest when present
-  // Join the running job from the other sites (OuterHook::join) instead of starting at step 0:
+  // Join the running job from the other sites (outer::Diloco::join) instead of starting at step 0:
   // a restarted or new site. Its inner optimizer starts fresh; its sampler skips to the step.
   bool join = false;
   int64_t stop_at_step = 0;                    // stop cleanly (with a checkpoint) after this step; 0 = run to the end
   parallel::Collective* collective = nullptr;  // the site's collective (null: one-rank site)
-  OuterHook* outer = nullptr;                  // the cross-site loop (null: no outer loop)
+  outer::Diloco* outer = nullptr;              // the cross-site loop (null: no outer loop)
   bool progress = true;                        // live progress line on a terminal
   // `geoloco launch`'s status view: the site's rank 0 writes one JSON status line per logged
   // step here (GEOLOCO_STATUS_FD; trainer/launch/status_block.hpp). -1: none.
@@ -64,21 +67,16 @@ class Trainer {
   // The full parameters now (gathers under fsdp: a collective, call on every rank).
   std::vector<float> parameters();
 
-  // The site strategy (the outer loop is built on it), and the outer loop to call; set it
-  // before run(). With --resume, run() restores the checkpoint (outer state included).
+  // The site strategy, this rank's side of the outer loop's seam (built on it), and the outer
+  // loop to call; set it before run(). With --resume, run() restores the checkpoint (outer
+  // state included).
   SiteStrategy& strategy();
-  void set_outer(OuterHook* outer);
+  outer::Site& site();
+  void set_outer(outer::Diloco* outer);
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
-};
-
-// Evaluate a model on a dataset: mean loss over `max_tokens` tokens (sequential windows).
-struct EvalResult {
-  double loss = 0;
-  int64_t tokens = 0;
-  int64_t windows = 0;
 };
 
 }  // namespace geoloco::trainer

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <string_view>
 
-#include "trainer/core/log.hpp"
+#include "core/log.hpp"
 
 namespace geoloco::trainer {
 

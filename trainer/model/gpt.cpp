@@ -4,8 +4,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "trainer/core/error.hpp"
-#include "trainer/core/rng.hpp"
+#include "core/error.hpp"
+#include "core/rng.hpp"
 #include "trainer/model/kernels_fast.hpp"
 #include "trainer/model/kernels_ref.hpp"
 

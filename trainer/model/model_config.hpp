@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "trainer/core/config_node.hpp"
+#include "core/config_node.hpp"
 
 namespace geoloco::trainer {
 

@@ -9,7 +9,7 @@
 #include <span>
 #include <vector>
 
-#include "trainer/core/rng.hpp"
+#include "core/rng.hpp"
 #include "trainer/model/gpt.hpp"
 
 namespace geoloco::trainer {

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 namespace geoloco::trainer {
 

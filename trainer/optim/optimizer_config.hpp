@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "trainer/core/config_node.hpp"
+#include "core/config_node.hpp"
 
 namespace geoloco::trainer {
 

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-#include "trainer/core/config_node.hpp"
+#include "core/config_node.hpp"
 
 namespace geoloco::trainer {
 

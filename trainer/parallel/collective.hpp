@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/parallel/shard.hpp"
+#include "core/shard.hpp"
 
 namespace geoloco::parallel {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 
 namespace geoloco::parallel {
 

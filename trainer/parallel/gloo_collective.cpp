@@ -12,7 +12,7 @@
 #include <exception>
 #include <type_traits>
 
-#include "trainer/core/log.hpp"
+#include "core/log.hpp"
 #include "trainer/parallel/errors.hpp"
 
 namespace geoloco::parallel {

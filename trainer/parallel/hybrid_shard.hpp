@@ -20,7 +20,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "trainer/parallel/shard.hpp"
+#include "core/shard.hpp"
 
 namespace geoloco::parallel {
 

@@ -8,10 +8,10 @@
 #include <exception>
 #include <thread>
 
-#include "trainer/core/log.hpp"
+#include "core/log.hpp"
 #include "trainer/parallel/errors.hpp"
 #include "trainer/parallel/gpu.hpp"
-#include "trainer/core/net.hpp"
+#include "core/net.hpp"
 
 namespace geoloco::parallel {
 namespace {

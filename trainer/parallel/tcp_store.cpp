@@ -11,7 +11,7 @@
 #include <map>
 #include <memory>
 
-#include "trainer/core/log.hpp"
+#include "core/log.hpp"
 #include "trainer/parallel/errors.hpp"
 #include "trainer/parallel/store_protocol.hpp"
 

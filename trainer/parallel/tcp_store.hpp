@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-#include "trainer/core/net.hpp"
+#include "core/net.hpp"
 
 namespace geoloco::parallel {
 

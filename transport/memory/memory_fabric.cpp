@@ -6,7 +6,7 @@
 
 #include <future>
 
-#include "trainer/core/log.hpp"
+#include "core/log.hpp"
 #include "transport/memory/memory_link.hpp"
 
 namespace geoloco::transport::memory {

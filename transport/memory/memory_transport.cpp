@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "trainer/core/log.hpp"
+#include "core/log.hpp"
 #include "transport/handshake_session.hpp"
 #include "transport/memory/memory_fabric.hpp"
 #include "transport/memory/memory_link.hpp"

@@ -23,7 +23,7 @@
 #include <string>
 
 #include "transport/probe/probe_result.hpp"
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 #include "transport/transport.hpp"
 
 namespace geoloco::probe {

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 #include "transport/wire.hpp"
 
 namespace geoloco::probe {

@@ -10,8 +10,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "trainer/core/log.hpp"
-#include "trainer/core/net.hpp"
+#include "core/log.hpp"
+#include "core/net.hpp"
 #include "transport/site_directory.hpp"
 #include "transport/transport_error.hpp"
 

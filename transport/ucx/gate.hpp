@@ -25,7 +25,7 @@
 #include <thread>
 #include <vector>
 
-#include "trainer/core/fd.hpp"
+#include "core/fd.hpp"
 #include "transport/handshake_session.hpp"
 #include "transport/peer.hpp"
 

@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <future>
 
-#include "trainer/core/log.hpp"
+#include "core/log.hpp"
 #include "transport/ucx/ucx_env.hpp"
 #include "transport/ucx/ucx_link.hpp"
 #include "transport/ucx/ucx_transport.hpp"

@@ -7,7 +7,7 @@
 
 #include <cstring>
 
-#include "trainer/core/log.hpp"
+#include "core/log.hpp"
 #include "transport/ucx/ucx_link.hpp"
 
 namespace geoloco::transport::ucx {

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "trainer/core/error.hpp"
+#include "core/error.hpp"
 #include "trainer/data/shard_source.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
