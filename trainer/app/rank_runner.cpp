@@ -1,3 +1,5 @@
+// One rank end to end: its site collective, its transport to the other sites, the trainer, the
+// outer loop built at the edge from the run config, and the run summary gathered (rank_runner.hpp).
 #include "trainer/app/rank_runner.hpp"
 
 #include <algorithm>

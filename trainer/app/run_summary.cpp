@@ -1,3 +1,4 @@
+// The run's summary.json and the closing lines the launch prints (run_summary.hpp).
 #include "trainer/app/run_summary.hpp"
 
 #include <fmt/format.h>

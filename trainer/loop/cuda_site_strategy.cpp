@@ -1,3 +1,5 @@
+// The site strategies on one GPU per rank: parameters, gradients and optimizer state on the
+// device, NCCL collectives, the host mirror the outer loop reads (cuda_site_strategy.hpp).
 #include "trainer/loop/cuda_site_strategy.hpp"
 
 #include <fmt/format.h>

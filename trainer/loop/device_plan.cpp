@@ -1,3 +1,4 @@
+// What a device strategy holds per rank, by strategy (device_plan.hpp).
 #include "trainer/loop/device_plan.hpp"
 
 #include "core/error.hpp"

@@ -1,3 +1,4 @@
+// A rank's Prometheus endpoint: the metrics lines and outer rounds as gauges (live_metrics.hpp).
 #include "trainer/loop/live_metrics.hpp"
 
 #include <fmt/format.h>

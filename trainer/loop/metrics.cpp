@@ -1,3 +1,4 @@
+// metrics.jsonl lines and the terminal's progress line (metrics.hpp).
 #include "trainer/loop/metrics.hpp"
 
 #include <fmt/format.h>

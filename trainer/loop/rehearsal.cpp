@@ -1,3 +1,4 @@
+// The rehearsal's stand-in inner step: a seeded drift of the shard (rehearsal.hpp).
 #include "trainer/loop/rehearsal.hpp"
 
 #include <algorithm>

@@ -1,3 +1,5 @@
+// A run's YAML into RunConfig: every section parsed by its component, then the checks that
+// span sections (sites against the model, the outer loop against the sites, GPUs) (run_config.hpp).
 #include "trainer/loop/run_config.hpp"
 
 #include <fmt/format.h>

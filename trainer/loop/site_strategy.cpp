@@ -1,3 +1,5 @@
+// The CPU site strategies: ddp, zero1, zero2, fsdp and hybrid over the site's collective
+// (site_strategy.hpp).
 #include "trainer/loop/site_strategy.hpp"
 
 #include <algorithm>

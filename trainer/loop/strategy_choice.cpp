@@ -1,3 +1,4 @@
+// site.strategy: auto -- the choice from the site's topology (strategy_choice.hpp).
 #include "trainer/loop/strategy_choice.hpp"
 
 #include <fmt/format.h>
