@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # geoloco setup: installs every Debian 12 package the project needs (idempotent),
-# then configures and builds Release into build/.
-#   tools/setup.sh              install (if root and missing) + build
+# then configures Release into build/ and builds what the demo needs (the geoloco binary);
+# `ctest --test-dir build` builds the tests before it runs them.
+#   tools/setup.sh              install (if root and missing) + build the geoloco binary
+#   GEOLOCO_BUILD_ALL=1 ...     build every target (tests, benchmarks) now
 #   GEOLOCO_SKIP_BUILD=1 ...    install only
 #   GEOLOCO_BUILD_TYPE=Debug    another build type
 #   GEOLOCO_CMAKE_ARGS="..."    extra cmake arguments (e.g. -DGEOLOCO_SANITIZE=address)
@@ -41,4 +43,8 @@ if [[ "${GEOLOCO_SKIP_BUILD:-0}" == 1 ]]; then exit 0; fi
 build_type="${GEOLOCO_BUILD_TYPE:-Release}"
 # shellcheck disable=SC2086
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE="$build_type" ${GEOLOCO_CMAKE_ARGS:-}
-cmake --build build -j "$(nproc)"
+if [[ "${GEOLOCO_BUILD_ALL:-0}" == 1 ]]; then
+  cmake --build build -j "$(nproc)"
+else
+  cmake --build build -j "$(nproc)" --target geoloco
+fi
