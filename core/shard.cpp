@@ -7,8 +7,8 @@
 namespace geoloco {
 
 ShardRange shard_of(int64_t n, int rank, int size) {
-  GEOLOCO_CHECK(n >= 0, "shard_of: n {} is negative", n);
-  GEOLOCO_CHECK(size >= 1, "shard_of: size {} must be >= 1", size);
+  GEOLOCO_CHECK_GE(n, int64_t{0}, "shard_of: elements");
+  GEOLOCO_CHECK_GE(size, 1, "shard_of: ranks");
   GEOLOCO_CHECK(rank >= 0 && rank < size, "shard_of: rank {} outside [0, {})", rank, size);
   const int64_t q = n / size;
   const int64_t m = n % size;

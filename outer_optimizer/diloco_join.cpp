@@ -227,7 +227,7 @@ int64_t Diloco::join() {
     const uint64_t mine[2] = {m.round, static_cast<uint64_t>(m.step)};
     for (const auto& b : site_.all_gather(std::as_bytes(std::span<const uint64_t>(mine, 2)))) {
       uint64_t theirs[2];
-      GEOLOCO_CHECK(b.size() == sizeof theirs, "join: {} bytes from a rank", b.size());
+      GEOLOCO_CHECK_EQ(b.size(), sizeof theirs, "join: bytes from a rank");
       std::memcpy(theirs, b.data(), sizeof theirs);
       if (theirs[0] != mine[0] || theirs[1] != mine[1])
         throw JoinError(

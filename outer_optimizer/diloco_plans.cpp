@@ -196,7 +196,7 @@ std::vector<std::span<const float>> Diloco::shard_views(
     at += static_cast<int64_t>(p.values.size());
     out.push_back(p.values);
   }
-  GEOLOCO_CHECK(at == static_cast<int64_t>(n_), "outer state: the fragments' ranges cover {} of {} elements", at, n_);
+  GEOLOCO_CHECK_EQ(at, static_cast<int64_t>(n_), "outer state: the fragments' ranges against the shard's elements");
   return out;
 }
 

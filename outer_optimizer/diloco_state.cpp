@@ -301,7 +301,7 @@ std::string steps_text(const std::vector<int64_t>& steps) {
 
 int64_t Diloco::agree_resume_step(const std::vector<int64_t>& steps) {
   if (!peers_.transport() || peers_.sites() < 2) return steps.empty() ? -1 : steps.back();
-  GEOLOCO_CHECK(steps.size() <= kMaxResumeSteps, "{} checkpoints to offer", steps.size());
+  GEOLOCO_CHECK_LE(steps.size(), kMaxResumeSteps, "checkpoints to offer");
   constexpr int64_t kNoCommonStep = -2;
   int64_t chosen = -1;
   std::string why;
@@ -341,7 +341,7 @@ int64_t Diloco::agree_resume_step(const std::vector<int64_t>& steps) {
   // Every rank of the site restores the step its leader agreed on (or stops as it does).
   if (site_.ranks() > 1) {
     const auto all = site_.all_gather(std::as_bytes(std::span<const int64_t>(&chosen, 1)));
-    GEOLOCO_CHECK(all.at(0).size() == sizeof chosen, "resume step of {} bytes", all.at(0).size());
+    GEOLOCO_CHECK_EQ(all.at(0).size(), sizeof chosen, "resume step bytes");
     std::memcpy(&chosen, all.at(0).data(), sizeof chosen);
   }
   if (chosen == kNoCommonStep)

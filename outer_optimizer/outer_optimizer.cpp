@@ -17,7 +17,7 @@ OuterOptimizer::OuterOptimizer(const OuterOptimizerConfig& cfg, size_t n) : cfg_
 }
 
 void OuterOptimizer::step(std::span<float> global, std::span<const float> delta) {
-  GEOLOCO_CHECK(global.size() == delta.size(), "outer step: {} weights, {} deltas", global.size(), delta.size());
+  GEOLOCO_CHECK_EQ(global.size(), delta.size(), "outer step: weights against deltas");
   ++t_;
   const int64_t n = static_cast<int64_t>(global.size());
   const float lr = static_cast<float>(cfg_.lr);

@@ -32,7 +32,7 @@ void ModelParams::validate() const {
 }
 
 std::vector<std::vector<std::byte>> Site::all_gather(std::span<const std::byte> mine) {
-  GEOLOCO_CHECK(ranks() == 1, "a site of {} ranks without an all-gather", ranks());
+  GEOLOCO_CHECK_EQ(ranks(), 1, "a site of several ranks without an all-gather");
   return {std::vector<std::byte>(mine.begin(), mine.end())};
 }
 

@@ -97,7 +97,7 @@ SiteMask RoundMembership::vote_site(uint64_t round, SiteMask holds, SiteMask joi
     const auto all = site.all_gather(std::as_bytes(std::span<const SiteMask>(&holds, 1)));
     for (const auto& b : all) {
       SiteMask m = 0;
-      GEOLOCO_CHECK(b.size() == sizeof m, "membership vote of {} bytes", b.size());
+      GEOLOCO_CHECK_EQ(b.size(), sizeof m, "membership vote bytes");
       std::memcpy(&m, b.data(), sizeof m);
       holds &= m;
     }
@@ -138,7 +138,7 @@ SiteMask RoundMembership::share(uint64_t round, int64_t step, SiteMask holds, st
     auto all = site.all_gather(verdict);
     verdict = std::move(all.at(0));
   }
-  GEOLOCO_CHECK(verdict.size() >= 10, "membership verdict of {} bytes", verdict.size());
+  GEOLOCO_CHECK_GE(verdict.size(), size_t{10}, "membership verdict bytes");
   const auto v = static_cast<Verdict>(verdict[0]);
   SiteMask members = 0;
   std::memcpy(&members, verdict.data() + 1, 8);

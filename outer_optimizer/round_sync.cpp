@@ -105,8 +105,7 @@ void collect_round(FragmentState& f, Round& r, const Exchange& ex, const Exchang
     std::optional<TraceSpan> compress_span(std::in_place, ctx.trace, "compress", tid);
     const std::vector<Slice> frames = ex.frames(f);
     if (again) {
-      GEOLOCO_CHECK(again->envelopes.size() == frames.size(), "round {}: {} saved envelopes for {} frames", round,
-                    again->envelopes.size(), frames.size());
+      GEOLOCO_CHECK_EQ(again->envelopes.size(), frames.size(), "round {}: saved envelopes against frames", round);
       in.infos = again->infos;
       in.mine = again->envelopes;
     } else {
@@ -126,8 +125,7 @@ void collect_round(FragmentState& f, Round& r, const Exchange& ex, const Exchang
         if (staged) {
           // Quantized on the device: the frame of its scales and codes (the same bytes).
           const auto& st = r.staged->slices[i];
-          GEOLOCO_CHECK(st.elements == sl.size(), "round {}: a device slice of {} elements for {}", round, st.elements,
-                        sl.size());
+          GEOLOCO_CHECK_EQ(st.elements, sl.size(), "round {}: a device slice's elements", round);
           in.infos.push_back(f.pipeline->encode_staged(st.scales, st.codes, st.elements, mine_bytes, kEnvelopeBytes));
         } else {
           const std::span<const float> part(r.delta.data() + sl.begin, sl.size());

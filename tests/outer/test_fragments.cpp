@@ -267,3 +267,95 @@ TEST(Fragments, EachRoundCarriesItsFragmentOnly) {
     if (e["ph"] == "X" && e["name"] == "compress" && e["pid"] == 0) tids.insert(e["tid"].get<int>());
   EXPECT_TRUE(tids.count(1) && tids.count(11) && tids.count(12) && tids.count(13)) << t4.dump().substr(0, 200);
 }
+
+// Fragments are cut from the model's named tensors, whatever the model: here an embedding, six
+// blocks of two tensors, an untied output head and two norm vectors (a Llama-shaped layout).
+// Every element is in one fragment; blocks go whole to fragment l mod F; both matrices outside
+// the blocks are cut into F chunks of whole rows; the vectors outside the blocks go together to
+// the smallest fragment.
+TEST(FragmentPlan, CutsAnyModelByItsNamedTensors) {
+  outer::ModelParams m;
+  auto add = [&](std::string name, int64_t rows, int64_t cols, int block) {
+    m.tensors.push_back({std::move(name), m.total, rows, cols, block});
+    m.total += rows * cols;
+  };
+  add("embed", 40, 8, -1);
+  for (int b = 0; b < 6; ++b) {
+    add("layers." + std::to_string(b) + ".w", 8, 24, b);
+    add("layers." + std::to_string(b) + ".norm", 1, 8, b);
+  }
+  add("final_norm", 1, 8, -1);
+  add("head", 40, 8, -1);
+  add("head_norm", 1, 8, -1);
+  m.validate();
+  auto plans = outer::plan_fragments(m, 4, 20);
+  ASSERT_EQ(plans.size(), 4u);
+  std::vector<int> owner(static_cast<size_t>(m.total), -1);
+  for (const auto& p : plans)
+    for (const auto& r : p.ranges)
+      for (int64_t i = r.begin; i < r.end; ++i) {
+        ASSERT_EQ(owner[static_cast<size_t>(i)], -1) << i;
+        owner[static_cast<size_t>(i)] = p.index;
+      }
+  for (size_t i = 0; i < owner.size(); ++i) ASSERT_NE(owner[i], -1) << i;
+  auto at = [&](const std::string& name, int64_t row) {
+    for (const auto& t : m.tensors)
+      if (t.name == name) return owner[static_cast<size_t>(t.offset + row * t.cols)];
+    return -2;
+  };
+  for (int b = 0; b < 6; ++b) {
+    EXPECT_EQ(at("layers." + std::to_string(b) + ".w", 0), b % 4);
+    EXPECT_EQ(at("layers." + std::to_string(b) + ".norm", 0), b % 4);
+    EXPECT_EQ(plans[static_cast<size_t>(b % 4)].blocks.size(), b % 4 < 2 ? 2u : 1u);
+  }
+  for (const char* table : {"embed", "head"})
+    for (int f = 0; f < 4; ++f) EXPECT_EQ(at(table, 10 * f), f) << table << " row " << 10 * f;
+  // Fragments 2 and 3 hold one block each, 0 and 1 two: the vectors go to 2, the lowest smallest.
+  EXPECT_EQ(at("final_norm", 0), 2);
+  EXPECT_EQ(at("head_norm", 0), 2);
+  // A layout that does not tile its total is refused, naming the tensor.
+  m.tensors[1].offset += 1;
+  EXPECT_THROW(m.validate(), Error);
+}
+
+// The GPT-2 layout through its named tensors cuts exactly as the layout-specific rule did
+// before the outer loop became a library: wte and wpe rows [f R/F, (f+1) R/F) and blocks
+// l = f mod F to fragment f, ln_f (weight and bias) to the smallest -- so fragments, frames and
+// weights of every run stay what they were.
+TEST(FragmentPlan, Gpt2CutIsTheLayoutSpecificOne) {
+  for (int L : {2, 5, 12})
+    for (int F = 1; F <= std::min(L, 4); ++F) {
+      trainer::ParamLayout layout(model(L, 32, 257, 64));
+      const auto& mc = layout.config();
+      const int64_t C = mc.n_embd;
+      std::vector<std::vector<outer::Range>> want(static_cast<size_t>(F));
+      auto rows = [&](int64_t at, int64_t R, int f) {
+        return outer::Range{at + R * f / F * C, at + R * (f + 1) / F * C};
+      };
+      std::vector<int64_t> size(static_cast<size_t>(F), 0);
+      for (int f = 0; f < F; ++f) {
+        for (auto r : {rows(layout.wte(), mc.vocab_size, f), rows(layout.wpe(), mc.block_size, f)}) {
+          want[static_cast<size_t>(f)].push_back(r);
+          size[static_cast<size_t>(f)] += r.size();
+        }
+      }
+      for (int l = 0; l < L; ++l) {
+        want[static_cast<size_t>(l % F)].push_back({layout.block(l).begin, layout.block(l).end});
+        size[static_cast<size_t>(l % F)] += layout.block(l).end - layout.block(l).begin;
+      }
+      const auto smallest = std::min_element(size.begin(), size.end()) - size.begin();
+      want[static_cast<size_t>(smallest)].push_back({layout.lnf_w(), layout.lnf_b() + C});
+      const auto plans = outer::plan_fragments(trainer::model_params(layout), F, 100);
+      for (int f = 0; f < F; ++f) {
+        auto w = want[static_cast<size_t>(f)];
+        std::sort(w.begin(), w.end(), [](const outer::Range& a, const outer::Range& b) { return a.begin < b.begin; });
+        std::vector<outer::Range> merged;
+        for (const auto& r : w)
+          if (!merged.empty() && merged.back().end == r.begin)
+            merged.back().end = r.end;
+          else
+            merged.push_back(r);
+        EXPECT_EQ(plans[static_cast<size_t>(f)].ranges, merged) << "L=" << L << " F=" << F << " fragment " << f;
+      }
+    }
+}

@@ -37,7 +37,7 @@ SiteStrategy::SiteStrategy(StrategyKind kind, const ParamLayout& layout, paralle
                            const OptimizerConfig& optimizer, std::span<const float> initial, bool optimizer_state,
                            int group_size)
     : kind_(kind), layout_(layout), coll_(coll), n_(layout.total()) {
-  GEOLOCO_CHECK(static_cast<int64_t>(initial.size()) == n_, "initial params: {} != {}", initial.size(), n_);
+  GEOLOCO_CHECK_EQ(static_cast<int64_t>(initial.size()), n_, "initial params");
   if (coll_ && coll_->size() == 1) coll_ = nullptr;
   shard_ = shard_of(n_, rank(), ranks());
   if (kind_ == StrategyKind::Hybrid) {
