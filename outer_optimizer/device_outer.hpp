@@ -50,7 +50,7 @@ struct StagedSlice {
 
 struct StagedRound {
   std::vector<StagedSlice> slices;  // in the order asked
-  // The round's error figures over the slices (as fragment_sync's add_own_error): sum of
+  // The round's error figures over the slices (as exchange.hpp's add_own_error): sum of
   // squared (decoded - pseudo-gradient) and of squared pseudo-gradient.
   double err2 = 0, ref2 = 0;
   uint64_t host_bytes = 0;  // bytes copied to the host for it (scales, codes, the error sums)

@@ -9,7 +9,7 @@
 //                                   # (owner_exchange.hpp; needs min_sites = every site) |
 //                                   # auto: plan: auto picks one with the budget model
 //     quantize_on: auto             # auto | device | host: where a GPU site quantizes its pseudo-gradient
-//                                   # (trainer/loop/device_outer.hpp; same frames either way)
+//                                   # (device_outer.hpp; same frames either way)
 //     pace: steps                   # steps | time: a slower site trains fewer steps per round (pace.hpp)
 //     pace_tolerance: 0.05          # pace: time: a site this close to the fastest trains every step
 //     inner_state: keep             # keep | reset (AdamW moments after each outer step)

@@ -123,7 +123,7 @@ void OwnerExchange::after_contributions(const ExchangeContext& ctx, FragmentStat
         const float w = weight[static_cast<size_t>(s)];
         for (size_t i = 0; i < sl.size(); ++i) avg[i] += w * dec[i];
       }
-      // Encoded in place after the envelope's header (fragment_sync.cpp does the same).
+      // Encoded in place after the envelope's header (round_sync.cpp does the same).
       std::vector<uint8_t> bytes;
       bytes.reserve(kEnvelopeBytes + f.pipeline->max_frame_bytes(sl.size()));
       if (f.owner_ef) {

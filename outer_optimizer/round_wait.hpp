@@ -1,5 +1,5 @@
 // Waiting on a round's transport operations until its deadline, and cancelling what a failed
-// round leaves behind (fragment_sync.cpp, owner_exchange.cpp).
+// round leaves behind (round_sync.cpp, owner_exchange.cpp).
 #pragma once
 
 #include <fmt/format.h>
