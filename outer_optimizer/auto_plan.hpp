@@ -18,7 +18,7 @@
 // their use, so the protocol costs no waiting (AutoPlanProtocol in diloco.cpp).
 //
 // This file holds the pure parts: the decision, its wire form, the recalibration, the drift
-// test. tests/outer/test_auto_plan.cpp pins them.
+// test. tests/outer_optimizer/test_auto_plan.cpp pins them.
 #pragma once
 
 #include <cstdint>

@@ -2,7 +2,7 @@
 // agreed among the site leaders (rank 0 of every site) by single-decree Paxos, one instance
 // per round. A pure state machine: no threads, no clock, no transport. The caller feeds it
 // messages and the time, and sends what take_outbox() returns; tests drive several of them
-// over a simulated network (tests/outer/test_membership.cpp).
+// over a simulated network (tests/outer_optimizer/test_membership.cpp).
 //
 // Every site of the config is an acceptor. A site takes part once it is ready (ready():
 // its holdings are complete, or its round deadline passed); before that it queues prepares

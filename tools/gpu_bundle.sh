@@ -12,7 +12,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-$here/build}"
 archive="${2:-$here/.gpu/bundle.tar.gz}"
-targets=(tests/cuda/test_cuda_host tests/cuda/test_cuda_gpu tests/cuda/test_cuda_loop tests/parallel/test_parallel
+targets=(tests/trainer/cuda/test_cuda_host tests/trainer/cuda/test_cuda_gpu tests/trainer/cuda/test_cuda_loop tests/trainer/parallel/test_parallel
   bench/gpu/bench_gpu_gpt2 bench/gpu/bench_outer_stage trainer/cuda/geoloco_gpu_report)
 
 die() { echo "gpu_bundle: $*" >&2; exit 2; }
@@ -23,8 +23,8 @@ ninja -C "$build" "${names[@]}" >/dev/null
 # The device code must hold sm_90 machine code (CMAKE_CUDA_ARCHITECTURES 90, the default).
 cuobjdump="${CUDA_HOME:-/usr/local/cuda}/bin/cuobjdump"
 if [[ -x "$cuobjdump" ]]; then
-  arch="$("$cuobjdump" --list-elf "$build/tests/cuda/test_cuda_gpu" 2>/dev/null | grep -o 'sm_[0-9]*' | sort -u | tr '\n' ' ')"
-  [[ "$arch" == *sm_90* ]] || die "$build/tests/cuda/test_cuda_gpu holds no sm_90 code (found: ${arch:-none}); reconfigure with -DCMAKE_CUDA_ARCHITECTURES=90"
+  arch="$("$cuobjdump" --list-elf "$build/tests/trainer/cuda/test_cuda_gpu" 2>/dev/null | grep -o 'sm_[0-9]*' | sort -u | tr '\n' ' ')"
+  [[ "$arch" == *sm_90* ]] || die "$build/tests/trainer/cuda/test_cuda_gpu holds no sm_90 code (found: ${arch:-none}); reconfigure with -DCMAKE_CUDA_ARCHITECTURES=90"
 else
   arch="unchecked (no cuobjdump)"
 fi

@@ -99,7 +99,7 @@ if [[ -n "${GEOLOCO_GPU_PREBUILT:-}" ]]; then
     cuda_dirs="$(find_cuda_libs)"
     export LD_LIBRARY_PATH="$build/lib${cuda_dirs:+:$cuda_dirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     note "prebuilt: LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
-    missing="$(for b in "$build"/tests/cuda/* "$build"/tests/parallel/* "$build"/bench/gpu/* "$build"/trainer/cuda/*; do
+    missing="$(for b in "$build"/tests/trainer/cuda/* "$build"/tests/trainer/parallel/* "$build"/bench/gpu/* "$build"/trainer/cuda/*; do
       ldd "$b" 2>&1 | grep 'not found' | sed "s|^|$(basename "$b"): |"; done)"
     if [[ -n "$missing" ]]; then
       note "prebuilt: libraries not found:"
@@ -121,13 +121,13 @@ if ((built)); then
   # Most valuable first, so a slow step costs the later ones, not these: host logic, the
   # device tests once in one process (op/model parity, writes parity.json), the benchmark,
   # then the training loop on the GPU and the NCCL tests.
-  run_step host_tests 60 "$build/tests/cuda/test_cuda_host" --gtest_brief=1
-  GEOLOCO_GPU_REPORT_DIR="$out" run_step gpu_tests 150 "$build/tests/cuda/test_cuda_gpu" --gtest_brief=1
+  run_step host_tests 60 "$build/tests/trainer/cuda/test_cuda_host" --gtest_brief=1
+  GEOLOCO_GPU_REPORT_DIR="$out" run_step gpu_tests 150 "$build/tests/trainer/cuda/test_cuda_gpu" --gtest_brief=1
   run_step bench 150 "$build/bench/gpu/bench_gpu_gpt2" --batch "$batch" --steps 20 --warmup 3 --max-seconds 60 --gemm-probe \
     --out "$out/bench.json"
   # site.device: cuda end to end (label gpu_loop).
-  run_step loop_tests 120 "$build/tests/cuda/test_cuda_loop" --gtest_brief=1
-  run_step nccl_tests 90 "$build/tests/parallel/test_parallel" --gtest_filter='Gpu*:Nccl*' --gtest_brief=1
+  run_step loop_tests 120 "$build/tests/trainer/cuda/test_cuda_loop" --gtest_brief=1
+  run_step nccl_tests 90 "$build/tests/trainer/parallel/test_parallel" --gtest_filter='Gpu*:Nccl*' --gtest_brief=1
   # The outer loop's round on this GPU: fp32 staging + host quantization against quantization
   # on the device (outer.quantize_on), 64M elements, int4 + EF + zstd 1, same frames.
   run_step outer_stage 60 "$build/bench/gpu/bench_outer_stage" --elements 67108864 --codec int4 --zstd 1 \

@@ -1,6 +1,6 @@
 // The CUDA ops of the GPT-2 forward and backward passes: one function per op of
 // trainer/model/kernels_ref.hpp, same shapes and the same conventions, so the CPU reference
-// is their oracle (tests/cuda/test_op_parity.cpp):
+// is their oracle (tests/trainer/cuda/test_op_parity.cpp):
 //   * every *_backward ACCUMULATES into each gradient it produces; crossentropy_backward
 //     WRITES dlogits;
 //   * activations are row-major [N, X] of the activation type A (float for fp32, __nv_bfloat16

@@ -4,7 +4,7 @@
 // decode). Built so that a CUDA site can stage compressed bytes instead of fp32 (issue "the
 // real outer loop at real model size"): a CUDA site's outer loop calls them through
 // trainer/loop/cuda_outer_stage.hpp (outer.quantize_on). Tested on the CUDA emulator against the
-// CPU codec (tests/cuda/test_quantize_kernel.cpp).
+// CPU codec (tests/trainer/cuda/test_quantize_kernel.cpp).
 //
 // Layout (compression/values.hpp): groups of `group` elements (the last may be shorter), one
 // fp32 scale each; codes bit-packed back to back, low bits first, zero padding. All pointers

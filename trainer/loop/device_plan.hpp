@@ -1,6 +1,6 @@
 // What a device strategy holds on the GPU and in pinned host memory per rank, by strategy:
 // plain host logic (sizes, ranges, whether the gradient all-reduce can overlap the backward
-// pass), shared by the CUDA strategy and its CPU tests (tests/loop/test_device_plan.cpp).
+// pass), shared by the CUDA strategy and its CPU tests (tests/trainer/loop/test_device_plan.cpp).
 //
 //            params        grads (full)        grad shard   gathered (full)   AdamW range   overlap
 //   ddp      full          persistent          -            -                 [0, n)        ranks > 1
