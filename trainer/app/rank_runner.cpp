@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include <cstdlib>
 #include <memory>
 
 #include "outer_optimizer/diloco.hpp"
@@ -86,6 +87,12 @@ void resolve_peer_addresses(const trainer::RunConfig& cfg, const transport::ucx:
 
 }  // namespace
 
+planner::HostTopologyOptions host_topology_from_env() {
+  planner::HostTopologyOptions o;
+  if (const char* smi = std::getenv("GEOLOCO_NVIDIA_SMI"); smi != nullptr && *smi != '\0') o.nvidia_smi = smi;
+  return o;
+}
+
 nlohmann::json run_rank(const trainer::RunConfig& given, const RankOptions& o) {
   const int site = o.site, rank = o.rank;
   const auto& sc = given.sites.at(static_cast<size_t>(site));
@@ -116,7 +123,7 @@ nlohmann::json run_rank(const trainer::RunConfig& given, const RankOptions& o) {
   }
   // site.strategy: auto on a cuda site without topology.file: chosen now from this host's
   // nvidia-smi topo -m, the same on every rank of the site (a copy of the config carries it).
-  const trainer::RunConfig cfg = trainer::choose_strategy_at_start(given, site, rank, coll.get());
+  const trainer::RunConfig cfg = trainer::choose_strategy_at_start(given, site, rank, coll.get(), o.host_topology);
   // A site whose ranks found their addresses: every rank learns all of them (rank 0's gate
   // serves them to the other sites).
   std::vector<std::string> site_addresses;

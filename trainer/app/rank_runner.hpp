@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "outer_optimizer/outer_hooks.hpp"
+#include "planner/host_topology.hpp"
 #include "trainer/loop/run_config.hpp"
 #include "transport/transport.hpp"
 
@@ -39,7 +40,15 @@ struct RankOptions {
   // A rank of a site across nodes (sites[].nodes) beyond node 0: the address it binds
   // (--bind-address or GEOLOCO_BIND_ADDRESS); "" finds it (rank_address.hpp).
   std::string bind_address;
+  // site.strategy: auto without topology.file: the nvidia-smi the site's rank 0 runs
+  // (host_topology_from_env()).
+  planner::HostTopologyOptions host_topology;
 };
+
+// The CLI's edge: GEOLOCO_NVIDIA_SMI, when set, names the nvidia-smi to run (a wrapper where it
+// is not on PATH; tests give a script printing a fixture). Read here only; everything below
+// gets it as RankOptions::host_topology.
+planner::HostTopologyOptions host_topology_from_env();
 
 // Returns the run summary at global rank 0 (also written to summary.json), this rank's own
 // summary elsewhere.

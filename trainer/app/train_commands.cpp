@@ -72,7 +72,8 @@ void run_validate(const ConfigArgs& a) {
         "model compute, no loss; the outer loop runs at the model's full size\n",
         cfg.train.rehearsal.step_seconds);
   if (cfg.sites.size() > 1 && !cfg.outer.auto_plan())
-    if (auto note = planner::outer_lr_note(outer::name(cfg.outer.optimizer.kind), cfg.outer.optimizer.lr, cfg.outer.interval))
+    if (auto note =
+            planner::outer_lr_note(outer::name(cfg.outer.optimizer.kind), cfg.outer.optimizer.lr, cfg.outer.interval))
       fmt::print("  note: {}\n", *note);
   // Sites of different shapes (docs/shapes.md): how they exchange, and whether their batches differ.
   if (cfg.sites.size() > 1) {
@@ -150,6 +151,7 @@ void run_train(const TrainArgs& a) {
   RankOptions o;
   o.resume = a.resume;
   o.stop_at_step = a.stop_at;
+  o.host_topology = host_topology_from_env();
   auto summary = run_rank(cfg, o);
   print_human_summary(cfg, summary);
 }

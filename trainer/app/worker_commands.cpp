@@ -74,6 +74,7 @@ void run_worker(const WorkerArgs& a) {
   o.bind_address = a.bind_address;
   if (const char* env = std::getenv("GEOLOCO_BIND_ADDRESS"); o.bind_address.empty() && env != nullptr)
     o.bind_address = env;
+  o.host_topology = host_topology_from_env();
   // The launcher's terminal status view: the site's rank 0 reports there, and the per-step
   // progress lines it replaces are not printed.
   if (const char* fd = std::getenv("GEOLOCO_STATUS_FD"); launched && fd != nullptr && rank == 0) {

@@ -1,7 +1,8 @@
 // Multi-process launcher: starts every rank of every site on this machine, prefixes their
 // output, and makes sure that when one rank fails, or the launcher is asked to stop, every
 // rank is stopped and reaped. `geoloco launch` builds the ProcessSpecs from the run config
-// and calls launch().
+// and calls launch(). The policy below is decided by the Supervisor (supervisor.hpp), the
+// I/O done by launcher.cpp; children are started through geoloco::spawn (core/subprocess.hpp).
 //
 // Guarantees:
 //  * each child runs in its own process group (so signals reach its helpers too, and a
@@ -39,6 +40,8 @@
 #include <utility>
 #include <vector>
 
+#include "trainer/launch/supervisor.hpp"  // the exit codes kExit*
+
 namespace geoloco::launch {
 
 struct ProcessSpec {
@@ -68,15 +71,11 @@ struct LaunchOptions {
   std::chrono::milliseconds restart_backoff_max{30000};
 };
 
-inline constexpr int kExitOk = 0;
-inline constexpr int kExitRankFailed = 1;     // a rank failed or could not be started
-inline constexpr int kExitBadInput = 2;       // a rank's own code for bad input: its group is not restarted
-inline constexpr int kExitInterrupted = 130;  // SIGINT (128 + 2)
-inline constexpr int kExitTerminated = 143;   // SIGTERM (128 + 15)
-
 // Runs all processes to completion. Returns 0 when every one exited 0, otherwise one of the
-// codes above. Throws geoloco::InputError for an empty list, empty argv or duplicate labels,
-// a negative grace, max_restarts or backoff, and geoloco::Error when a system call the launcher itself needs fails (pipe, fork).
+// kExit* codes (supervisor.hpp). Throws geoloco::InputError for an empty list, empty argv or
+// duplicate labels, a negative grace, max_restarts or backoff, and geoloco::Error when a
+// system call the launcher itself needs fails (pipe, poll); a rank that cannot be forked or
+// executed is a failed rank, not an exception.
 int launch(const std::vector<ProcessSpec>& procs, const LaunchOptions& opts = {});
 
 }  // namespace geoloco::launch

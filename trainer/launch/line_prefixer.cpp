@@ -1,3 +1,5 @@
+// LinePrefixer's buffering: a child's bytes cut into whole "[label] " lines, each one write(2)
+// (line_prefixer.hpp).
 #include "trainer/launch/line_prefixer.hpp"
 
 #include "core/fd.hpp"
@@ -8,7 +10,6 @@
 #include <cstring>
 
 namespace geoloco::launch {
-
 
 LinePrefixer::LinePrefixer(std::string label, int out_fd) : prefix_("[" + label + "] "), fd_(out_fd) {}
 LinePrefixer::LinePrefixer(std::string label, std::function<void(const std::string&)> sink)

@@ -1,3 +1,5 @@
+// The launcher->worker environment contract: the GEOLOCO_* variables a worker reads and
+// local_processes() sets (rank_env.hpp).
 #include "trainer/launch/rank_env.hpp"
 
 #include <fmt/format.h>

@@ -1,3 +1,5 @@
+// Slurm task -> (site, rank in site): SLURM_* variables read and checked against the sites'
+// rank counts (slurm_env.hpp).
 #include "trainer/launch/slurm_env.hpp"
 
 #include <fmt/format.h>
@@ -56,9 +58,10 @@ SlurmPlacement env_rank_from_slurm(std::span<const int> counts, const EnvLookup&
   int64_t total = 0;
   for (int c : counts) total += c;
   if (p.world_size != total)
-    throw InputError(fmt::format("Slurm started {} tasks (SLURM_NTASKS) but the config's sites have {} = {} ranks; "
-                                 "use srun -n {}",
-                                 p.world_size, fmt::join(counts, " + "), total, total));
+    throw InputError(
+        fmt::format("Slurm started {} tasks (SLURM_NTASKS) but the config's sites have {} = {} ranks; "
+                    "use srun -n {}",
+                    p.world_size, fmt::join(counts, " + "), total, total));
   SitePlacement s = site_of_global_rank(p.global_rank, counts);
   p.site_index = s.site_index;
   p.rank_in_site = s.rank_in_site;

@@ -1,3 +1,5 @@
+// The terminal status view: one line per site formatted from its rank 0's reports, redrawn
+// below the ranks' output (status_block.hpp).
 #include "trainer/launch/status_block.hpp"
 
 #include <fmt/format.h>

@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "planner/host_topology.hpp"
 
 namespace geoloco::trainer {
 
@@ -85,14 +84,15 @@ StrategyChoice choose_strategy(const RunConfig& cfg, int site, const planner::To
   return c;
 }
 
-RunConfig choose_strategy_at_start(const RunConfig& cfg, int site, int rank, parallel::Collective* coll) {
+RunConfig choose_strategy_at_start(const RunConfig& cfg, int site, int rank, parallel::Collective* coll,
+                                   const planner::HostTopologyOptions& host) {
   const SiteConfig& s = cfg.sites.at(static_cast<size_t>(site));
   if (!s.strategy_auto || s.strategy != "auto") return cfg;
   // Rank 0's text, or "!" and its error, to every rank.
   std::string blob;
   if (rank == 0) {
     try {
-      blob = "=" + planner::read_nvidia_smi_topo();
+      blob = "=" + planner::read_nvidia_smi_topo(host);
     } catch (const InputError& e) {
       blob = std::string("!") + e.what();
     }

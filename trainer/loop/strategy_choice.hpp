@@ -17,6 +17,7 @@
 
 #include "trainer/loop/run_config.hpp"
 #include "trainer/parallel/collective.hpp"
+#include "planner/host_topology.hpp"
 #include "planner/strategy_model.hpp"
 #include "planner/topology.hpp"
 
@@ -37,11 +38,13 @@ planner::Workload site_workload(const RunConfig& cfg, int site);
 StrategyChoice choose_strategy(const RunConfig& cfg, int site, const planner::Topology& node_topo);
 
 // strategy: auto on a site without topology.file (a cuda site; a file is chosen from at config
-// load): the site's rank 0 reads this host's `nvidia-smi topo -m` (planner::read_nvidia_smi_topo)
-// and shares the text -- or its failure -- with the site's ranks over `coll` (null for one
-// rank), so every rank chooses from the same text. Returns `cfg` with the site's strategy,
-// group size and reason filled in (topology.file says "nvidia-smi topo -m"); `cfg` itself when
-// the site's strategy is already chosen. Collective over the site: every rank calls it.
-RunConfig choose_strategy_at_start(const RunConfig& cfg, int site, int rank, parallel::Collective* coll);
+// load): the site's rank 0 reads this host's `nvidia-smi topo -m` (planner::read_nvidia_smi_topo
+// with `host`: which program, how long) and shares the text -- or its failure -- with the
+// site's ranks over `coll` (null for one rank), so every rank chooses from the same text.
+// Returns `cfg` with the site's strategy, group size and reason filled in (topology.file says
+// "nvidia-smi topo -m"); `cfg` itself when the site's strategy is already chosen. Collective
+// over the site: every rank calls it.
+RunConfig choose_strategy_at_start(const RunConfig& cfg, int site, int rank, parallel::Collective* coll,
+                                   const planner::HostTopologyOptions& host);
 
 }  // namespace geoloco::trainer

@@ -6,6 +6,7 @@
 
 #include <sys/stat.h>
 
+#include <chrono>
 #include <cstdlib>
 
 #include "test_util.hpp"
@@ -167,19 +168,18 @@ TEST(StrategyAuto, ARunWhoseStrategyAutoChoseHybrid) {
 
 namespace {
 
-// GEOLOCO_NVIDIA_SMI pointed at a script for the scope of one test.
-class FakeNvidiaSmi {
- public:
-  FakeNvidiaSmi(const TempDir& d, const std::string& body) {
-    path_ = d.file("nvidia-smi", "#!/bin/sh\n" + body);
-    ::chmod(path_.c_str(), 0755);
-    ::setenv("GEOLOCO_NVIDIA_SMI", path_.c_str(), 1);
-  }
-  ~FakeNvidiaSmi() { ::unsetenv("GEOLOCO_NVIDIA_SMI"); }
+planner::HostTopologyOptions nvidia_smi_at(const std::string& path) {
+  planner::HostTopologyOptions o;
+  o.nvidia_smi = path;
+  return o;
+}
 
- private:
-  std::string path_;
-};
+// A script standing in for nvidia-smi (what GEOLOCO_NVIDIA_SMI names for the CLI).
+planner::HostTopologyOptions fake_nvidia_smi(const TempDir& d, const std::string& body) {
+  const std::string path = d.file("nvidia-smi", "#!/bin/sh\n" + body);
+  ::chmod(path.c_str(), 0755);
+  return nvidia_smi_at(path);
+}
 
 // A site whose strategy waits for the host's topology (what a cuda site without
 // topology.file is after config load); the rest of the config is a CPU one.
@@ -196,9 +196,9 @@ RunConfig waiting_for_host(const std::string& yaml) {
 // printing the bridged-pairs fixture) and the choice is the fixture's.
 TEST(StrategyAuto, AtStartFromTheHostsNvidiaSmi) {
   TempDir d;
-  FakeNvidiaSmi smi(d, "cat " + fixture("bridged_pairs.txt") + "\n");
+  const auto smi = fake_nvidia_smi(d, "cat " + fixture("bridged_pairs.txt") + "\n");
   const RunConfig cfg = waiting_for_host(big_site(fixture("bridged_pairs.txt"), 8));
-  const RunConfig chosen = choose_strategy_at_start(cfg, 0, 0, nullptr);
+  const RunConfig chosen = choose_strategy_at_start(cfg, 0, 0, nullptr, smi);
   EXPECT_EQ(chosen.sites[0].strategy, "hybrid");
   EXPECT_EQ(chosen.sites[0].group_size, 2);
   EXPECT_EQ(chosen.sites[0].topology.file, "nvidia-smi topo -m");
@@ -215,7 +215,8 @@ TEST(StrategyAuto, AtStartRankZerosAnswerReachesEveryRank) {
                                       "GPU1\tNV4\t X \t0-7\n");
   const RunConfig cfg = waiting_for_host(big_site(two_gpus, 8, 2));
   for (const bool fails : {false, true}) {
-    FakeNvidiaSmi smi(d, fails ? "echo 'NVML: driver not loaded' >&2\nexit 3\n" : "cat " + two_gpus + "\n");
+    const auto smi =
+        fake_nvidia_smi(d, fails ? "echo 'NVML: driver not loaded' >&2\nexit 3\n" : "cat " + two_gpus + "\n");
     const int port = test::fresh_port();
     std::vector<std::string> got(2);
     test::run_ranks(2, [&](int r) {
@@ -227,7 +228,9 @@ TEST(StrategyAuto, AtStartRankZerosAnswerReachesEveryRank) {
       ro.timeout = std::chrono::milliseconds(20000);
       auto coll = parallel::make_gloo(ro);
       try {
-        got[size_t(r)] = choose_strategy_at_start(cfg, 0, r, coll.get()).sites[0].strategy;
+        // Only rank 0 runs the program: rank 1's would fail if it did.
+        const planner::HostTopologyOptions host = r == 0 ? smi : nvidia_smi_at("/nonexistent/nvidia-smi");
+        got[size_t(r)] = choose_strategy_at_start(cfg, 0, r, coll.get(), host).sites[0].strategy;
       } catch (const InputError& e) {
         got[size_t(r)] = e.what();
       }
@@ -243,14 +246,31 @@ TEST(StrategyAuto, AtStartRankZerosAnswerReachesEveryRank) {
 }
 
 TEST(StrategyAuto, AtStartACommandThatIsNotThereSaysSo) {
-  ::setenv("GEOLOCO_NVIDIA_SMI", "/nonexistent/nvidia-smi", 1);
   const RunConfig cfg = waiting_for_host(big_site(fixture("dgx_h100.txt"), 8));
   try {
-    choose_strategy_at_start(cfg, 0, 0, nullptr);
+    choose_strategy_at_start(cfg, 0, 0, nullptr, nvidia_smi_at("/nonexistent/nvidia-smi"));
     ADD_FAILURE() << "no error";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("cannot run it"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("give site.topology.file instead"), std::string::npos) << e.what();
+    EXPECT_STREQ(e.what(),
+                 "site 'a': strategy: auto: /nonexistent/nvidia-smi topo -m: cannot run it: No such file or directory "
+                 "(give site.topology.file instead)");
   }
-  ::unsetenv("GEOLOCO_NVIDIA_SMI");
+}
+
+// The deadline: an nvidia-smi that hangs is killed, and the site's strategy fails with a
+// message instead of waiting for it.
+TEST(StrategyAuto, AtStartANvidiaSmiThatHangsIsCutOff) {
+  TempDir d;
+  auto smi = fake_nvidia_smi(d, "echo partial\nexec sleep 100\n");
+  smi.timeout_s = 0.3;
+  const RunConfig cfg = waiting_for_host(big_site(fixture("dgx_h100.txt"), 8));
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    choose_strategy_at_start(cfg, 0, 0, nullptr, smi);
+    ADD_FAILURE() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_STREQ(e.what(),
+                 ("site 'a': strategy: auto: " + smi.nvidia_smi + " topo -m: no complete answer within 0.3 s").c_str());
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
 }
