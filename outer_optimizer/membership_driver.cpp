@@ -55,6 +55,7 @@ MembershipOutcome agree_membership(const SitePeers& peers, const ConsensusConfig
   std::vector<transport::SendHandle> sends;
   double last_joined = 0;  // when the last site heard from this round was first heard
   auto flush = [&] {
+    if (out.first_ballot_s < 0 && rc.ballots_started() > 0) out.first_ballot_s = now();
     for (const auto& m : rc.take_outbox()) {
       PeerLink& l = link_of(m.to);
       if (!l.alive) continue;

@@ -37,6 +37,7 @@ struct MembershipOutcome {
   SiteMask foreign = 0;    // the other side of a partition decided this round as these sites (ConsensusConfig::in_run)
   int ballots = 0;         // ballots this site started
   double seconds = 0;      // from the call to the decision
+  double first_ballot_s = -1;  // from the call to the first ballot this site started (-1: none)
   uint64_t messages_sent = 0, messages_received = 0;
 };
 

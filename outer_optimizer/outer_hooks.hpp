@@ -3,7 +3,9 @@
 // from the environment.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -36,6 +38,19 @@ struct OuterHooks {
   // round runs a ballot, which below a majority first waits degrade_s for one, so a cut that
   // heals finds both sides inside the same round's consensus (the heal race of docs/elastic.md).
   bool no_fast_path = false;
+  // Test: a site leader reports each round's membership consensus that it decided, so a test
+  // can prove where a fault landed (a cut that heals inside a ballot, not before or after it)
+  // instead of counting on timing. Called on the thread that ran the consensus (with overlap,
+  // not the inner loop's): it must be thread-safe.
+  struct Consensus {
+    int site = 0;
+    uint64_t round = 0;
+    std::chrono::steady_clock::time_point began;                        // the leader's consensus call
+    std::optional<std::chrono::steady_clock::time_point> first_ballot;  // none: it started no ballot
+    std::chrono::steady_clock::time_point decided;
+    int ballots = 0;  // ballots this site started
+  };
+  std::function<void(const Consensus&)> on_consensus;
   // Test: a donor at site index `site` flips one bit of join chunk `chunk` after hashing it,
   // the first `times` times it sends it (memory gone bad between the snapshot and the wire),
   // so the joiner must detect it and fetch the chunk again.

@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "outer_optimizer/membership_driver.hpp"
@@ -90,8 +91,7 @@ void RoundMembership::record_wait(double seconds) {
 SiteMask RoundMembership::vote_site(uint64_t round, SiteMask holds, SiteMask joiners, Site& site) {
   const int self = peers_.site();
   if (const auto& lo = hooks_.leave_out; lo && lo->site == self && round >= lo->from_round)
-    throw SiteLeftOut(fmt::format("outer round {}: site {} left out by the test hook", round,
-                                  opt_.site_name(self)));
+    throw SiteLeftOut(fmt::format("outer round {}: site {} left out by the test hook", round, opt_.site_name(self)));
   holds = (holds & active(round)) | (joiners & ~active(round));
   if (site.ranks() > 1) {
     const auto all = site.all_gather(std::as_bytes(std::span<const SiteMask>(&holds, 1)));
@@ -115,8 +115,23 @@ std::vector<std::byte> RoundMembership::agree(uint64_t round, SiteMask site_hold
     // A site that holds every contribution early votes at once, while the others may still be
     // waiting for a late site up to the round's deadline: a site not heard from yet in this
     // round (alive, still in its exchange) is waited for that much longer.
+    const auto began = std::chrono::steady_clock::now();
     const MembershipOutcome out =
         agree_membership(peers_, cc, round, site_holds, opt_.outer.quorum_wait_s, &stopping_, deadline_s());
+    if (hooks_.on_consensus) {
+      auto at = [&](double s) {
+        return began +
+               std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
+      };
+      OuterHooks::Consensus c;
+      c.site = cc_.self;
+      c.round = round;
+      c.began = began;
+      if (out.first_ballot_s >= 0) c.first_ballot = at(out.first_ballot_s);
+      c.decided = at(out.seconds);
+      c.ballots = out.ballots;
+      hooks_.on_consensus(c);
+    }
     if (out.foreign)
       spdlog::warn(
           "outer round {}: sites {} decided this round without this side {} (the other side of a partition, "
@@ -184,8 +199,7 @@ SiteMask RoundMembership::share(uint64_t round, int64_t step, SiteMask holds, st
                                                        : missing[static_cast<size_t>(s)]};
     if (peers_.rank() == 0)
       spdlog::warn("outer round {} (inner step {}): site {} evicted: {}; the round commits with {} of {} sites {}",
-                   round, step, opt_.site_name(s), e.why, mask_count(members), S,
-                   mask_string(members));
+                   round, step, opt_.site_name(s), e.why, mask_count(members), S, mask_string(members));
     evictions_.push_back(std::move(e));
   }
   // Admitted: members of this round that were not in the run; active once activate() says from

@@ -94,7 +94,8 @@ void collect_round(FragmentState& f, Round& r, const Exchange& ex, const Exchang
     if (!staged)
       for (size_t i = 0; i < n; ++i) r.delta[i] = f.global[i] - local[i];
     if (const auto& dir = ctx.opt.hooks.capture_dir; !dir.empty() && !again && !staged) {
-      const std::string path = fmt::format("{}/pseudograd.{}.r{}.round{}.safetensors", dir, ctx.opt.name(), rank, round);
+      const std::string path =
+          fmt::format("{}/pseudograd.{}.r{}.round{}.safetensors", dir, ctx.opt.name(), rank, round);
       TensorWrite t = f32_tensor("delta", {static_cast<int64_t>(n)}, r.delta);
       write_safetensors(path, std::span<const TensorWrite>(&t, 1),
                         {{"round", std::to_string(round)}, {"step", std::to_string(step)}});
@@ -188,6 +189,11 @@ void collect_round(FragmentState& f, Round& r, const Exchange& ex, const Exchang
                                                 round, f.segments[k].piece, payload));
         in.sent_bytes += payload->size();
       }
+    // The moment a sync goes on the wire, seen from outside the process (a test that kills a
+    // site mid-transfer waits for this line instead of guessing with a sleep).
+    if (!others.empty())
+      spdlog::debug("outer round {} (inner step {}) on the wire: {} bytes to {} site(s)", round, step, in.sent_bytes,
+                    others.size());
     ex.own_error(ctx, f, r);  // (the owner exchange: while the frames travel)
     auto await = [&](transport::OpHandle& op) { return await_op(op, deadline, deadline_s); };
     std::vector<std::string> send_error(static_cast<size_t>(S));

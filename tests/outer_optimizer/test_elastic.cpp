@@ -3,9 +3,13 @@
 // the config lost, a rank of a two-rank site lost. The survivors commit the next round with
 // the sites that are left, agree bit for bit, and match a reference run in which a test hook
 // leaves the lost site out of that round and every later one.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -65,7 +69,8 @@ struct Outcome {
 std::vector<Outcome> run_with_rejoin(const trainer::RunConfig& cfg, const std::vector<Fault>& faults,
                                      const std::string& restart, std::vector<Outcome>* first_lives,
                                      outer::OuterHooks hooks = {}, std::map<std::string, int64_t> stop_at = {},
-                                     bool resume = false);
+                                     bool resume = false,
+                                     std::vector<transport::Clock::time_point>* cut_heals = nullptr);
 
 // Every rank as a thread on a fresh fabric with `faults`; each rank's outcome, by global rank.
 std::vector<Outcome> run(const trainer::RunConfig& cfg, const std::vector<Fault>& faults,
@@ -295,7 +300,8 @@ namespace {
 // faults, then again as a new process joining the running job (RankOptions::join).
 std::vector<Outcome> run_with_rejoin(const trainer::RunConfig& cfg, const std::vector<Fault>& faults,
                                      const std::string& restart, std::vector<Outcome>* first_lives,
-                                     outer::OuterHooks hooks, std::map<std::string, int64_t> stop_at, bool resume) {
+                                     outer::OuterHooks hooks, std::map<std::string, int64_t> stop_at, bool resume,
+                                     std::vector<transport::Clock::time_point>* cut_heals) {
   geoloco::testing::MemorySites m;
   for (const auto& f : faults) m.fabric.add_fault(f);
   const auto setup = m.setup(cfg, hooks);
@@ -345,6 +351,7 @@ std::vector<Outcome> run_with_rejoin(const trainer::RunConfig& cfg, const std::v
     return once(true);
   });
   if (first_lives) *first_lives = first;
+  if (cut_heals) *cut_heals = m.fabric.cut_heals();
   return out;
 }
 
@@ -995,9 +1002,56 @@ TEST(Elastic, OwnerExchangeASiteLostBetweenItsTwoPhasesStopsTheRunAndTheResumeAg
 // kept, milan and oslo leave naming both sides and the tokens they discard, restart and
 // rejoin, and all four end on one hash.
 namespace {
-// mid_consensus: every round runs a ballot (no fast path) that first waits 1 s for a majority
-// (consensus_retry_s 2), so the sides spend most of each round of the cut in that wait and the
-// cut heals while both are inside the same round's consensus.
+using Consensus = outer::OuterHooks::Consensus;
+
+double seconds_between(transport::Clock::time_point from, transport::Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+// The heal race's precondition, checked rather than assumed: when the cut healed (its eight
+// links, each `cut_s` after its own trigger frame, between `heals`' first and last), every
+// site leader was inside the same round's consensus (begun before the first link healed,
+// decided after the last), and on each side a ballot was running (started before the first
+// link healed). `seen`: every leader's decided rounds, from the on_consensus hook.
+void expect_healed_inside_one_ballot(const std::vector<transport::Clock::time_point>& heals,
+                                     const std::vector<Consensus>& seen) {
+  ASSERT_EQ(heals.size(), 8u) << "the 2|2 cut is eight one-way links, each fires once";
+  const auto first = *std::min_element(heals.begin(), heals.end());
+  const auto last = *std::max_element(heals.begin(), heals.end());
+  std::string spans;  // every leader's rounds around the heal, for the failure message
+  std::map<int, Consensus> at_heal;
+  for (const auto& c : seen) {
+    const double began = seconds_between(first, c.began), decided = seconds_between(first, c.decided);
+    if (began > 3 || decided < -3) continue;
+    spans += fmt::format(
+        "\n  {} round {}: began {:+.3f} s, first ballot {}, decided {:+.3f} s", kNames[c.site], c.round, began,
+        c.first_ballot ? fmt::format("{:+.3f} s", seconds_between(first, *c.first_ballot)) : "none", decided);
+    if (c.began <= first && c.decided >= last) at_heal[c.site] = c;
+  }
+  const std::string context =
+      fmt::format("the cut's links healed from +0 to {:+.3f} s (times from the first); the leaders' rounds then:{}",
+                  seconds_between(first, last), spans);
+  ASSERT_EQ(at_heal.size(), 4u) << "a site leader was between two rounds' consensus at the heal: " << context;
+  std::set<uint64_t> rounds;
+  for (const auto& [site, c] : at_heal) rounds.insert(c.round);
+  EXPECT_EQ(rounds.size(), 1u) << "the sides were in different rounds at the heal: " << context;
+  for (const int side : {0, 2}) {  // {paris, lyon}, {milan, oslo}
+    bool ballot = false;
+    for (const int s : {side, side + 1}) {
+      const auto& b = at_heal[s].first_ballot;
+      ballot = ballot || (b && *b <= first);
+    }
+    EXPECT_TRUE(ballot) << "no ballot was running on " << kNames[side] << "'s side at the heal: " << context;
+  }
+  std::printf("heal inside one ballot: %s\n", context.c_str());
+}
+
+// mid_consensus: every round runs a ballot (no fast path) that waits 1 s for a majority in
+// each of its two phases (consensus_retry_s 2: degrade_s 1), so a round of the cut is 2 s of
+// ballot and a few ms of training. The cut fires at round 4's exchange; its 3 s deadline and
+// its 2 s ballot come first, so a 6.5 s cut heals ~1.5 s into round 5's ballot on both sides:
+// slow training only moves that ballot later (the heal toward its start), and nothing can end
+// it sooner than its timers. expect_healed_inside_one_ballot checks it did.
 void partition_heals_and_the_lowest_index_is_kept(double cut_s, bool mid_consensus = false) {
   TempDir d;
   auto cfg = sites_config(d, 4, 1, ", min_sites: 1, join_chunk_bytes: 4096, join_wait_s: 20");
@@ -1005,15 +1059,26 @@ void partition_heals_and_the_lowest_index_is_kept(double cut_s, bool mid_consens
   cfg.outer.interval = 10;
   outer::OuterHooks hooks;
   hooks.pace = outer::OuterHooks::Pace{-1, 0.01};  // every site: both sides still train after the heal
+  std::mutex seen_mu;
+  std::vector<Consensus> seen;
   if (mid_consensus) {
     cfg.outer.consensus_retry_s = 2;
     cfg.outer.quorum_wait_s = 10;
     cfg.transport->transfer_timeout_s = cut_s + 4;  // the connections outlive the cut
     hooks.no_fast_path = true;
+    hooks.on_consensus = [&](const Consensus& c) {
+      std::lock_guard lock(seen_mu);
+      seen.push_back(c);
+    };
   }
   const auto cut = two_against_two_cut(cut_s);
   std::vector<Outcome> first;
-  const auto out = run_with_rejoin(cfg, cut, "milan,oslo", &first, hooks);
+  std::vector<transport::Clock::time_point> heals;
+  const auto out = run_with_rejoin(cfg, cut, "milan,oslo", &first, hooks, {}, false, &heals);
+  if (mid_consensus) {
+    std::lock_guard lock(seen_mu);
+    expect_healed_inside_one_ballot(heals, seen);
+  }
   for (const auto& o : first) {
     if (o.site != "milan" && o.site != "oslo") continue;
     EXPECT_TRUE(has(o.error,
@@ -1050,7 +1115,8 @@ TEST(Elastic, AfterAPartitionWithMinSitesOneTheSideWithTheLowestIndexIsKeptAndTh
 }
 
 // The heal race (docs/elastic.md): the cut heals while both sides are in the same round's
-// ballot, waiting for a majority. Each side's leaders count only their side's sites in it
+// ballot, waiting for a majority (checked, not assumed: every leader reports its rounds through
+// OuterHooks::on_consensus and the fabric when each link healed). Each side's leaders count only their side's sites in it
 // (ConsensusConfig::in_run), so each side decides its round and the heal rule settles the split
 // as above; without that, the four sites decide one membership together and one side stops as
 // "left out" instead (then the other by the rule).

@@ -7,7 +7,6 @@
 #include <chrono>
 #include <fstream>
 #include <sstream>
-#include <thread>
 
 #include "tests/trainer/loop/test_util.hpp"
 #include "tests/outer_optimizer/processes.hpp"
@@ -37,13 +36,16 @@ std::string config(const TempDir& d, int port, const std::string& extra = "") {
 
 }  // namespace
 
-// lyon is SIGKILLed while a sync is on the wire (the transport paces transfers to 2 Mbit/s so
-// each sync takes ~1 s): paris fails within the transfer timeout plus a bound, naming lyon.
+// lyon is SIGKILLed while a sync is on the wire: the transport paces transfers to 2 Mbit/s, so
+// a sync's pseudo-gradient (about 420 kB in fp32) takes ~1.7 s to leave, and the kill follows
+// the debug line lyon logs as round 2's frames are posted. paris fails within the transfer
+// timeout plus a bound, naming the round and lyon.
 TEST(OuterProcesses, PeerKilledMidTransferFailsTheOthersNamingThePeer) {
   TempDir d;
   auto cfg = config(d, fresh_port(), "");
   // Two sites need both (min_sites: a majority): paris waits 2 s for a membership, then stops.
-  std::vector<std::string> slow = {"--set", "transport.emulate.rate_mbit=2", "--set", "outer.quorum_wait_s=2"};
+  std::vector<std::string> slow = {
+      "--set", "transport.emulate.rate_mbit=2", "--set", "outer.quorum_wait_s=2", "--set", "run.log_level=debug"};
   auto args = [&](const char* site) {
     std::vector<std::string> a = {"worker", cfg, "--site", site, "--rank", "0"};
     a.insert(a.end(), slow.begin(), slow.end());
@@ -51,21 +53,28 @@ TEST(OuterProcesses, PeerKilledMidTransferFailsTheOthersNamingThePeer) {
   };
   Proc paris = spawn(args("paris"), (d.path() / "paris.log").string());
   Proc lyon = spawn(args("lyon"), (d.path() / "lyon.log").string());
-  ASSERT_TRUE(contains(lyon.log, "outer step 1", std::chrono::seconds(60))) << slurp(lyon.log);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // inside the next sync
+  ASSERT_TRUE(contains(lyon.log, "outer round 2 (inner step 4) on the wire", std::chrono::seconds(60)))
+      << slurp(lyon.log);
   kill(lyon.pid, SIGKILL);
   const auto t0 = Clock::now();
   int rc = wait_for(paris, std::chrono::seconds(30));
   const double took = std::chrono::duration<double>(Clock::now() - t0).count();
   wait_for(lyon, std::chrono::seconds(5));
+  // lyon's log ends where it died: round 2's frames had been posted and the sync had not
+  // completed, so the kill landed inside it (a slow poll of the log would show here).
+  const std::string lyon_log = slurp(lyon.log);
+  EXPECT_NE(lyon_log.find("outer step 1 at inner step 2"), std::string::npos) << lyon_log;
+  EXPECT_EQ(lyon_log.find("outer step 2 at inner step 4"), std::string::npos)
+      << "lyon was killed after round 2's sync completed, not during it:\n"
+      << lyon_log;
   EXPECT_EQ(rc, 1) << slurp(paris.log);
   EXPECT_LT(took, 3.0 + 10.0) << "transfer timeout 3 s";
-  // One line names the outer step, the inner step and the peer.
+  // One line names the outer step lyon died in, the inner step and the peer.
   const std::string log = slurp(paris.log);
   const size_t at = log.find("geoloco: failed: outer step ");
   ASSERT_NE(at, std::string::npos) << log;
   const std::string line = log.substr(at, log.find('\n', at) - at);
-  EXPECT_NE(line.find("(inner step "), std::string::npos) << line;
+  EXPECT_NE(line.find("outer step 2 (inner step 4)"), std::string::npos) << line;
   EXPECT_NE(line.find("lyon/0"), std::string::npos) << line;
 }
 

@@ -190,12 +190,13 @@ TEST(Overlap, ResumeWithSyncInFlightIsExact) {
 // 200 ms added to every cross-site transfer: blocking syncs expose it, overlapped ones hide
 // it behind tau steps of compute. Compared on the steady-state outer period (metrics.jsonl,
 // the period ending at the second sync/merge; the run's last step always syncs blocking,
-// so the whole-run figure includes one exposed sync): >= 95% with overlap (the issue's
-// target), and under a quarter of the blocking run's exposed wait (a blocking sync costs
-// 200 ms for the pseudo-gradient per 20 steps; the hash check is verified a round later).
+// so the whole-run figure includes one exposed sync). Every check is relative -- to the
+// emulated delay, or to the blocking run measured in the same test -- so it holds whatever
+// this machine's step time; the absolute utilization (the target, >= 95% overlapped)
+// is bench/overlap's figure (docs/overlap.md).
 TEST(Overlap, HidesTwoHundredMsDelay) {
   struct Result {
-    double period_util = -1, period_wait = -1;
+    double period_util = -1, period_wait = -1, period_wall = -1;
     int hash_checks = 0, long_hash_checks = 0;  // trace.json, every rank; long: >= 0.1 s
     double max_receive_s = -1;
     nlohmann::json summary;
@@ -214,6 +215,7 @@ TEST(Overlap, HidesTwoHundredMsDelay) {
       if (j["step"] == period_end && j.contains("compute_utilization")) {
         r.period_util = j["compute_utilization"].get<double>();
         r.period_wait = j["exposed_wait_s"].get<double>();
+        r.period_wall = j["period_wall_s"].get<double>();
       }
     }
     for (auto& e : nlohmann::json::parse(std::ifstream(d.path() / "out" / "trace.json"))) {
@@ -231,18 +233,24 @@ TEST(Overlap, HidesTwoHundredMsDelay) {
   auto o = run(", overlap_steps: 19, check_hash: false", 59);  // merges at 39, 59; sync at 60
   std::printf(
       "compute utilization, 2 sites, +200 ms per transfer, steady-state period: blocking %.4f (exposed wait "
-      "%.3f s), overlapped tau=19 %.4f (exposed wait %.3f s); whole run: blocking %.4f, overlapped %.4f\n",
-      b.period_util, b.period_wait, o.period_util, o.period_wait, b.summary["compute_utilization"].get<double>(),
-      o.summary["compute_utilization"].get<double>());
+      "%.3f s of %.3f s), overlapped tau=19 %.4f (exposed wait %.3f s of %.3f s); whole run: blocking %.4f, "
+      "overlapped %.4f\n",
+      b.period_util, b.period_wait, b.period_wall, o.period_util, o.period_wait, o.period_wall,
+      b.summary["compute_utilization"].get<double>(), o.summary["compute_utilization"].get<double>());
   ASSERT_GE(b.period_util, 0.0);
   ASSERT_GE(o.period_util, 0.0);
-  // (The figure is bench/overlap's; here a bound a loaded 2-core CI machine still meets: 0.995
-  // alone, 0.947 once under ctest -j2.)
-  EXPECT_GE(o.period_util, 0.9);
-  // Overlap hides what blocking exposes. Compared as exposed seconds, not utilization: the
-  // utilization a fixed 200 ms costs depends on how fast this machine computes 20 steps
-  // (on a slower host blocking reached 0.93 with overlap at 0.999).
+  ASSERT_GT(b.period_wall, 0.0);
+  // Overlap hides what blocking exposes. Compared as exposed seconds first: a fixed 200 ms
+  // costs more utilization on a faster machine (on a slower host blocking reached 0.93 with
+  // overlap at 0.999), but the seconds it exposes do not depend on the step time.
   EXPECT_LT(o.period_wait, 0.25 * b.period_wait);
+  // Then as utilization: blocking loses its exposed share of the period (wait / wall, the wait
+  // at least the 200 ms delay: asserted below), and overlap must win back at least half of that
+  // share. Both sides are measured here, so the margin follows this machine's step time. (With
+  // overlap turned off the second run still came out 0.03-0.06 above the first: half of
+  // 0.2 s / wall did not catch that, half the exposed share does.)
+  EXPECT_GE(o.period_util - b.period_util, 0.5 * b.period_wait / b.period_wall)
+      << "blocking exposed " << b.period_wait << " s of " << b.period_wall << " s";
   // Blocking pays the pseudo-gradient's 200 ms. The weights-hash check of a round is verified
   // at the next round, when the peers' hashes arrived long ago: only the run's final check
   // (after the last sync) may wait for the 200 ms delay, one per rank, where every round's

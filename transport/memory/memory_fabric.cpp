@@ -150,6 +150,11 @@ uint64_t MemoryFabric::faults_applied() const {
   return faults_applied_;
 }
 
+std::vector<Clock::time_point> MemoryFabric::cut_heals() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cut_heals_;
+}
+
 uint64_t MemoryFabric::frames_from(const std::string& site, int rank) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = frames_from_.find({site, rank});
@@ -309,6 +314,10 @@ std::optional<std::string> MemoryFabric::transmit(int from, int to, int lane, st
           break;
         case FaultAction::kCut:  // held below, with every later frame on the links it names
           cuts_.emplace_back(*fault, Clock::now() + seconds_d(fault->delay_s));
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            cut_heals_.push_back(cuts_.back().second);
+          }
           break;
         case FaultAction::kDrop: return std::string();
         case FaultAction::kDelay: extra = fault->delay_s; break;

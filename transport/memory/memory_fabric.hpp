@@ -86,6 +86,9 @@ class MemoryFabric {
   // Frames the fabric delivered so far from site/rank (any kind), and faults applied.
   uint64_t frames_from(const std::string& site, int rank) const;
   uint64_t faults_applied() const;
+  // When each cut that fired heals (its held frames arrive from then on), in the order they
+  // fired: a test checks against it where its cut ended, instead of assuming it.
+  std::vector<Clock::time_point> cut_heals() const;
 
   // Runs `fn` on the fabric thread and waits for it.
   void run_sync(std::function<void()> fn);
@@ -146,6 +149,7 @@ class MemoryFabric {
   bool stopping_ = false;
   std::vector<std::pair<Fault, uint64_t>> faults_;  // (fault, matching frames seen)
   uint64_t faults_applied_ = 0;
+  std::vector<Clock::time_point> cut_heals_;  // cuts_'s heal times, for cut_heals()
   std::map<std::pair<std::string, int>, uint64_t> frames_from_;
 
   // fabric thread
