@@ -26,8 +26,7 @@ std::vector<uint8_t> ErrorFeedback::save() const {
   bytes::store<uint16_t>(blob.data() + 4, kResidualVersion);
   bytes::store<uint64_t>(blob.data() + 8, residual_.size());
   if (payload) std::memcpy(blob.data() + kBlobHeader, residual_.data(), payload);
-  bytes::store<uint64_t>(blob.data() + kBlobHeader + payload,
-                         hash64(blob.data(), kBlobHeader + payload, kBlobSeed));
+  bytes::store<uint64_t>(blob.data() + kBlobHeader + payload, hash64(blob.data(), kBlobHeader + payload, kBlobSeed));
   return blob;
 }
 
@@ -38,12 +37,12 @@ ErrorFeedback ErrorFeedback::load(std::span<const uint8_t> blob, size_t expected
     throw FileError(what, "error-feedback residual: bad magic, expected 'GLEF'");
   const uint16_t version = bytes::load<uint16_t>(blob.data() + 4);
   if (version != kResidualVersion)
-    throw FileError(what, fmt::format("error-feedback residual: version {}, this build reads {}", version,
-                                      kResidualVersion));
+    throw FileError(what,
+                    fmt::format("error-feedback residual: version {}, this build reads {}", version, kResidualVersion));
   const uint64_t n = bytes::load<uint64_t>(blob.data() + 8);
   if (n != expected_elements)
-    throw FileError(what, fmt::format("error-feedback residual holds {} elements, the shard has {}", n,
-                                      expected_elements));
+    throw FileError(what,
+                    fmt::format("error-feedback residual holds {} elements, the shard has {}", n, expected_elements));
   // n == expected_elements, a size the caller can allocate, so n * 4 does not overflow.
   if (blob.size() != kBlobHeader + n * sizeof(float) + kBlobTrailer)
     throw FileError(what, fmt::format("error-feedback residual: {} bytes, {} elements need {}", blob.size(), n,

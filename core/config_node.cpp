@@ -260,7 +260,8 @@ std::string Node::get_choice(std::string_view key, std::string_view default_valu
 }
 
 size_t Node::get_choice_index(std::string_view key, size_t default_index, std::span<const char* const> words) const {
-  GEOLOCO_CHECK(default_index < words.size(), "{}: default choice {} of {}", key_path(key), default_index, words.size());
+  GEOLOCO_CHECK(default_index < words.size(), "{}: default choice {} of {}", key_path(key), default_index,
+                words.size());
   const std::string v = get<std::string>(key, std::string(words[default_index]));
   for (size_t i = 0; i < words.size(); ++i)
     if (v == words[i]) return i;

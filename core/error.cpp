@@ -7,7 +7,8 @@ void check_failed(const char* expr, const char* file, int line, const std::strin
 }
 
 void check_failed(const char* expr, const char* file, int line, const std::string& operands, const std::string& msg) {
-  throw Error(fmt::format("{}:{}: check '{}' failed ({}){}{}", file, line, expr, operands, msg.empty() ? "" : ": ", msg));
+  throw Error(
+      fmt::format("{}:{}: check '{}' failed ({}){}{}", file, line, expr, operands, msg.empty() ? "" : ": ", msg));
 }
 
 }  // namespace geoloco::detail

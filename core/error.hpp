@@ -45,8 +45,7 @@ class ConfigError : public InputError {
 // A file (checkpoint, data shard, key file) is missing, truncated or corrupt.
 class FileError : public InputError {
  public:
-  FileError(const std::string& path, const std::string& problem)
-      : InputError(path + ": " + problem), path_(path) {}
+  FileError(const std::string& path, const std::string& problem) : InputError(path + ": " + problem), path_(path) {}
   const std::string& path() const { return path_; }
 
  private:
@@ -68,9 +67,9 @@ std::string check_message(fmt::format_string<A...> f, A&&... a) {
 }  // namespace geoloco
 
 // Invariant check: throws geoloco::Error("file:line: check 'expr' failed: msg").
-#define GEOLOCO_CHECK(cond, ...)                                                             \
-  do {                                                                                       \
-    if (!(cond)) [[unlikely]]                                                                \
+#define GEOLOCO_CHECK(cond, ...)                                                              \
+  do {                                                                                        \
+    if (!(cond)) [[unlikely]]                                                                 \
       ::geoloco::detail::check_failed(#cond, __FILE__, __LINE__, ::fmt::format(__VA_ARGS__)); \
   } while (0)
 
@@ -78,14 +77,14 @@ std::string check_message(fmt::format_string<A...> f, A&&... a) {
 // GEOLOCO_CHECK_EQ(a, b[, fmt, args...]) throws
 // geoloco::Error("file:line: check 'a == b' failed (3 vs 4): msg"). Operands must be printable
 // by fmt; each is evaluated once.
-#define GEOLOCO_CHECK_OP_(op, a, b, ...)                                                                   \
-  do {                                                                                                     \
-    const auto& geoloco_check_a_ = (a);                                                                    \
-    const auto& geoloco_check_b_ = (b);                                                                    \
-    if (!(geoloco_check_a_ op geoloco_check_b_)) [[unlikely]]                                              \
-      ::geoloco::detail::check_failed(#a " " #op " " #b, __FILE__, __LINE__,                               \
-                                      ::fmt::format("{} vs {}", geoloco_check_a_, geoloco_check_b_),       \
-                                      ::geoloco::detail::check_message(__VA_ARGS__));                      \
+#define GEOLOCO_CHECK_OP_(op, a, b, ...)                                                             \
+  do {                                                                                               \
+    const auto& geoloco_check_a_ = (a);                                                              \
+    const auto& geoloco_check_b_ = (b);                                                              \
+    if (!(geoloco_check_a_ op geoloco_check_b_)) [[unlikely]]                                        \
+      ::geoloco::detail::check_failed(#a " " #op " " #b, __FILE__, __LINE__,                         \
+                                      ::fmt::format("{} vs {}", geoloco_check_a_, geoloco_check_b_), \
+                                      ::geoloco::detail::check_message(__VA_ARGS__));                \
   } while (0)
 #define GEOLOCO_CHECK_EQ(a, b, ...) GEOLOCO_CHECK_OP_(==, a, b __VA_OPT__(, ) __VA_ARGS__)
 #define GEOLOCO_CHECK_NE(a, b, ...) GEOLOCO_CHECK_OP_(!=, a, b __VA_OPT__(, ) __VA_ARGS__)

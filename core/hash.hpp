@@ -11,9 +11,7 @@ namespace geoloco {
 
 uint64_t hash64(const void* data, size_t bytes, uint64_t seed = 0);
 inline uint64_t hash64(std::string_view s, uint64_t seed = 0) { return hash64(s.data(), s.size(), seed); }
-inline uint64_t hash64(std::span<const float> v, uint64_t seed = 0) {
-  return hash64(v.data(), v.size_bytes(), seed);
-}
+inline uint64_t hash64(std::span<const float> v, uint64_t seed = 0) { return hash64(v.data(), v.size_bytes(), seed); }
 // 16 lowercase hex digits.
 std::string hex64(uint64_t h);
 

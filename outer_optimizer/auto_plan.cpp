@@ -152,8 +152,8 @@ planner::BudgetInput budget_input(const PlanRequest& req) {
   in.target_utilization = o.target_utilization;
   // The quality floor: plan_h_min, raised when the outer lr is too large for a small H
   // (planner/quality_floor.hpp).
-  in.h_floor =
-      std::max<int64_t>(planner::quality_h_floor(o.plan_h_min, name(o.optimizer.kind), o.optimizer.lr), o.overlap_steps + 1);
+  in.h_floor = std::max<int64_t>(planner::quality_h_floor(o.plan_h_min, name(o.optimizer.kind), o.optimizer.lr),
+                                 o.overlap_steps + 1);
   in.h_max = o.plan_h_max;
   in.search_bits = o.plan_bits;
   in.search_fragments.clear();

@@ -69,8 +69,8 @@ Diloco::Diloco(OuterOptions options, transport::Transport* transport, Site& site
       device_ = nullptr;
     }
   }
-  exchange_ = make_exchange(ocfg_.owner_exchange() && S > 1 ? ExchangeKind::Owner : ExchangeKind::AllToAll, S,
-                            opt_.site);
+  exchange_ =
+      make_exchange(ocfg_.owner_exchange() && S > 1 ? ExchangeKind::Owner : ExchangeKind::AllToAll, S, opt_.site);
   build_fragments(ocfg_.fragments, shard);
   site_hash_ = combine_site_hash(piece_hashes());
   // The config's own schedule is plan epoch 0.
@@ -106,9 +106,7 @@ Diloco::~Diloco() {
 
 // ---- the schedule ---------------------------------------------------------------------
 
-bool Diloco::trains_step(int64_t step) {
-  return pace_.trains(step, epoch_start_, interval_, planned_, peers_.sites());
-}
+bool Diloco::trains_step(int64_t step) { return pace_.trains(step, epoch_start_, interval_, planned_, peers_.sites()); }
 
 StepState Diloco::step_state(int64_t step) const {
   StepState s;
@@ -183,9 +181,7 @@ bool Diloco::run_rest(int64_t step, const std::vector<Action>& rest, bool any) {
         complete(*f);
         any = true;
         break;
-      case Act::Vote:
-        vote(*f, /*background=*/true);
-        break;
+      case Act::Vote: vote(*f, /*background=*/true); break;
       case Act::FinalSync:
         final_sync(step);
         any = true;
@@ -195,9 +191,7 @@ bool Diloco::run_rest(int64_t step, const std::vector<Action>& rest, bool any) {
         // (started here, not at construction, so a run resumed with its plan never probes).
         planner_.start_probe();
         break;
-      case Act::InitialPlan:
-        apply_plan(planner_.initial(site_, step_times_), step, /*initial=*/true);
-        break;
+      case Act::InitialPlan: apply_plan(planner_.initial(site_, step_times_), step, /*initial=*/true); break;
       case Act::Boundary: {
         const int64_t index = (step - epoch_start_) / interval_;
         auto next = planner_.boundary(step, index, site_, plan_, boundary_syncs_, step_times_);
@@ -336,8 +330,8 @@ void Diloco::launch(Fragment& f, int64_t step) {
   r.voted = false;
   r.awaiting_decision = true;
   r.pending_merge = true;
-  launch_worker(f.state, r, *exchange_, ctx_, step, round, tokens, membership_.active(round),
-                membership_.deadline_s(), trace_tid(f));
+  launch_worker(f.state, r, *exchange_, ctx_, step, round, tokens, membership_.active(round), membership_.deadline_s(),
+                trace_tid(f));
 }
 
 void Diloco::vote(Fragment& f, bool background) {
@@ -434,8 +428,8 @@ std::vector<Diloco::Retry> Diloco::undecided_rounds(Fragment& failed) {
       if (!r.awaiting_decision) continue;
       join_worker(r);  // its exchange ends by its deadline
     }
-    out.push_back(Retry{f->state.index, r.number, r.launch_step, r.merge_step,
-                        OwnContribution{r.inbox.mine, r.inbox.infos}});
+    out.push_back(
+        Retry{f->state.index, r.number, r.launch_step, r.merge_step, OwnContribution{r.inbox.mine, r.inbox.infos}});
   }
   std::sort(out.begin(), out.end(), [](const Retry& a, const Retry& b) { return a.round < b.round; });
   return out;

@@ -222,8 +222,8 @@ class Diloco {
   OuterBooks books_;
   SitePace pace_;
   RoundBufferPool buffers_;
-  const size_t n_;          // shard elements
-  const ShardRange shard_;  // this rank's shard of the flat parameters
+  const size_t n_;                 // shard elements
+  const ShardRange shard_;         // this rank's shard of the flat parameters
   DeviceOuter* device_ = nullptr;  // outer.quantize_on: the device side of a GPU site (null: the host)
   const bool gpu_site_;
 

@@ -272,14 +272,14 @@ int64_t Diloco::join() {
         res.refetched ? fmt::format(", {} chunk(s) fetched again", res.refetched) : std::string(), hex64(site_hash_));
   for (const auto& n : res.notes) spdlog::warn("site {}: join: {}", here, n);
   joins_.own = {{"round", m.round},
-             {"step", m.step},
-             {"seconds", res.seconds},
-             {"bytes_fetched", res.bytes},
-             {"donors", books_.member_names(res.donors)},
-             {"chunks", m.chunks()},
-             {"refetched", res.refetched},
-             {"warmup_steps", ocfg_.join_warmup_steps},
-             {"notes", res.notes}};
+                {"step", m.step},
+                {"seconds", res.seconds},
+                {"bytes_fetched", res.bytes},
+                {"donors", books_.member_names(res.donors)},
+                {"chunks", m.chunks()},
+                {"refetched", res.refetched},
+                {"warmup_steps", ocfg_.join_warmup_steps},
+                {"notes", res.notes}};
   return m.step;
 }
 

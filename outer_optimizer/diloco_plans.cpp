@@ -65,9 +65,9 @@ void Diloco::set_schedule(const PlanDecision& d, std::span<const float> global) 
   interval_ = d.interval;
   pcfg_ = plan_compression(ocfg_.compression, d);
   if (ocfg_.exchange_auto())
-    exchange_ = make_exchange(d.exchange == ExchangeKind::Owner && peers_.sites() > 1 ? ExchangeKind::Owner
-                                                                                       : ExchangeKind::AllToAll,
-                              peers_.sites(), opt_.site);
+    exchange_ = make_exchange(
+        d.exchange == ExchangeKind::Owner && peers_.sites() > 1 ? ExchangeKind::Owner : ExchangeKind::AllToAll,
+        peers_.sites(), opt_.site);
   if (auto* t = peers_.transport()) t->set_active_lanes(std::min(d.lanes, t->lanes()));
   buffers_.clear();
   build_fragments(d.fragments, global);

@@ -102,7 +102,8 @@ OuterState Diloco::save_state() {
       s.metadata[p + "pending_envelope_bytes"] = std::to_string(r.result.envelope_bytes);
       s.metadata[p + "pending_elements"] = std::to_string(r.result.elements);
       std::string tokens;  // the round's contributions, counted when it merges
-      for (size_t i = 0; i < r.result.tokens.size(); ++i) tokens += fmt::format("{}{}", i ? "," : "", r.result.tokens[i]);
+      for (size_t i = 0; i < r.result.tokens.size(); ++i)
+        tokens += fmt::format("{}{}", i ? "," : "", r.result.tokens[i]);
       s.metadata[p + "pending_tokens"] = tokens;
     }
   }
@@ -176,8 +177,9 @@ void Diloco::restore_state(const SafetensorsFile& file) {
     for (size_t k = 0; k < K; ++k) {
       try {
         const auto& env = *r.mine.envelopes[k];
-        const Envelope e = read_envelope(env, EnvelopeKind::kPseudoGradient, r.round, static_cast<uint32_t>(opt_.site),
-                                         static_cast<uint32_t>(opt_.rank), env.size(), "this rank's saved contribution");
+        const Envelope e =
+            read_envelope(env, EnvelopeKind::kPseudoGradient, r.round, static_cast<uint32_t>(opt_.site),
+                          static_cast<uint32_t>(opt_.rank), env.size(), "this rank's saved contribution");
         const size_t elements = exchange_->frame(frag.segments[k / per_segment], k % per_segment).size();
         r.mine.infos.push_back(compression::Pipeline::inspect(e.body, elements));
       } catch (const Error& e) {

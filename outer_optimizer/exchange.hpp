@@ -63,8 +63,8 @@ class Exchange {
   // (this rank's own included); `tokens` by site (outer.weighting: tokens). Adds this rank's
   // error figures unless the round knows them (r.inbox.err_known).
   virtual void average(const ExchangeContext& ctx, FragmentState& f, Round& r, SiteMask members,
-                       const std::vector<std::vector<Envelope>>& env, const std::vector<uint64_t>& tokens,
-                       double& err2, double& ref2) const = 0;
+                       const std::vector<std::vector<Envelope>>& env, const std::vector<uint64_t>& tokens, double& err2,
+                       double& ref2) const = 0;
 };
 
 class AllToAllExchange final : public Exchange {

@@ -31,9 +31,7 @@ ExchangeLayout::ExchangeLayout(int64_t n, std::vector<int> ranks) : n_(n), ranks
   }
 }
 
-ShardRange ExchangeLayout::shard(int site, int rank) const {
-  return shard_of(n_, rank, ranks(site));
-}
+ShardRange ExchangeLayout::shard(int site, int rank) const { return shard_of(n_, rank, ranks(site)); }
 
 int ExchangeLayout::owner_of(int site, int64_t element) const {
   // Shards tile [0, n) in rank order: the last rank whose shard starts at or before it (and is

@@ -141,7 +141,7 @@ struct Round {
   bool in_flight = false;
   std::exception_ptr error;
   std::chrono::steady_clock::time_point t0, t1;
-  bool joined = false;        // the worker was joined: joined_seconds is the collection's time
+  bool joined = false;  // the worker was joined: joined_seconds is the collection's time
   double joined_seconds = 0;
 
   // The decision: at vote_step the site votes on the round's membership and its leader starts

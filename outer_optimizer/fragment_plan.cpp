@@ -49,9 +49,8 @@ std::vector<FragmentPlan> plan_fragments(const ModelParams& params, int F, int64
   const int blocks = params.blocks();
   if (F < 1) throw ConfigError(fmt::format("outer.fragments: got {}, expected at least 1", F));
   if (F > std::max(blocks, 1))
-    throw ConfigError(
-        fmt::format("outer.fragments: got {}, but the model has {} blocks (a fragment holds at least one block)", F,
-                    blocks));
+    throw ConfigError(fmt::format(
+        "outer.fragments: got {}, but the model has {} blocks (a fragment holds at least one block)", F, blocks));
   if (F > interval)
     throw ConfigError(
         fmt::format("outer.fragments: got {}, but outer.interval is {} (fragments sync at distinct steps "

@@ -31,9 +31,9 @@ struct Range {
 
 struct FragmentPlan {
   int index = 0;
-  int64_t offset = 0;            // sync steps: s > 0 with s % interval == offset
-  std::vector<Range> ranges;     // into the flat parameter buffer, sorted, disjoint, merged
-  std::vector<int> blocks;       // the blocks it holds (for logs and docs)
+  int64_t offset = 0;         // sync steps: s > 0 with s % interval == offset
+  std::vector<Range> ranges;  // into the flat parameter buffer, sorted, disjoint, merged
+  std::vector<int> blocks;    // the blocks it holds (for logs and docs)
   int64_t elements() const;
   std::string describe() const;  // "fragment 1: blocks 1,3 + wte rows 128..255 (123456 params)"
 };

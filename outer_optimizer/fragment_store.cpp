@@ -73,8 +73,7 @@ class DeviceStore final : public HostStore {
   void define(const FragmentState& f) override {
     std::vector<DeviceRun> runs;
     for (const auto& r : f.local) runs.push_back({r.begin, r.end});
-    device_.define(f.index, runs, f.global,
-                   f.ef ? std::span<const float>(f.ef->residual()) : std::span<const float>());
+    device_.define(f.index, runs, f.global, f.ef ? std::span<const float>(f.ef->residual()) : std::span<const float>());
   }
 
   uint64_t snapshot(const FragmentState& f, Round& r, const compression::PipelineConfig& pcfg,

@@ -20,15 +20,14 @@ void ModelParams::validate() const {
   int64_t at = 0;
   for (const auto& t : tensors) {
     if (t.rows < 1 || t.cols < 0 || t.block < -1)
-      throw Error(fmt::format("model parameters: tensor '{}' has {} rows of {} (block {})", t.name, t.rows, t.cols,
-                              t.block));
+      throw Error(
+          fmt::format("model parameters: tensor '{}' has {} rows of {} (block {})", t.name, t.rows, t.cols, t.block));
     if (t.offset != at)
-      throw Error(fmt::format("model parameters: tensor '{}' starts at {}, but the tensors before it end at {}",
-                              t.name, t.offset, at));
+      throw Error(fmt::format("model parameters: tensor '{}' starts at {}, but the tensors before it end at {}", t.name,
+                              t.offset, at));
     at += t.numel();
   }
-  if (at != total)
-    throw Error(fmt::format("model parameters: the tensors cover {} elements of {}", at, total));
+  if (at != total) throw Error(fmt::format("model parameters: the tensors cover {} elements of {}", at, total));
 }
 
 std::vector<std::vector<std::byte>> Site::all_gather(std::span<const std::byte> mine) {
@@ -41,11 +40,10 @@ void OuterOptions::validate() const {
   if (sites.size() > 64) throw ConfigError(fmt::format("outer loop: {} sites, at most 64", sites.size()));
   for (const auto& s : sites)
     if (s.ranks < 1) throw ConfigError(fmt::format("outer loop: site {} has {} ranks", s.name, s.ranks));
-  if (site < 0 || site >= site_count())
-    throw ConfigError(fmt::format("outer loop: site {} of {}", site, sites.size()));
+  if (site < 0 || site >= site_count()) throw ConfigError(fmt::format("outer loop: site {} of {}", site, sites.size()));
   if (rank < 0 || rank >= sites[static_cast<size_t>(site)].ranks)
-    throw ConfigError(fmt::format("outer loop: rank {} of site {} ({} ranks)", rank, name(),
-                                  sites[static_cast<size_t>(site)].ranks));
+    throw ConfigError(
+        fmt::format("outer loop: rank {} of site {} ({} ranks)", rank, name(), sites[static_cast<size_t>(site)].ranks));
   if (total_steps < 1) throw ConfigError(fmt::format("outer loop: {} inner steps", total_steps));
   params.validate();
 }

@@ -26,7 +26,8 @@ size_t owned_count(const FragmentState& f, int site, int sites) {
   return n;
 }
 
-void expand_owned(const FragmentState& f, int site, int sites, std::span<const float> owned, std::span<float> gathered) {
+void expand_owned(const FragmentState& f, int site, int sites, std::span<const float> owned,
+                  std::span<float> gathered) {
   GEOLOCO_CHECK(owned.size() == owned_count(f, site, sites) && gathered.size() == f.n,
                 "fragment {}: {} owned values for {} into {} for {}", f.index, owned.size(),
                 owned_count(f, site, sites), gathered.size(), f.n);
@@ -40,7 +41,8 @@ void expand_owned(const FragmentState& f, int site, int sites, std::span<const f
   }
 }
 
-void gather_owned(const FragmentState& f, int site, int sites, std::span<const float> gathered, std::span<float> owned) {
+void gather_owned(const FragmentState& f, int site, int sites, std::span<const float> gathered,
+                  std::span<float> owned) {
   GEOLOCO_CHECK(owned.size() == owned_count(f, site, sites) && gathered.size() == f.n,
                 "fragment {}: {} owned values for {} from {} for {}", f.index, owned.size(),
                 owned_count(f, site, sites), gathered.size(), f.n);

@@ -49,8 +49,7 @@ class OwnerExchange final : public Exchange {
   // reason in missing. When a slice is missing nothing is sent: the round cannot be decided
   // with every site and stops the run (the config requires them all).
   void after_contributions(const ExchangeContext& ctx, FragmentState& f, Round& r, SiteMask active,
-                           std::chrono::steady_clock::time_point deadline, double deadline_s,
-                           int tid) const override;
+                           std::chrono::steady_clock::time_point deadline, double deadline_s, int tid) const override;
   // The average of every segment from the averages' frames (this site's own included), for a
   // round decided with `members` (which must be the sites the owners averaged over); the
   // round's owner residual becomes the fragment's.

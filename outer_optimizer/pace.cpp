@@ -122,7 +122,8 @@ void SitePace::decide(Site& site, uint64_t round, int64_t step, int64_t interval
 }
 
 nlohmann::json SitePace::json(int64_t interval) const {
-  return {{"ratio", double(pace_.next_ppm()) / Pace::kWhole}, {"trains_of_interval", Pace::duty(pace_.next_ppm(), interval)}};
+  return {{"ratio", double(pace_.next_ppm()) / Pace::kWhole},
+          {"trains_of_interval", Pace::duty(pace_.next_ppm(), interval)}};
 }
 
 }  // namespace geoloco::outer

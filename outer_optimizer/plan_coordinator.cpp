@@ -143,7 +143,8 @@ PlanDecision PlanCoordinator::initial(Site& site, const std::vector<double>& ste
   }
   // The outer loop's own cost per sync of this rank's shard, by codec width (local_cost.hpp),
   // then the site's slowest rank's.
-  const auto measured = measure_local_sync_s(ocfg_.compression, ocfg_.plan_bits, S, static_cast<size_t>(site.shard().count));
+  const auto measured =
+      measure_local_sync_s(ocfg_.compression, ocfg_.plan_bits, S, static_cast<size_t>(site.shard().count));
   std::vector<double> local_v;
   for (int b : ocfg_.plan_bits) local_v.push_back(measured.at(b));
   if (site.ranks() > 1) {
@@ -217,8 +218,8 @@ PlanDecision PlanCoordinator::initial(Site& site, const std::vector<double>& ste
   return parse_plan(plan_bytes, peers_.site() == 0 ? "this site" : peers_.name(0));
 }
 
-std::optional<PlanDecision> PlanCoordinator::boundary(int64_t step, int64_t index, Site& site,
-                                                      PlanDecision& plan, const std::vector<double>& sync_times,
+std::optional<PlanDecision> PlanCoordinator::boundary(int64_t step, int64_t index, Site& site, PlanDecision& plan,
+                                                      const std::vector<double>& sync_times,
                                                       const std::vector<double>& step_times) {
   const bool rank0 = peers_.rank() == 0;
   // A. The decision due at this boundary (a committed round carried it: every member has it).
@@ -377,9 +378,8 @@ std::optional<PlanDecision> PlanCoordinator::decide(const std::vector<nlohmann::
   n.reason = fmt::format(
       "Re-planned by {} at boundary {} from {} site report(s): measured fragment sync {:.1f} ms (plan {:.1f} ms), "
       "step {:.1f} ms (plan {:.1f} ms), threshold {:.0f}%. {}",
-      opt_.name(), index, reports.size(), min_sync * 1e3,
-      plan.predicted_fragment_sync_s * 1e3, max_step * 1e3, plan.step_time_s * 1e3, ocfg_.replan_threshold * 100,
-      n.reason);
+      opt_.name(), index, reports.size(), min_sync * 1e3, plan.predicted_fragment_sync_s * 1e3, max_step * 1e3,
+      plan.step_time_s * 1e3, ocfg_.replan_threshold * 100, n.reason);
   return n;
 }
 

@@ -43,9 +43,9 @@ struct StepState {
   int64_t epoch_start = 0;  // the step the plan in force started at
   int64_t checkpoint_every = 0;
   bool overlapped = false;
-  bool auto_plan = false;   // outer.plan: auto with more than one site
-  bool planned = true;      // a plan is in force (always, under plan: manual)
-  int64_t plan_at = 0;      // unplanned: the step from which the start-up plan is made
+  bool auto_plan = false;  // outer.plan: auto with more than one site
+  bool planned = true;     // a plan is in force (always, under plan: manual)
+  int64_t plan_at = 0;     // unplanned: the step from which the start-up plan is made
   std::vector<FragmentClock> fragments;
 };
 

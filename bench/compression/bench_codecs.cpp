@@ -166,7 +166,10 @@ nlohmann::json bench_data(const std::string& name, std::span<const float> x, uin
   }
   std::vector<float> dst(x.size());
   const double t_copy = best_seconds(reps, [&] { std::memcpy(dst.data(), x.data(), x.size() * 4); });
-  return {{"data", name}, {"elements", x.size()}, {"block", block}, {"memcpy_gbps", x.size() * 4.0 / 1e9 / t_copy},
+  return {{"data", name},
+          {"elements", x.size()},
+          {"block", block},
+          {"memcpy_gbps", x.size() * 4.0 / 1e9 / t_copy},
           {"rows", rows}};
 }
 
@@ -186,7 +189,9 @@ int main(int argc, char** argv) {
   app.add_option("--reps", reps, "repetitions; the best time counts")->check(CLI::Range(1, 100));
   app.add_option("--real", real, "captured pseudo-gradients: raw .f32 or .safetensors (F32 tensors)");
   app.add_option("--seed", seed, "synthetic data seed");
-  app.add_option("--zstd", zstd_levels, "zstd levels to run per codec (0 = off)")->delimiter(',')->check(CLI::Range(0, 19));
+  app.add_option("--zstd", zstd_levels, "zstd levels to run per codec (0 = off)")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 19));
   app.add_flag("--wall", g_wall_clock, "time with the wall clock instead of thread CPU time");
   app.add_option("--only", only, "comma-separated config names to run (e.g. int8/b128,int4/b128/zstd3)");
   CLI11_PARSE(app, argc, argv);
@@ -207,15 +212,18 @@ int main(int argc, char** argv) {
       if (!out.contains(set)) continue;
       for (const auto& row : out[set]["rows"]) {
         if (row["codec"] == "int8" && row["zstd_level"] == 0 && row["topk"] == 1.0)
-          targets.push_back({{"set", set}, {"target", "int8 encode+decode >= 1 GB/s per core"},
-                             {"geoloco", row["encode_decode_gbps"]}, {"goal", 1.0},
+          targets.push_back({{"set", set},
+                             {"target", "int8 encode+decode >= 1 GB/s per core"},
+                             {"geoloco", row["encode_decode_gbps"]},
+                             {"goal", 1.0},
                              {"met", row["encode_decode_gbps"].get<double>() >= 1.0}});
         // One row per zstd level run (capture.sh uses level 1, the recommended one).
         if ((row["codec"] == "int4" || row["codec"] == "fp4") && row["zstd_level"].get<int>() > 0 && row["topk"] == 1.0)
           targets.push_back({{"set", set},
-                             {"target", std::string(row["codec"]) + " + zstd " + std::to_string(row["zstd_level"].get<int>()) +
-                                            " >= 8x smaller than fp32"},
-                             {"geoloco", row["ratio_vs_fp32"]}, {"goal", 8.0},
+                             {"target", std::string(row["codec"]) + " + zstd " +
+                                            std::to_string(row["zstd_level"].get<int>()) + " >= 8x smaller than fp32"},
+                             {"geoloco", row["ratio_vs_fp32"]},
+                             {"goal", 8.0},
                              {"met", row["ratio_vs_fp32"].get<double>() >= 8.0}});
       }
     }

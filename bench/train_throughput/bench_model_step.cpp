@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
       write_npy(dump_dir + "/y.npy", "<i4", {batch, seq}, y.data());
       write_npy(dump_dir + "/params.npy", "<f4", {int64_t(params.size())}, params.data());
       write_npy(dump_dir + "/grads.npy", "<f4", {int64_t(grads.size())}, grads.data());
-      nlohmann::json meta = {{"n_layer", cfg.n_layer}, {"n_head", cfg.n_head}, {"n_embd", cfg.n_embd},
+      nlohmann::json meta = {{"n_layer", cfg.n_layer},       {"n_head", cfg.n_head},         {"n_embd", cfg.n_embd},
                              {"block_size", cfg.block_size}, {"vocab_size", cfg.vocab_size}, {"loss", l}};
       std::ofstream(dump_dir + "/meta.json") << meta.dump() << "\n";
       std::printf("%s\n", meta.dump().c_str());

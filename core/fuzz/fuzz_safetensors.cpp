@@ -18,7 +18,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (void)sink;
     }
     for (const auto& [k, v] : f.metadata()) (void)f.meta(k);
-  } catch (const geoloco::FileError&) {
-  }
+  } catch (const geoloco::FileError&) {}
   return 0;
 }

@@ -20,11 +20,11 @@ TEST(Half, KnownValues) {
   EXPECT_EQ(half_from_float(65504.0f), 0x7bff);
   EXPECT_EQ(half_from_float(65519.996f), 0x7bff);
   EXPECT_EQ(half_from_float(65520.0f), 0x7c00);
-  EXPECT_EQ(half_from_float(0x1p-24f), 0x0001);   // smallest subnormal
-  EXPECT_EQ(half_from_float(0x1p-25f), 0x0000);   // tie to even
-  EXPECT_EQ(half_from_float(0x1.8p-24f), 0x0002); // tie to even (1.5 units -> 2)
-  EXPECT_EQ(half_from_float(0x1p-14f), 0x0400);   // smallest normal
-  EXPECT_EQ(half_from_float(1.0f + 0x1p-11f), 0x3c00);  // tie to even
+  EXPECT_EQ(half_from_float(0x1p-24f), 0x0001);           // smallest subnormal
+  EXPECT_EQ(half_from_float(0x1p-25f), 0x0000);           // tie to even
+  EXPECT_EQ(half_from_float(0x1.8p-24f), 0x0002);         // tie to even (1.5 units -> 2)
+  EXPECT_EQ(half_from_float(0x1p-14f), 0x0400);           // smallest normal
+  EXPECT_EQ(half_from_float(1.0f + 0x1p-11f), 0x3c00);    // tie to even
   EXPECT_EQ(half_from_float(1.0f + 0x1.8p-10f), 0x3c02);  // 1.5 ulp: tie to even
   EXPECT_EQ(half_from_float(1.0f + 0x1.8p-11f), 0x3c01);  // 0.75 ulp: up
   EXPECT_EQ(float_from_half(0x0001), 0x1p-24f);

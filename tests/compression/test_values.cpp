@@ -35,11 +35,11 @@ double bound(Codec c, double x, double a, double mean_abs) {
   const double slack = 0x1p-20 * (ax + a) + (qmax(c) + 1) * 0x1p-149;
   switch (c) {
     case Codec::kFp32: return 0;
-    case Codec::kFp16: return std::max(0x1p-11 * ax, 0x1p-25);   // half ulp; subnormal fp16 spacing 2^-24
-    case Codec::kBf16: return std::max(0x1p-8 * ax, 0x1p-134);   // half ulp; bf16 subnormal spacing 2^-133
+    case Codec::kFp16: return std::max(0x1p-11 * ax, 0x1p-25);  // half ulp; subnormal fp16 spacing 2^-24
+    case Codec::kBf16: return std::max(0x1p-8 * ax, 0x1p-134);  // half ulp; bf16 subnormal spacing 2^-133
     case Codec::kInt8: return a / 127 / 2 + slack;
     case Codec::kInt4: return a / 7 / 2 + slack;
-    case Codec::kInt2: {                                         // levels 2s apart, clipped at 3s
+    case Codec::kInt2: {                                            // levels 2s apart, clipped at 3s
       const double s = kInt2MeanFactor * mean_abs * (1 + 0x1p-16);  // float mean of <= 2^16 terms
       return std::max(s, ax - 3 * s * (1 - 0x1p-15)) + slack;
     }

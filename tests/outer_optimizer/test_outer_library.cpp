@@ -40,7 +40,7 @@ outer::OuterOptions options(int sites, int site, int64_t steps, outer::OuterConf
 
 // A transport for `site` on the fabric, connected to the other sites' rank 0.
 std::unique_ptr<transport::memory::MemoryTransport> connect(transport::memory::MemoryFabric& fabric, int sites,
-                                                             int site, transport::ConnectMode mode) {
+                                                            int site, transport::ConnectMode mode) {
   auto tc = transport::test::small_config();
   auto t = fabric.endpoint(tc, transport::test::ident(kNames[site]));
   std::vector<transport::PeerInfo> peers;
@@ -58,7 +58,8 @@ struct End {
 };
 
 // Drives one site's outer loop from step `from` + 1 to the end, as an inner loop would.
-End drive(outer::Diloco& d, FakeSite& site, int64_t from, int64_t steps, const std::function<void(int64_t)>& each = {}) {
+End drive(outer::Diloco& d, FakeSite& site, int64_t from, int64_t steps,
+          const std::function<void(int64_t)>& each = {}) {
   for (int64_t step = from + 1; step <= steps; ++step) {
     if (d.trains_step(step)) site.train(step);
     d.after_inner_step(step);

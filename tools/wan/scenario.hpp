@@ -55,21 +55,21 @@ struct Scenario {
 // Everything the scripts need, derived deterministically from a scenario.
 struct DirectedLink {
   std::size_t src = 0, dst = 0;
-  int queue = 0;                  // NFQUEUE number in the router namespace
-  int64_t delay_us = 0;           // one-way
+  int queue = 0;         // NFQUEUE number in the router namespace
+  int64_t delay_us = 0;  // one-way
   int64_t jitter_us = 0;
   double loss_pct = 0.0;
   int64_t rate_kbit = 0;
   bool reorder = false;
-  uint32_t queue_maxlen = 0;      // NFQUEUE length: holds a full delay's worth of packets
+  uint32_t queue_maxlen = 0;  // NFQUEUE length: holds a full delay's worth of packets
 };
 
 struct SitePlan {
   std::string name;
-  std::string netns;      // "<prefix>-<name>"
-  std::string addr;       // 198.18.<i+1>.2
+  std::string netns;        // "<prefix>-<name>"
+  std::string addr;         // 198.18.<i+1>.2
   std::string router_addr;  // 198.18.<i+1>.1 (router side of the site's veth)
-  std::string router_if;  // router-side veth name "s<i>"
+  std::string router_if;    // router-side veth name "s<i>"
 };
 
 struct Plan {

@@ -50,8 +50,8 @@ void run_eval(const EvalArgs& a) {
     stream = open_shard_stream(a.data, mc.vocab_size);
   } else {
     if (mc.vocab_size < kByteVocab)
-      throw InputError(fmt::format("{}: raw bytes need vocab_size >= 256, but {} has vocab_size {}", a.data,
-                                   path, mc.vocab_size));
+      throw InputError(
+          fmt::format("{}: raw bytes need vocab_size >= 256, but {} has vocab_size {}", a.data, path, mc.vocab_size));
     stream = open_text_stream(a.data);
   }
   StreamDataset ds(stream);
@@ -92,8 +92,11 @@ void run_eval(const EvalArgs& a) {
 
 void add_eval_command(CLI::App& app) {
   auto args = std::make_shared<EvalArgs>();
-  auto* cmd = app.add_subcommand("eval", "Evaluate a checkpoint on a data file; prints one JSON line (loss, tokens, ...)");
-  cmd->add_option("--checkpoint", args->checkpoint, "model.safetensors written by geoloco, or a checkpoint step, site or one-site run directory (its latest model)")
+  auto* cmd =
+      app.add_subcommand("eval", "Evaluate a checkpoint on a data file; prints one JSON line (loss, tokens, ...)");
+  cmd->add_option("--checkpoint", args->checkpoint,
+                  "model.safetensors written by geoloco, or a checkpoint step, site or one-site run directory (its "
+                  "latest model)")
       ->required();
   cmd->add_option("--data", args->data, "a text file (byte tokens) or an llm.c token shard")->required();
   cmd->add_option("--tokens", args->tokens, "evaluate at most this many tokens (default: the whole file)")

@@ -39,9 +39,10 @@ void run_sample(const SampleArgs& a) {
   std::vector<int32_t> prompt = a.prompt_ids;
   if (prompt.empty()) {
     if (!bytes)
-      throw InputError(fmt::format("{} has vocab_size {}, not a byte-level model: give the prompt as --prompt-ids "
-                                   "(geoloco has no tokenizer for other vocabularies)",
-                                   path, mc.vocab_size));
+      throw InputError(
+          fmt::format("{} has vocab_size {}, not a byte-level model: give the prompt as --prompt-ids "
+                      "(geoloco has no tokenizer for other vocabularies)",
+                      path, mc.vocab_size));
     const std::string text = a.prompt.empty() ? std::string("\n") : a.prompt;
     for (unsigned char c : text) prompt.push_back(c);
   }
@@ -50,8 +51,12 @@ void run_sample(const SampleArgs& a) {
   if (bytes)
     for (int32_t t : out) text.push_back(static_cast<char>(t));
   if (a.json) {
-    nlohmann::json j = {{"checkpoint", path}, {"prompt_tokens", prompt}, {"tokens", out}, {"seed", a.seed},
-                        {"temperature", a.sampling.temperature}, {"top_k", a.sampling.top_k}};
+    nlohmann::json j = {{"checkpoint", path},
+                        {"prompt_tokens", prompt},
+                        {"tokens", out},
+                        {"seed", a.seed},
+                        {"temperature", a.sampling.temperature},
+                        {"top_k", a.sampling.top_k}};
     if (bytes) j["text"] = text;
     fmt::print("{}\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   } else if (bytes) {

@@ -89,21 +89,23 @@ std::string summarize_check_report(const nlohmann::json& r, int top_ops) {
   if (r.contains("steps") && r["steps"].is_array()) {
     std::string steps;
     for (const auto& s : r["steps"])
-      steps += fmt::format("{}{} rc {} ({:.1f} s)", steps.empty() ? "" : ", ", text(s, "name"),
-                           s.value("rc", -1), number(s, "seconds"));
+      steps += fmt::format("{}{} rc {} ({:.1f} s)", steps.empty() ? "" : ", ", text(s, "name"), s.value("rc", -1),
+                           number(s, "seconds"));
     out += fmt::format("  steps: {}\n", steps.empty() ? "none" : steps);
   }
   const nlohmann::json& b = r.contains("bench") ? r["bench"] : nlohmann::json();
   if (b.is_object()) {
-    out += fmt::format("  bench: {:.1f}k tokens/s (B {}, {}, {} attention), step {:.2f} ms, {:.1f} TFLOP/s, MFU {:.3f}, "
-                       "{:.3f}x the peer ({:.0f}k tokens/s)\n",
-                       number(b, "tokens_per_s") / 1e3, b.value("batch", 0), text(b, "precision"), text(b, "attention"),
-                       number(b, "step_ms"), number(b, "achieved_tflops"), number(b, "mfu"), number(b, "ratio"),
-                       b.contains("peer") ? number(b["peer"], "tokens_per_s") / 1e3 : std::nan(""));
+    out += fmt::format(
+        "  bench: {:.1f}k tokens/s (B {}, {}, {} attention), step {:.2f} ms, {:.1f} TFLOP/s, MFU {:.3f}, "
+        "{:.3f}x the peer ({:.0f}k tokens/s)\n",
+        number(b, "tokens_per_s") / 1e3, b.value("batch", 0), text(b, "precision"), text(b, "attention"),
+        number(b, "step_ms"), number(b, "achieved_tflops"), number(b, "mfu"), number(b, "ratio"),
+        b.contains("peer") ? number(b["peer"], "tokens_per_s") / 1e3 : std::nan(""));
     if (b.contains("op_profile") && b["op_profile"].is_object() && b["op_profile"].contains("ops") &&
         b["op_profile"]["ops"].is_array()) {
       const auto& ops = b["op_profile"]["ops"];
-      out += fmt::format("  ops of one profiled step ({:.2f} ms of device time):\n", number(b["op_profile"], "total_ms"));
+      out +=
+          fmt::format("  ops of one profiled step ({:.2f} ms of device time):\n", number(b["op_profile"], "total_ms"));
       int shown = 0;
       for (const auto& o : ops) {
         if (shown++ == top_ops) {
@@ -118,7 +120,8 @@ std::string summarize_check_report(const nlohmann::json& r, int top_ops) {
     out += "  bench: none\n";
   }
   if (r.contains("problems") && r["problems"].is_array())
-    for (const auto& p : r["problems"]) out += fmt::format("  problem: {}\n", p.is_string() ? p.get<std::string>() : p.dump());
+    for (const auto& p : r["problems"])
+      out += fmt::format("  problem: {}\n", p.is_string() ? p.get<std::string>() : p.dump());
   return out;
 }
 

@@ -40,8 +40,8 @@ nlohmann::json OpTimes::to_json() const {
 
 OpTimes op_times_from_marks(std::span<const std::string> labels, std::span<const double> times_ms) {
   if (times_ms.size() != labels.size() + 1)
-    throw Error(fmt::format("op profile: {} marks need {} times, got {}", labels.size(), labels.size() + 1,
-                            times_ms.size()));
+    throw Error(
+        fmt::format("op profile: {} marks need {} times, got {}", labels.size(), labels.size() + 1, times_ms.size()));
   OpTimes t;
   for (size_t i = 0; i < labels.size(); ++i) {
     const double ms = times_ms[i + 1] - times_ms[i];

@@ -41,7 +41,8 @@ void TokenBuckets::build(std::span<const int32_t> ids, int vocab) {
     at += c;
   }
   starts[g] = at;  // starts[groups + 1 .. N] are never read (left from earlier batches)
-  for (int64_t n = 0; n < N; ++n) rows[count_[static_cast<size_t>(ids[static_cast<size_t>(n)])]++] = static_cast<int32_t>(n);
+  for (int64_t n = 0; n < N; ++n)
+    rows[count_[static_cast<size_t>(ids[static_cast<size_t>(n)])]++] = static_cast<int32_t>(n);
 }
 
 }  // namespace geoloco::cuda

@@ -24,8 +24,8 @@ std::shared_ptr<const TokenStream> open_stream(const DataSourceConfig& cfg, cons
   const std::string path = resolve(cfg.path, base_dir);
   if (cfg.kind == DataSourceConfig::Kind::Text) {
     if (model_vocab < kByteVocab)
-      throw InputError(fmt::format("data source {} yields byte tokens (vocab 256) but model.vocab_size is {}", path,
-                                   model_vocab));
+      throw InputError(
+          fmt::format("data source {} yields byte tokens (vocab 256) but model.vocab_size is {}", path, model_vocab));
     return open_text_stream(path);
   }
   if (model_vocab > 65536)

@@ -25,9 +25,7 @@ namespace {
 struct Shard {
   MappedFile file;
   uint64_t count = 0;  // tokens
-  const uint16_t* tokens() const {
-    return reinterpret_cast<const uint16_t*>(file.bytes().data() + kShardHeaderBytes);
-  }
+  const uint16_t* tokens() const { return reinterpret_cast<const uint16_t*>(file.bytes().data() + kShardHeaderBytes); }
 };
 
 int32_t header_int(std::span<const uint8_t> bytes, size_t i) {
@@ -90,8 +88,8 @@ class ShardStream final : public TokenStream {
 uint64_t validate_shard(std::span<const uint8_t> bytes, const std::string& path, int vocab_size) {
   const size_t size = bytes.size();
   if (size < kShardHeaderBytes)
-    throw FileError(path, fmt::format("truncated header: {} bytes, an llm.c shard header is {} bytes", size,
-                                      kShardHeaderBytes));
+    throw FileError(
+        path, fmt::format("truncated header: {} bytes, an llm.c shard header is {} bytes", size, kShardHeaderBytes));
   const int32_t magic = header_int(bytes, 0);
   if (magic != kShardMagic)
     throw FileError(path, fmt::format("bad magic {} (expected {}): not an llm.c token shard", magic, kShardMagic));
@@ -102,11 +100,10 @@ uint64_t validate_shard(std::span<const uint8_t> bytes, const std::string& path,
   if (count < 0) throw FileError(path, fmt::format("negative token count {} in header", count));
   const uint64_t want = kShardHeaderBytes + 2 * static_cast<uint64_t>(count);
   if (size < want)
-    throw FileError(path, fmt::format("truncated: header says {} tokens ({} bytes) but the file has {} bytes", count,
-                                      want, size));
+    throw FileError(
+        path, fmt::format("truncated: header says {} tokens ({} bytes) but the file has {} bytes", count, want, size));
   if (size > want)
-    throw FileError(path, fmt::format("{} trailing bytes after the {} tokens the header declares", size - want,
-                                      count));
+    throw FileError(path, fmt::format("{} trailing bytes after the {} tokens the header declares", size - want, count));
   // memcpy per token: `bytes` need not be 2-byte aligned (a mapping is; a fuzzer's input is not).
   const uint8_t* t = bytes.data() + kShardHeaderBytes;
   for (uint64_t i = 0; i < static_cast<uint64_t>(count); ++i) {

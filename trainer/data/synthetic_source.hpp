@@ -37,7 +37,7 @@ class MarkovChain {
   int branching() const { return k_; }
   std::span<const int32_t> successors(int state) const;
   std::span<const double> probabilities(int state) const;  // same order as successors()
-  double probability(int from, int to) const;               // P[from][to], 0 if not allowed
+  double probability(int from, int to) const;              // P[from][to], 0 if not allowed
   const std::vector<double>& stationary() const { return pi_; }
   // Exact (to double rounding) entropy rate in nats/token.
   double entropy_rate() const { return entropy_rate_; }
@@ -47,11 +47,11 @@ class MarkovChain {
 
  private:
   int vocab_, k_;
-  std::vector<int32_t> succ_;     // vocab * k
-  std::vector<double> prob_;      // vocab * k
-  std::vector<double> cum_;       // vocab * k, row-wise cumulative
-  std::vector<double> pi_;        // stationary distribution
-  std::vector<double> pi_cum_;    // cumulative pi for sampling the first token
+  std::vector<int32_t> succ_;   // vocab * k
+  std::vector<double> prob_;    // vocab * k
+  std::vector<double> cum_;     // vocab * k, row-wise cumulative
+  std::vector<double> pi_;      // stationary distribution
+  std::vector<double> pi_cum_;  // cumulative pi for sampling the first token
   double entropy_rate_ = 0;
 };
 

@@ -99,7 +99,7 @@ void CudaOuterStage::reserve_scratch(size_t n, size_t slices, size_t groups, boo
 }
 
 outer::StagedRound CudaOuterStage::quantize(int index, compression::Codec codec, uint32_t block, float decay,
-                                     const std::vector<outer::DeviceSlice>& slices) {
+                                            const std::vector<outer::DeviceSlice>& slices) {
   Fragment& f = at(index);
   GEOLOCO_CHECK(block > 0, "device outer stage: block 0");
   const auto c = quant_codec(codec);

@@ -28,7 +28,7 @@ class CudaOuterStage final : public outer::DeviceOuter {
   void define(int index, const std::vector<outer::DeviceRun>& runs, std::span<const float> global,
               std::span<const float> residual) override;
   outer::StagedRound quantize(int index, compression::Codec codec, uint32_t block, float decay,
-                       const std::vector<outer::DeviceSlice>& slices) override;
+                              const std::vector<outer::DeviceSlice>& slices) override;
   void merge(int index, std::span<const float> global, float alpha) override;
   void residual(int index, std::span<float> out) override;
   uint64_t device_bytes() const override;

@@ -29,7 +29,7 @@ namespace geoloco::trainer {
 struct DeviceBufferPlan {
   StrategyKind kind = StrategyKind::Ddp;
   int64_t n = 0;                       // parameters of the model
-  ShardRange shard;          // this rank's shard
+  ShardRange shard;                    // this rank's shard
   int64_t param_elems = 0;             // persistent device parameters
   int64_t grad_elems = 0;              // the full gradient buffer (backward writes it)
   bool grads_persistent = true;        // false: allocated for the step, released after the reduce-scatter

@@ -30,7 +30,6 @@ void MetricsWriter::write(const nlohmann::json& line) {
     throw Error(fmt::format("{}: write failed: {}", path_, std::strerror(errno)));
 }
 
-
 std::string format_duration(double s) {
   if (!std::isfinite(s) || s < 0) return "?";
   if (s < 60) return fmt::format("{:.1f}s", s);

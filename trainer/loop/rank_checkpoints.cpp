@@ -111,7 +111,8 @@ void RankCheckpoints::save(const LoopCounters& c, outer::Diloco* outer) {
     for (auto& [k, v] : outer_state.tensors)
       tensors.push_back(f32_tensor("outer." + k, {static_cast<int64_t>(v.size())}, v));
     for (auto& [k, parts] : outer_state.views) tensors.push_back(f32_parts_tensor("outer." + k, parts));
-    for (auto& [k, v] : outer_state.bytes) tensors.push_back(u8_tensor("outer." + k, {static_cast<int64_t>(v.size())}, v));
+    for (auto& [k, v] : outer_state.bytes)
+      tensors.push_back(u8_tensor("outer." + k, {static_cast<int64_t>(v.size())}, v));
   }
   write_safetensors(state_file(dir), tensors, smeta);
   barrier();  // every rank's state is on disk before `latest` names the checkpoint
@@ -213,8 +214,9 @@ std::optional<LoopCounters> RankCheckpoints::restore(outer::Diloco* outer) {
   auto st = SafetensorsFile::read(state_file(dir));
   auto need = [&](const std::string& key) -> const std::string& { return st.meta(key); };
   if (need("strategy") != site_.strategy || need("ranks") != std::to_string(site_.ranks))
-    throw FileError(st.path(), fmt::format("was written by a site with strategy {} and {} ranks; this run has {} and {}",
-                                           need("strategy"), need("ranks"), site_.strategy, site_.ranks));
+    throw FileError(st.path(),
+                    fmt::format("was written by a site with strategy {} and {} ranks; this run has {} and {}",
+                                need("strategy"), need("ranks"), site_.strategy, site_.ranks));
   const OptimizerHostState cur = strategy_.optimizer_state();
   if (need("adamw_begin") != std::to_string(cur.begin) || need("adamw_end") != std::to_string(cur.end))
     throw FileError(st.path(), "optimizer shard range differs from this run's (model or rank count changed?)");

@@ -31,11 +31,11 @@ namespace geoloco::trainer {
 
 // What a checkpoint carries of the loop's own counters.
 struct LoopCounters {
-  int64_t step = 0;             // completed inner steps
-  double wall_s = 0;            // wall seconds of this and earlier segments
-  double compute_s = 0;         // time in forward/backward/optimizer
-  double outer_wait_s = 0;      // inner loop blocked in the outer loop
-  int64_t join_step = -1;       // the step this site joined the running job at (-1: it started with it)
+  int64_t step = 0;         // completed inner steps
+  double wall_s = 0;        // wall seconds of this and earlier segments
+  double compute_s = 0;     // time in forward/backward/optimizer
+  double outer_wait_s = 0;  // inner loop blocked in the outer loop
+  int64_t join_step = -1;   // the step this site joined the running job at (-1: it started with it)
 };
 
 class RankCheckpoints {

@@ -304,9 +304,10 @@ RunConfig parse_run_config(const config::Document& doc) {
   if ((c.outer.owner_exchange() || c.outer.exchange_auto()) &&
       c.outer.quorum(static_cast<int>(c.sites.size())) < static_cast<int>(c.sites.size()))
     root.child("outer").fail(
-        "exchange", fmt::format("{} needs every site in every round (a site lost between its two phases would "
-                                "leave its slice's average with nobody): set outer.min_sites: {} (now {})",
-                                outer::name(c.outer.exchange), c.sites.size(), c.outer.quorum(static_cast<int>(c.sites.size()))));
+        "exchange",
+        fmt::format("{} needs every site in every round (a site lost between its two phases would "
+                    "leave its slice's average with nobody): set outer.min_sites: {} (now {})",
+                    outer::name(c.outer.exchange), c.sites.size(), c.outer.quorum(static_cast<int>(c.sites.size()))));
   if (c.outer.quantize_on == outer::QuantizeOn::Device &&
       std::none_of(c.sites.begin(), c.sites.end(), [](const SiteConfig& s) { return s.device == "cuda"; }))
     root.child("outer").fail("quantize_on",

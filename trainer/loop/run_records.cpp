@@ -26,8 +26,7 @@ RunRecords::RunRecords(const RunConfig& cfg, int site, int rank, bool append, bo
   }
   // A fresh run removes an earlier run's rounds now, so none of them survive.
   if (!append) fs::remove(rounds_path_);
-  if (global_rank == 0 || cfg.world_size() == 1)
-    progress_ = std::make_unique<ProgressLine>(progress, cfg.train.steps);
+  if (global_rank == 0 || cfg.world_size() == 1) progress_ = std::make_unique<ProgressLine>(progress, cfg.train.steps);
 }
 
 void RunRecords::log(const std::string& msg) {

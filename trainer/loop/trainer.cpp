@@ -70,7 +70,7 @@ struct Trainer::Impl {
   std::unique_ptr<SiteStrategy> cpu_strategy;  // site.device: cpu
   std::unique_ptr<DeviceSite> device;          // site.device: cuda (it is the strategy too)
   SiteStrategy* strategy = nullptr;
-  std::unique_ptr<Rehearsal> rehearsal;        // train.rehearsal: the stand-in inner loop
+  std::unique_ptr<Rehearsal> rehearsal;  // train.rehearsal: the stand-in inner loop
   TraceRecorder trace;
   std::unique_ptr<NativeSite> native_site;  // the outer loop's seam over `strategy`
   std::unique_ptr<RunRecords> records;
@@ -371,8 +371,8 @@ struct Trainer::Impl {
                     site.name, site.ranks, site.strategy, model.layout().total() / 1e6, cfg.train.steps,
                     tokens_per_step_rank, data.train->describe()));
     if (site.group_size > 0)
-      log(fmt::format("site {}: hybrid: {} group(s) of {} ranks (sharded inside a group, replicated across)",
-                      site.name, site.ranks / site.group_size, site.group_size));
+      log(fmt::format("site {}: hybrid: {} group(s) of {} ranks (sharded inside a group, replicated across)", site.name,
+                      site.ranks / site.group_size, site.group_size));
     if (site.strategy_auto)
       log(fmt::format("site {}: strategy: auto chose {} from {}: {}", site.name, site.strategy, site.topology.file,
                       site.strategy_reason));
@@ -529,10 +529,10 @@ nlohmann::json Trainer::run() {
   auto s = impl_->run();
   // Per-rank summary; the run-level summary.json is written by the caller (global rank 0).
   const auto& cfg = impl_->cfg;
-  write_text_atomically((fs::path(cfg.run.output_dir) / "sites" / impl_->site.name /
-                         fmt::format("rank{}.json", impl_->opt.rank))
-                            .string(),
-                        s.dump(2) + "\n");
+  write_text_atomically(
+      (fs::path(cfg.run.output_dir) / "sites" / impl_->site.name / fmt::format("rank{}.json", impl_->opt.rank))
+          .string(),
+      s.dump(2) + "\n");
   write_trace_files(cfg, impl_->opt.site, impl_->opt.rank, impl_->counts.step, impl_->trace,
                     impl_->opt.outer ? impl_->opt.outer->members() : ~uint64_t{0});
   return s;

@@ -16,8 +16,8 @@ void prefer_avx512_blas(char** argv) {
   if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return;  // the user chose (or we already did)
   if (const char* v = std::getenv("GEOLOCO_BLAS_REEXEC"); v != nullptr && std::string_view(v) == "0") return;
   __builtin_cpu_init();
-  if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")))
+  if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vl")))
     return;
   const std::string_view core = openblas_get_corename();
   if (core != "Haswell" && core != "Zen" && core != "haswell" && core != "zen") return;
@@ -25,12 +25,10 @@ void prefer_avx512_blas(char** argv) {
   if (setenv("OPENBLAS_CORETYPE", "SkylakeX", 1) != 0) return;
   execv("/proc/self/exe", argv);
   spdlog::warn("re-executing with OPENBLAS_CORETYPE=SkylakeX failed ({}); using OpenBLAS's {} kernels",
-            std::strerror(errno), core);
+               std::strerror(errno), core);
   unsetenv("OPENBLAS_CORETYPE");
 }
 
-std::string blas_description() {
-  return std::string(openblas_get_config()) + ", core " + openblas_get_corename();
-}
+std::string blas_description() { return std::string(openblas_get_config()) + ", core " + openblas_get_corename(); }
 
 }  // namespace geoloco::trainer

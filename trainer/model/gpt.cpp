@@ -33,20 +33,18 @@ struct Ops {
   void (*crossentropy_backward)(float*, const float*, const int32_t*, float, int, int);
 };
 
-constexpr Ops kFastOps{fast::encoder_forward,      fast::encoder_backward,     fast::layernorm_forward,
-                       fast::layernorm_backward,   fast::matmul_forward,       fast::matmul_backward,
-                       fast::attention_forward,    fast::attention_backward,   fast::gelu_forward,
-                       fast::gelu_backward,        fast::residual_forward,     fast::lm_head_forward,
-                       fast::lm_head_backward,     fast::crossentropy_forward, fast::crossentropy_backward};
+constexpr Ops kFastOps{fast::encoder_forward,    fast::encoder_backward,     fast::layernorm_forward,
+                       fast::layernorm_backward, fast::matmul_forward,       fast::matmul_backward,
+                       fast::attention_forward,  fast::attention_backward,   fast::gelu_forward,
+                       fast::gelu_backward,      fast::residual_forward,     fast::lm_head_forward,
+                       fast::lm_head_backward,   fast::crossentropy_forward, fast::crossentropy_backward};
 
-constexpr Ops kRefOps{ref::encoder_forward<float>,      ref::encoder_backward<float>,
-                      ref::layernorm_forward<float>,    ref::layernorm_backward<float>,
-                      ref::matmul_forward<float>,       ref::matmul_backward<float>,
-                      ref::attention_forward<float>,    ref::attention_backward<float>,
-                      ref::gelu_forward<float>,         ref::gelu_backward<float>,
-                      ref::residual_forward<float>,     ref::lm_head_forward<float>,
-                      ref::lm_head_backward<float>,     ref::crossentropy_forward<float>,
-                      ref::crossentropy_backward<float>};
+constexpr Ops kRefOps{
+    ref::encoder_forward<float>,    ref::encoder_backward<float>,     ref::layernorm_forward<float>,
+    ref::layernorm_backward<float>, ref::matmul_forward<float>,       ref::matmul_backward<float>,
+    ref::attention_forward<float>,  ref::attention_backward<float>,   ref::gelu_forward<float>,
+    ref::gelu_backward<float>,      ref::residual_forward<float>,     ref::lm_head_forward<float>,
+    ref::lm_head_backward<float>,   ref::crossentropy_forward<float>, ref::crossentropy_backward<float>};
 
 void grow(std::vector<float>& v, int64_t n) {
   if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
@@ -57,8 +55,8 @@ void zero(std::vector<float>& v, int64_t n) { std::memset(v.data(), 0, sizeof(fl
 void check_ids(const int32_t* ids, int64_t n, int T, int V, const char* what) {
   for (int64_t i = 0; i < n; ++i)
     if (ids[i] < 0 || ids[i] >= V) [[unlikely]]
-      throw InputError(fmt::format("{} token id {} at position {} (row {}, t {}) is outside [0, {})", what, ids[i],
-                                   i, i / T, i % T, V));
+      throw InputError(fmt::format("{} token id {} at position {} (row {}, t {}) is outside [0, {})", what, ids[i], i,
+                                   i / T, i % T, V));
 }
 
 }  // namespace
@@ -66,9 +64,10 @@ void check_ids(const int32_t* ids, int64_t n, int T, int V, const char* what) {
 Gpt::Gpt(const ModelConfig& cfg, KernelPath path) : cfg_(cfg), layout_(cfg), path_(path) {
   if (cfg.n_layer < 0 || cfg.n_head < 1 || cfg.n_embd < 1 || cfg.n_embd % cfg.n_head != 0 || cfg.block_size < 1 ||
       cfg.vocab_size < 1)
-    throw ConfigError(fmt::format("model config n_layer {} n_head {} n_embd {} block_size {} vocab_size {}: need "
-                                  "n_embd a positive multiple of n_head and positive sizes",
-                                  cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.vocab_size));
+    throw ConfigError(
+        fmt::format("model config n_layer {} n_head {} n_embd {} block_size {} vocab_size {}: need "
+                    "n_embd a positive multiple of n_head and positive sizes",
+                    cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.vocab_size));
   layers_.resize(static_cast<size_t>(cfg.n_layer));
 }
 
@@ -82,13 +81,9 @@ void Gpt::init_params(const ParamLayout& layout, std::span<float> params, uint64
     const ParamView& v = views[i];
     float* p = params.data() + v.offset;
     switch (v.kind) {
-      case ParamKind::LayerNormWeight:
-        std::fill(p, p + v.numel, 1.0f);
-        break;
+      case ParamKind::LayerNormWeight: std::fill(p, p + v.numel, 1.0f); break;
       case ParamKind::LayerNormBias:
-      case ParamKind::LinearBias:
-        std::fill(p, p + v.numel, 0.0f);
-        break;
+      case ParamKind::LinearBias: std::fill(p, p + v.numel, 0.0f); break;
       case ParamKind::Embedding:
       case ParamKind::LinearWeight: {
         // The two projections that write into the residual stream are scaled down so the
@@ -109,8 +104,7 @@ void Gpt::init_params(const ParamLayout& layout, std::span<float> params, uint64
 
 void Gpt::set_num_threads(int n) { fast::set_num_threads(n); }
 
-void Gpt::validate(std::span<const float> params, const int32_t* inputs, const int32_t* targets, int B,
-                   int T) const {
+void Gpt::validate(std::span<const float> params, const int32_t* inputs, const int32_t* targets, int B, int T) const {
   GEOLOCO_CHECK(static_cast<int64_t>(params.size()) == layout_.total(), "params has {} floats, the model needs {}",
                 params.size(), layout_.total());
   if (B < 1 || T < 1 || T > cfg_.block_size)
@@ -160,16 +154,16 @@ float Gpt::run_forward(std::span<const float> params, const int32_t* inputs, con
     ops.attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), B, T, C, NH);
     ops.matmul_forward(a.attproj.data(), a.atty.data(), P + o.proj_w, P + o.proj_b, N, C, C);
     ops.residual_forward(a.res2.data(), x, a.attproj.data(), int64_t(N) * C);
-    ops.layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), P + o.ln2_w,
-                          P + o.ln2_b, N, C);
+    ops.layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), P + o.ln2_w, P + o.ln2_b,
+                          N, C);
     ops.matmul_forward(a.fch.data(), a.ln2.data(), P + o.fc_w, P + o.fc_b, N, C, 4 * C);
     ops.gelu_forward(a.fch_gelu.data(), a.fch.data(), int64_t(N) * 4 * C);
     ops.matmul_forward(a.fcproj.data(), a.fch_gelu.data(), P + o.fcproj_w, P + o.fcproj_b, N, 4 * C, C);
     ops.residual_forward(a.res3.data(), a.res2.data(), a.fcproj.data(), int64_t(N) * C);
     x = a.res3.data();
   }
-  ops.layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), x, P + layout_.lnf_w(),
-                        P + layout_.lnf_b(), N, C);
+  ops.layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), x, P + layout_.lnf_w(), P + layout_.lnf_b(), N,
+                        C);
   ops.lm_head_forward(probs_.data(), lnf_.data(), P + layout_.wte(), N, C, V);
   const float loss = ops.crossentropy_forward(probs_.data(), losses_.data(), probs_.data(), targets, N, V);
   have_probs_ = true;
@@ -228,15 +222,13 @@ void Gpt::backward(std::span<const float> params, std::span<float> grads, float 
     ops.layernorm_backward(dres_.data(), G + o.ln2_w, G + o.ln2_b, dln_.data(), a.res2.data(), P + o.ln2_w,
                            a.ln2_mean.data(), a.ln2_rstd.data(), N, C);
     zero(datty_, NC);
-    ops.matmul_backward(datty_.data(), G + o.proj_w, G + o.proj_b, dres_.data(), a.atty.data(), P + o.proj_w, N, C,
-                        C);
+    ops.matmul_backward(datty_.data(), G + o.proj_w, G + o.proj_b, dres_.data(), a.atty.data(), P + o.proj_w, N, C, C);
     zero(dqkv_, 3 * NC);
     ops.attention_backward(dqkv_.data(), datty_.data(), a.qkv.data(), a.att.data(), B, T, C, NH);
     zero(dln_, NC);
-    ops.matmul_backward(dln_.data(), G + o.attn_w, G + o.attn_b, dqkv_.data(), a.ln1.data(), P + o.attn_w, N, C,
-                        3 * C);
-    ops.layernorm_backward(dres_.data(), G + o.ln1_w, G + o.ln1_b, dln_.data(), x_in, P + o.ln1_w,
-                           a.ln1_mean.data(), a.ln1_rstd.data(), N, C);
+    ops.matmul_backward(dln_.data(), G + o.attn_w, G + o.attn_b, dqkv_.data(), a.ln1.data(), P + o.attn_w, N, C, 3 * C);
+    ops.layernorm_backward(dres_.data(), G + o.ln1_w, G + o.ln1_b, dln_.data(), x_in, P + o.ln1_w, a.ln1_mean.data(),
+                           a.ln1_rstd.data(), N, C);
   }
   ops.encoder_backward(G + layout_.wte(), G + layout_.wpe(), dres_.data(), inputs_.data(), B, T, C);
 }

@@ -20,7 +20,9 @@ int32_t sample_token(std::span<const float> probs, const SamplingOptions& o, Rng
   // The k most likely ids, most likely first, lower id first among equals.
   std::vector<int32_t> ids(V);
   std::iota(ids.begin(), ids.end(), 0);
-  auto more_likely = [&](int32_t a, int32_t b) { return probs[size_t(a)] > probs[size_t(b)] || (probs[size_t(a)] == probs[size_t(b)] && a < b); };
+  auto more_likely = [&](int32_t a, int32_t b) {
+    return probs[size_t(a)] > probs[size_t(b)] || (probs[size_t(a)] == probs[size_t(b)] && a < b);
+  };
   std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(), more_likely);
   if (o.temperature == 0) return ids[0];
   // p^(1/t) in log space, relative to the most likely (no overflow for small t); a zero
@@ -49,8 +51,8 @@ std::vector<int32_t> generate(Gpt& model, std::span<const float> params, std::sp
   if (count < 0) throw InputError(fmt::format("sampling: {} tokens requested", count));
   for (size_t i = 0; i < prompt.size(); ++i)
     if (prompt[i] < 0 || prompt[i] >= cfg.vocab_size)
-      throw InputError(fmt::format("sampling: prompt token {} at position {} is outside [0, {})", prompt[i], i,
-                                   cfg.vocab_size));
+      throw InputError(
+          fmt::format("sampling: prompt token {} at position {} is outside [0, {})", prompt[i], i, cfg.vocab_size));
   std::vector<int32_t> context(prompt.begin(), prompt.end()), out;
   out.reserve(size_t(count));
   std::vector<int32_t> targets(size_t(cfg.block_size), 0);  // unused: only the probabilities are read

@@ -110,14 +110,22 @@ TEST(WanScenario, ShippedScenariosLoadWithTheirDocumentedDelays) {
   };
   // 5 us/km x km + overhead: 50 km + 0.05, 500 + 0.5, 4000 + 1.0, 10000 + 2.0.
   const Want wants[] = {
-      {"metro-1g", 0.30, 1000, 0},          {"metro-10g", 0.30, 10000, 0},
-      {"metro-1g-loss0.1", 0.30, 1000, 0.1}, {"metro-1g-loss1", 0.30, 1000, 1},
-      {"regional-1g", 3.0, 1000, 0},        {"regional-10g", 3.0, 10000, 0},
-      {"regional-1g-loss0.1", 3.0, 1000, 0.1}, {"regional-1g-loss1", 3.0, 1000, 1},
-      {"continental-1g", 21.0, 1000, 0},    {"continental-10g", 21.0, 10000, 0},
-      {"continental-1g-loss0.1", 21.0, 1000, 0.1}, {"continental-1g-loss1", 21.0, 1000, 1},
-      {"intercontinental-1g", 52.0, 1000, 0}, {"intercontinental-10g", 52.0, 10000, 0},
-      {"intercontinental-1g-loss0.1", 52.0, 1000, 0.1}, {"intercontinental-1g-loss1", 52.0, 1000, 1},
+      {"metro-1g", 0.30, 1000, 0},
+      {"metro-10g", 0.30, 10000, 0},
+      {"metro-1g-loss0.1", 0.30, 1000, 0.1},
+      {"metro-1g-loss1", 0.30, 1000, 1},
+      {"regional-1g", 3.0, 1000, 0},
+      {"regional-10g", 3.0, 10000, 0},
+      {"regional-1g-loss0.1", 3.0, 1000, 0.1},
+      {"regional-1g-loss1", 3.0, 1000, 1},
+      {"continental-1g", 21.0, 1000, 0},
+      {"continental-10g", 21.0, 10000, 0},
+      {"continental-1g-loss0.1", 21.0, 1000, 0.1},
+      {"continental-1g-loss1", 21.0, 1000, 1},
+      {"intercontinental-1g", 52.0, 1000, 0},
+      {"intercontinental-10g", 52.0, 10000, 0},
+      {"intercontinental-1g-loss0.1", 52.0, 1000, 0.1},
+      {"intercontinental-1g-loss1", 52.0, 1000, 1},
   };
   for (const auto& w : wants) {
     const std::string path = std::string(GEOLOCO_SOURCE_DIR) + "/configs/wan/" + w.stem + ".yaml";

@@ -18,11 +18,11 @@
 
 namespace geoloco::cuda::testing {
 
-#define GEOLOCO_REQUIRE_GPU()                                                        \
-  do {                                                                               \
-    const std::string why_ = ::geoloco::cuda::no_device_reason();                    \
+#define GEOLOCO_REQUIRE_GPU()                                                          \
+  do {                                                                                 \
+    const std::string why_ = ::geoloco::cuda::no_device_reason();                      \
     if (!why_.empty()) GTEST_SKIP() << "no usable GPU, device test skipped: " << why_; \
-    ::geoloco::cuda::select_device(0, 1);                                            \
+    ::geoloco::cuda::select_device(0, 1);                                              \
   } while (0)
 
 inline std::vector<float> random_vec(size_t n, uint64_t seed, double scale = 1.0) {

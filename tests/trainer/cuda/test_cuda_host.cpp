@@ -356,7 +356,8 @@ TEST(CheckReport, ToolWritesTheReportAndExitCode) {
   // Beside this test in the build tree (build/tests/cuda -> build/trainer/cuda): found from the test's own
   // path, so a build copied elsewhere (tools/gpu_bundle.sh) runs it too.
   const std::string tool =
-      (std::filesystem::canonical("/proc/self/exe").parent_path() / "../../../trainer/cuda/geoloco_gpu_report").string();
+      (std::filesystem::canonical("/proc/self/exe").parent_path() / "../../../trainer/cuda/geoloco_gpu_report")
+          .string();
   const std::string base = tool + " --out " + (dir / "report.json").string() + " --gpu test --parity " +
                            (dir / "parity.json").string() + " --bench " + (dir / "bench.json").string();
   int rc = std::system((base + " --step build:0:1 --step tests:0:2 > /dev/null").c_str());

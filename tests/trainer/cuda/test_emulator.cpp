@@ -67,10 +67,10 @@ __global__ void sync_only_after_block0_k(float* out) {
   out[blockIdx.x * blockDim.x + threadIdx.x] = 1.0f;
 }
 
-#define GEOLOCO_REQUIRE_EMULATOR()                     \
-  do {                                                 \
-    emu::reset_for_tests();                            \
-    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);          \
+#define GEOLOCO_REQUIRE_EMULATOR()            \
+  do {                                        \
+    emu::reset_for_tests();                   \
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess); \
   } while (0)
 
 std::vector<float> download(const float* d, size_t n) {
@@ -202,7 +202,7 @@ TEST(CudaEmulator, AnInvalidLaunchConfigurationIsReportedAtTheLaunch) {
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
   GEOLOCO_LAUNCH(fill_k, 1, 2048, 0, nullptr)(out.data(), 1.0f, 1);  // > 1024 threads
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // not sticky
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);                      // not sticky
   GEOLOCO_LAUNCH(fill_k, 0, 32, 0, nullptr)(out.data(), 1.0f, 1);  // empty grid
   EXPECT_THROW(check_launch("bad launch"), CudaError);
 }
@@ -308,11 +308,11 @@ TEST(CudaEmulator, GemmFollowsCublasColumnMajorSemanticsForEveryTransposition) {
     for (int tb = 0; tb < 2; ++tb) {
       check_cuda(cudaMemcpy(dc.data(), c.data(), c.size() * 4, cudaMemcpyHostToDevice), "c");
       const float alpha = 1.5f, beta = ta ? 0.0f : 0.5f;
-      ASSERT_EQ(cublasGemmStridedBatchedEx(blas.get(), ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                           m, n, k, &alpha, da.data(), CUDA_R_32F, ld, 0, db.data(), CUDA_R_32F, ld, 0,
-                                           &beta, dc.data(), CUDA_R_32F, ld, 0, 1, CUBLAS_COMPUTE_32F,
-                                           CUBLAS_GEMM_DEFAULT),
-                CUBLAS_STATUS_SUCCESS);
+      ASSERT_EQ(
+          cublasGemmStridedBatchedEx(blas.get(), ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n,
+                                     k, &alpha, da.data(), CUDA_R_32F, ld, 0, db.data(), CUDA_R_32F, ld, 0, &beta,
+                                     dc.data(), CUDA_R_32F, ld, 0, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          CUBLAS_STATUS_SUCCESS);
       const auto got = download(dc.data(), c.size());
       const auto want = ref_gemm(ta, tb, m, n, k, a, ld, b, ld, c, ld, alpha, beta);
       for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << "ta " << ta << " tb " << tb << " at " << i;

@@ -55,10 +55,12 @@ TEST(MarkovChain, RowsAreDistributionsAndPiIsStationary) {
     total += c.stationary()[static_cast<size_t>(i)];
     auto s = c.successors(i);
     auto p = c.probabilities(i);
-    for (size_t j = 0; j < s.size(); ++j) next[static_cast<size_t>(s[j])] += c.stationary()[static_cast<size_t>(i)] * p[j];
+    for (size_t j = 0; j < s.size(); ++j)
+      next[static_cast<size_t>(s[j])] += c.stationary()[static_cast<size_t>(i)] * p[j];
   }
   EXPECT_NEAR(total, 1.0, 1e-12);
-  for (int i = 0; i < 100; ++i) EXPECT_NEAR(next[static_cast<size_t>(i)], c.stationary()[static_cast<size_t>(i)], 1e-12);
+  for (int i = 0; i < 100; ++i)
+    EXPECT_NEAR(next[static_cast<size_t>(i)], c.stationary()[static_cast<size_t>(i)], 1e-12);
 }
 
 TEST(SyntheticDataset, EntropyRateMatchesEmpiricalEstimate) {
@@ -91,7 +93,8 @@ TEST(SyntheticDataset, EntropyRateMatchesEmpiricalEstimate) {
   double plug = 0;
   for (size_t a = 0; a < 64; ++a)
     for (size_t b = 0; b < 64; ++b)
-      if (count[a * 64 + b] > 0) plug -= count[a * 64 + b] / static_cast<double>(n) * std::log(count[a * 64 + b] / from[a]);
+      if (count[a * 64 + b] > 0)
+        plug -= count[a * 64 + b] / static_cast<double>(n) * std::log(count[a * 64 + b] / from[a]);
   EXPECT_NEAR(plug, H, 4e-3);
   // State frequencies match pi (windows start stationary): each within 5e-3 (pi_i ~ 1/64,
   // sd of a frequency over ~2M correlated draws ~ 3e-4).
@@ -160,8 +163,8 @@ TEST(SyntheticDataset, BigramLearnedFromSamplerBatchesReachesEntropyRateOnVal) {
   // first-order chain is its bigram table, so a bigram count model fitted on training
   // batches must score ~ entropy_rate() nats/token on the validation split. This is the
   // yardstick a trained GPT is held to.
-  auto doc = config::load_string("data: {train: {kind: synthetic, vocab: 64, branching: 4, seed: 31, tokens: 4194304}}\n",
-                                 "run.yaml");
+  auto doc = config::load_string(
+      "data: {train: {kind: synthetic, vocab: 64, branching: 4, seed: 31, tokens: 4194304}}\n", "run.yaml");
   auto splits = open_data(DataConfig::from_yaml(doc.node().child("data")), {}, 64);
   const int T = 64, B = 32, V = 64;
   DistributedSampler sampler(splits.train, SamplerOptions{5, 1, 0, T, true});
@@ -181,7 +184,8 @@ TEST(SyntheticDataset, BigramLearnedFromSamplerBatchesReachesEntropyRateOnVal) {
   for (size_t i = 0; i < 500; ++i) {
     splits.val->window(i, T, w.data());
     for (int t = 0; t < T; ++t) {
-      const auto a = static_cast<size_t>(w[static_cast<size_t>(t)]), b = static_cast<size_t>(w[static_cast<size_t>(t) + 1]);
+      const auto a = static_cast<size_t>(w[static_cast<size_t>(t)]),
+                 b = static_cast<size_t>(w[static_cast<size_t>(t) + 1]);
       nll -= std::log(count[a * V + b] / row[a]);
       ++n;
     }

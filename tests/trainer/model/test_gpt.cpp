@@ -66,9 +66,7 @@ TEST(Gpt, InitStatisticsAndDeterminism) {
         EXPECT_EQ(sq, double(v.numel)) << v.name;
         break;
       case ParamKind::LayerNormBias:
-      case ParamKind::LinearBias:
-        EXPECT_EQ(sq, 0.0) << v.name;
-        break;
+      case ParamKind::LinearBias: EXPECT_EQ(sq, 0.0) << v.name; break;
       default: {
         const bool residual = v.name.ends_with("c_proj.weight");
         const double want = residual ? 0.02 / std::sqrt(2.0 * c.n_layer) : 0.02;

@@ -78,10 +78,10 @@ TEST(FastKernels, LayerNormMatchesReference) {
   expect_close("out", of, orf);
   expect_close("rstd", rf, rr);
   Vec dxf = random_vec(N * C, 14), dxr = dxf, dwf(C, 0.5f), dwr = dwf, dbf(C, -1.0f), dbr = dbf;
-  fast::layernorm_backward(dxf.data(), dwf.data(), dbf.data(), dout.data(), x.data(), w.data(), mr.data(), rr.data(),
-                           N, C);
-  ref::layernorm_backward(dxr.data(), dwr.data(), dbr.data(), dout.data(), x.data(), w.data(), mr.data(), rr.data(),
-                          N, C);
+  fast::layernorm_backward(dxf.data(), dwf.data(), dbf.data(), dout.data(), x.data(), w.data(), mr.data(), rr.data(), N,
+                           C);
+  ref::layernorm_backward(dxr.data(), dwr.data(), dbr.data(), dout.data(), x.data(), w.data(), mr.data(), rr.data(), N,
+                          C);
   expect_close("dx", dxf, dxr);
   expect_close("dw", dwf, dwr);
   expect_close("db", dbf, dbr);
@@ -110,24 +110,24 @@ TEST(FastKernels, AttentionMatchesReference) {
   // T = 150: three row blocks of 64, 64 and 22 queries. Two threads: (b, h) slices run
   // concurrently with OpenBLAS held to one thread.
   for (int threads : {1, 2})
-  for (int T : {1, 7, 64, 150}) {
-    fast::set_num_threads(threads);
-    const int B = 2, C = 32, NH = 2;
-    Vec qkv = random_vec(size_t(B) * T * 3 * C, 30 + T), dout = random_vec(size_t(B) * T * C, 31);
-    Vec of(size_t(B) * T * C), orf(of.size()), af(size_t(B) * NH * T * T, 7.0f), ar(af.size());
-    fast::attention_forward(of.data(), af.data(), qkv.data(), B, T, C, NH);
-    ref::attention_forward(orf.data(), ar.data(), qkv.data(), B, T, C, NH);
-    fast::set_num_threads(1);
-    SCOPED_TRACE("T=" + std::to_string(T) + " threads=" + std::to_string(threads));
-    expect_close("out", of, orf);
-    expect_close("att", af, ar);  // including the zeros above the diagonal
-    Vec dqf = random_vec(qkv.size(), 32), dqr = dqf;
-    fast::set_num_threads(threads);
-    fast::attention_backward(dqf.data(), dout.data(), qkv.data(), ar.data(), B, T, C, NH);
-    fast::set_num_threads(1);
-    ref::attention_backward(dqr.data(), dout.data(), qkv.data(), ar.data(), B, T, C, NH);
-    expect_close("dqkv", dqf, dqr);
-  }
+    for (int T : {1, 7, 64, 150}) {
+      fast::set_num_threads(threads);
+      const int B = 2, C = 32, NH = 2;
+      Vec qkv = random_vec(size_t(B) * T * 3 * C, 30 + T), dout = random_vec(size_t(B) * T * C, 31);
+      Vec of(size_t(B) * T * C), orf(of.size()), af(size_t(B) * NH * T * T, 7.0f), ar(af.size());
+      fast::attention_forward(of.data(), af.data(), qkv.data(), B, T, C, NH);
+      ref::attention_forward(orf.data(), ar.data(), qkv.data(), B, T, C, NH);
+      fast::set_num_threads(1);
+      SCOPED_TRACE("T=" + std::to_string(T) + " threads=" + std::to_string(threads));
+      expect_close("out", of, orf);
+      expect_close("att", af, ar);  // including the zeros above the diagonal
+      Vec dqf = random_vec(qkv.size(), 32), dqr = dqf;
+      fast::set_num_threads(threads);
+      fast::attention_backward(dqf.data(), dout.data(), qkv.data(), ar.data(), B, T, C, NH);
+      fast::set_num_threads(1);
+      ref::attention_backward(dqr.data(), dout.data(), qkv.data(), ar.data(), B, T, C, NH);
+      expect_close("dqkv", dqf, dqr);
+    }
 }
 
 TEST(FastKernels, GeluResidualMatchReference) {

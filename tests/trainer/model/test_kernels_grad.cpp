@@ -208,7 +208,9 @@ TEST(KernelGrad, CrossEntropy) {
   const int N = 4, V = 7;
   const std::vector<int32_t> targets = {0, 6, 3, 3};
   Vec logits = random_vec(N * V, 70, 2.0), probs(N * V), losses(N);
-  auto loss = [&] { return ref::crossentropy_forward(probs.data(), losses.data(), logits.data(), targets.data(), N, V); };
+  auto loss = [&] {
+    return ref::crossentropy_forward(probs.data(), losses.data(), logits.data(), targets.data(), N, V);
+  };
   loss();
   Vec dlogits(N * V, 123.0);  // garbage: crossentropy_backward writes, never accumulates
   ref::crossentropy_backward(dlogits.data(), probs.data(), targets.data(), 1.0 / N, N, V);

@@ -18,7 +18,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const uint64_t n = validate_shard(bytes, "fuzz", 1000);
     if (kShardHeaderBytes + 2 * n != bytes.size()) __builtin_trap();
-  } catch (const geoloco::FileError&) {
-  }
+  } catch (const geoloco::FileError&) {}
   return 0;
 }
