@@ -26,7 +26,7 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 [[ $# -eq 1 ]] || { echo "usage: $0 path/to/geoloco" >&2; exit 2; }
 geoloco="$(readlink -f "$1")"
 [[ -x "$geoloco" ]] || { echo "$0: $1 is not an executable" >&2; exit 2; }
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 export PATH="$PATH:/usr/sbin:/sbin"
 
 [[ $(id -u) -eq 0 ]] || skip "needs root to create network namespaces (uid $(id -u))"

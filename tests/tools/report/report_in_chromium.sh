@@ -19,8 +19,8 @@ browser="$(command -v chromium || true)"
 py=/usr/bin/python3  # Debian's Python: PIL (python3-pil)
 
 if [[ -z "$run" ]]; then
-  # shellcheck source=../support/ports.sh
-  source "$here/../support/ports.sh"
+  # shellcheck source=../../support/ports.sh
+  source "$here/../../support/ports.sh"
   geoloco_claim_ports || fail "no free port block"
   port=$GEOLOCO_PORT_BASE
   printf '0123456789abcdef-test-key' > "$tmp/k.psk"

@@ -11,7 +11,7 @@ set -euo pipefail
 (($# == 8)) || { echo "usage: $0 PREFIX SITE_IF SCENARIO CONFIG OUT_DIR CUT_S MIN_BYTES RUN_TIMEOUT_S" >&2; exit 2; }
 prefix="$1" ifc="$2" scenario="$3" config="$4" out="$5" cut_s="$6" min_bytes="$7" run_timeout="$8"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(cd "$here/../.." && pwd)"
+root="$(cd "$here/../../.." && pwd)"
 router="$prefix-router"
 mkdir -p "$out"
 

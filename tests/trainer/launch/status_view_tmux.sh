@@ -17,8 +17,8 @@ fail() {
   tmux -L "$sock" capture-pane -p -t sv 2> /dev/null >&2 || true
   exit 1
 }
-# shellcheck source=../support/ports.sh
-source "$here/../support/ports.sh"
+# shellcheck source=../../support/ports.sh
+source "$here/../../support/ports.sh"
 geoloco_claim_ports || fail "no free port block"
 port=$GEOLOCO_PORT_BASE
 printf '0123456789abcdef-test-key' > "$tmp/k.psk"

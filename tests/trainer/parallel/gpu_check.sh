@@ -3,7 +3,7 @@
 # configure with CUDA, build only test_parallel, run the GPU tests and a Gloo sanity subset,
 # and write a compact report. Usage: tests/trainer/parallel/gpu_check.sh [build-dir] [report-file]
 set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 build="${1:-$here/build-gpu-parallel}"
 report="${2:-${OUT:-$build}/parallel_gpu_report.txt}"
 mkdir -p "$(dirname "$report")"

@@ -29,8 +29,8 @@ T="$(mktemp -d /tmp/geoloco-slurm-nodes.XXXXXX)"
 chmod 700 "$T"
 slurm_install_teardown
 
-# shellcheck source=../support/ports.sh
-source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../support/ports.sh"
+# shellcheck source=../../../support/ports.sh
+source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../../../support/ports.sh"
 geoloco_claim_ports || fail "no free block of test ports"
 ctld_port=$GEOLOCO_PORT_BASE
 slurmd_port=$((GEOLOCO_PORT_BASE + 1))

@@ -32,8 +32,8 @@ slurm_install_teardown
 # Ports: one block of the tests' port allocator (tests/support/ports.sh: below the ephemeral
 # range, locked for as long as this script and its daemons run), so concurrent tests
 # (`ctest -j`) and concurrent runs of this test never get the same ports.
-# shellcheck source=../support/ports.sh
-source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../support/ports.sh"
+# shellcheck source=../../../support/ports.sh
+source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../../../support/ports.sh"
 geoloco_claim_ports || fail "no free block of test ports"
 ctld_port=$GEOLOCO_PORT_BASE
 slurmd_port=$((GEOLOCO_PORT_BASE + 1))
