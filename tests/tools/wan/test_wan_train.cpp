@@ -253,8 +253,8 @@ TEST_F(WanTrain, SitesOfDifferentSizesMatchTheLocalHash) {
 
 // Runs link_cut_run.sh: the router's interface toward east goes down mid-sync for cut_s.
 json cut_run(const std::string& scen, const std::string& cfg, const fs::path& out, int cut_s, int timeout_s) {
-  const Result r = sh(kRoot + "/tests/tools/wan/link_cut_run.sh " + kPrefix + " s1 " + scen + " " + cfg + " " + out.string() +
-                          " " + std::to_string(cut_s) + " 100000 " + std::to_string(timeout_s),
+  const Result r = sh(kRoot + "/tests/tools/wan/link_cut_run.sh " + kPrefix + " s1 " + scen + " " + cfg + " " +
+                          out.string() + " " + std::to_string(cut_s) + " 100000 " + std::to_string(timeout_s),
                       timeout_s + 120);
   EXPECT_EQ(r.rc, 0) << r.out;
   const auto nl = r.out.rfind('{');
