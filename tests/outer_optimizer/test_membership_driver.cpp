@@ -9,6 +9,7 @@
 #include <variant>
 
 #include "outer_optimizer/membership_driver.hpp"
+#include "tests/outer_optimizer/memory_leaders.hpp"
 #include "tests/transport/memory_cluster.hpp"
 
 namespace geoloco::outer {
@@ -18,39 +19,9 @@ using transport::test::MemoryCluster;
 
 const std::vector<std::string> kNames = {"paris", "lyon", "nice", "lille"};
 
-struct Leaders {
-  std::vector<outer::SiteSpec> sites;  // the run's sites, in order
-  std::unique_ptr<MemoryCluster> cluster;
-  std::vector<std::unique_ptr<SitePeers>> peers;
-  // Site s's leader (rank 0) as the outer loop's options name it.
-  OuterOptions leader(int s) const {
-    OuterOptions o;
-    o.sites = sites;
-    o.site = s;
-    o.params.total = 1000;
-    return o;
-  }
-
-  explicit Leaders(int sites) {
-    std::vector<transport::TransportConfig> cfgs;
-    std::vector<transport::Identity> ids;
-    for (int s = 0; s < sites; ++s) {
-      outer::SiteSpec sc{kNames[static_cast<size_t>(s)], 1};
-      this->sites.push_back(sc);
-      auto tc = transport::test::small_config();
-      tc.transfer_timeout_s = 3;
-      cfgs.push_back(tc);
-      ids.push_back(transport::test::ident(sc.name));
-    }
-    cluster = std::make_unique<MemoryCluster>(cfgs, ids);
-    for (const auto& e : cluster->connect_all()) EXPECT_EQ(e, "");
-    for (int s = 0; s < sites; ++s)
-      peers.push_back(std::make_unique<SitePeers>(leader(s), cluster->t[static_cast<size_t>(s)].get()));
-  }
-  ~Leaders() {
-    peers.clear();
-    cluster.reset();
-  }
+struct Leaders : geoloco::testing::MemoryLeaders {
+  explicit Leaders(int count)
+      : MemoryLeaders(std::vector<std::string>(kNames.begin(), kNames.begin() + count), /*transfer_timeout_s=*/3) {}
   ConsensusConfig cc(int s, int quorum) const {
     return {.sites = static_cast<int>(sites.size()), .self = s, .quorum = quorum, .retry_s = 0.2, .degrade_s = 0.1};
   }

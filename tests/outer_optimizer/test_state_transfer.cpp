@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "outer_optimizer/state_transfer.hpp"
+#include "tests/outer_optimizer/memory_leaders.hpp"
 #include "tests/transport/memory_cluster.hpp"
 #include "core/hash.hpp"
 
@@ -18,39 +19,9 @@ namespace {
 
 using transport::test::MemoryCluster;
 
-struct Sites {
-  std::vector<outer::SiteSpec> sites;  // the run's sites, in order
-  std::unique_ptr<MemoryCluster> cluster;
-  std::vector<std::unique_ptr<SitePeers>> peers;
-  // Site s's leader (rank 0) as the outer loop's options name it.
-  OuterOptions leader(int s) const {
-    OuterOptions o;
-    o.sites = sites;
-    o.site = s;
-    o.params.total = 1000;
-    return o;
-  }
+struct Sites : geoloco::testing::MemoryLeaders {
+  Sites(const std::vector<std::string>& names, double transfer_timeout_s) : MemoryLeaders(names, transfer_timeout_s) {}
   OuterHooks hooks;
-
-  explicit Sites(const std::vector<std::string>& names, double transfer_timeout_s) {
-    std::vector<transport::TransportConfig> cfgs;
-    std::vector<transport::Identity> ids;
-    for (const auto& n : names) {
-      sites.push_back({n, 1});
-      auto tc = transport::test::small_config();
-      tc.transfer_timeout_s = transfer_timeout_s;
-      cfgs.push_back(tc);
-      ids.push_back(transport::test::ident(n));
-    }
-    cluster = std::make_unique<MemoryCluster>(cfgs, ids);
-    for (const auto& e : cluster->connect_all()) EXPECT_EQ(e, "");
-    for (size_t s = 0; s < names.size(); ++s)
-      peers.push_back(std::make_unique<SitePeers>(leader(static_cast<int>(s)), cluster->t[s].get()));
-  }
-  ~Sites() {
-    peers.clear();
-    cluster.reset();
-  }
 };
 
 std::shared_ptr<JoinSnapshot> snapshot(uint8_t fill, SiteMask members) {
