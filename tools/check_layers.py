@@ -56,6 +56,9 @@ ALLOWED: dict[str, list[str]] = {
         "trainer/launch", "outer_optimizer", "trainer/loop", "tools/plot", "tools/wan", "tools/planner",
         "tools/probe", "tools/report",
     ],
+    # The Python package beside the CLI: the outer loop under another program's inner loop, read
+    # from the same YAML, with the CLI's transport set-up and run summary.
+    "python": ["core", "transport", "outer_optimizer", "trainer/loop", "trainer/app"],
 }
 FREE = ("tests/", "bench/")  # may include anything
 SOURCES = (".cpp", ".hpp", ".cu", ".cuh", ".h", ".c")

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # geoloco setup: installs every Debian 12 package the project needs (idempotent),
-# then configures Release into build/ and builds what the demo needs (the geoloco binary);
+# then configures Release into build/ and builds what the demo needs (the geoloco binary) and
+# the Python package (build/python/geoloco: PYTHONPATH=build/python /usr/bin/python3);
 # `ctest --test-dir build` builds the tests before it runs them.
-#   tools/setup.sh              install (if root and missing) + build the geoloco binary
+#   tools/setup.sh              install (if root and missing) + build the binary and the package
 #   GEOLOCO_BUILD_ALL=1 ...     build every target (tests, benchmarks) now
 #   GEOLOCO_SKIP_BUILD=1 ...    install only
 #   GEOLOCO_BUILD_TYPE=Debug    another build type
@@ -19,6 +20,7 @@ packages=(
   iproute2 iptables libnetfilter-queue-dev iperf3 jq
   slurm-wlm munge python3-torch python3-numpy gnuplot-nox chromium python3-pil
   prometheus-cpp-dev libcpp-httplib-dev tmux
+  pybind11-dev python3-dev python3-pytest
 )
 
 missing=()
@@ -46,5 +48,5 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE="$build_type" ${GEOLOCO_CMAKE_AR
 if [[ "${GEOLOCO_BUILD_ALL:-0}" == 1 ]]; then
   cmake --build build -j "$(nproc)"
 else
-  cmake --build build -j "$(nproc)" --target geoloco
+  cmake --build build -j "$(nproc)" --target geoloco geoloco_python
 fi

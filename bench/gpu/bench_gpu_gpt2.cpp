@@ -94,7 +94,7 @@ nlohmann::json gemm_probe(int64_t N, int C, int V, int Vp) {
 
 int main(int argc, char** argv) {
   CLI::App app{"GPT-2 124M training throughput on one GPU"};
-  int batch = 32, steps = 20, warmup = 3, T = 1024;
+  int batch = 32, steps = 20, warmup = 3, T = 1024, layers = 12, vocab = 50257;
   double max_seconds = 150, peak = 0;
   std::string precision = "bf16", attention = "auto", out;
   app.add_option("--batch", batch, "micro-batch B (sequences of T tokens)")->check(CLI::Range(1, 4096));
@@ -106,6 +106,9 @@ int main(int argc, char** argv) {
   app.add_option("--attention", attention, "auto | fused | materialized (fused: bf16 only)");
   app.add_option("--peak-tflops", peak, "dense peak of this GPU (default: from its name)");
   app.add_option("--out", out, "also write the JSON here");
+  // Smaller than GPT-2 124M only for the emulator's smoke test (its timings mean nothing).
+  app.add_option("--layers", layers, "blocks (GPT-2 124M: 12)")->check(CLI::Range(1, 96));
+  app.add_option("--vocab", vocab, "vocabulary (GPT-2: 50257)")->check(CLI::Range(2, 1 << 20));
   bool gemm_probes = false;
   app.add_flag("--gemm-probe", gemm_probes, "also time cuBLAS alone on the LM head's GEMM shapes and a square one");
   CLI11_PARSE(app, argc, argv);
@@ -114,11 +117,11 @@ int main(int argc, char** argv) {
     const cuda::DeviceInfo dev = cuda::select_device(0, 1);
     if (peak <= 0) peak = peak_tflops_for(dev.name);
     trainer::ModelConfig cfg;
-    cfg.n_layer = 12;
+    cfg.n_layer = layers;
     cfg.n_head = 12;
     cfg.n_embd = 768;
     cfg.block_size = 1024;
-    cfg.vocab_size = 50257;
+    cfg.vocab_size = vocab;
     cuda::CudaGpt model(cfg, prec, cuda::parse_attention_kernel(attention), batch);
     const trainer::ParamLayout& layout = model.layout();
     std::vector<float> host(size_t(layout.total()));
@@ -195,8 +198,8 @@ int main(int argc, char** argv) {
     j["sm"] = std::to_string(dev.sm_major) + std::to_string(dev.sm_minor);
     j["precision"] = cuda::precision_name(prec);
     j["attention"] = model.fused_attention() ? "fused" : "materialized";
-    j["model"] = {{"n_layer", 12}, {"n_head", 12},   {"n_embd", 768},
-                  {"T", T},        {"vocab", 50257}, {"params", layout.total()}};
+    j["model"] = {{"n_layer", cfg.n_layer},  {"n_head", 12}, {"n_embd", 768}, {"T", T}, {"vocab", cfg.vocab_size},
+                  {"params", layout.total()}};
     j["batch"] = batch;
     j["steps_timed"] = done;
     j["step_ms"] = 1000.0 * elapsed / done;

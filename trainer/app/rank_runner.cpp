@@ -51,7 +51,9 @@ nlohmann::json run_totals(const trainer::RunConfig& cfg, const std::vector<nlohm
     // Per-step data parallelism across sites: a ring all-reduce of the fp32 gradient every
     // inner step; each site sends 2 (S-1)/S x 4N bytes per step, S sites together 2 (S-1) x 4N.
     const uint64_t steps = ranks.at(0).value("steps", uint64_t{0});
-    t["ddp_equivalent_wan_bytes"] = steps * 2 * (S - 1) * 4 * static_cast<uint64_t>(cfg.model.num_params());
+    // The model's size: the ranks' own count (a program's model under run.command), else the config's.
+    const auto params = ranks.at(0).value("params", static_cast<uint64_t>(cfg.model.num_params()));
+    t["ddp_equivalent_wan_bytes"] = steps * 2 * (S - 1) * 4 * params;
     if (sent > 0) t["wan_reduction_vs_ddp"] = double(t["ddp_equivalent_wan_bytes"].get<uint64_t>()) / double(sent);
   }
   return t;
@@ -91,6 +93,90 @@ planner::HostTopologyOptions host_topology_from_env() {
   planner::HostTopologyOptions o;
   if (const char* smi = std::getenv("GEOLOCO_NVIDIA_SMI"); smi != nullptr && *smi != '\0') o.nvidia_smi = smi;
   return o;
+}
+
+std::unique_ptr<transport::Transport> connect_site_transport(const trainer::RunConfig& cfg, int site, int rank,
+                                                             int64_t param_count, const std::string& address,
+                                                             const std::vector<std::string>& site_addresses, bool join,
+                                                             const RankOptions::ConnectTransport& connect) {
+  const auto& sc = cfg.sites.at(static_cast<size_t>(site));
+  std::unique_ptr<transport::Transport> tp;
+  if (cfg.sites.size() > 1) {
+    transport::Identity self{sc.name, rank, cfg.run.name, cfg.hash};
+    std::vector<transport::PeerInfo> peers;
+    // The ranks of the other sites this rank exchanges with (its rank when every site has
+    // the same rank count; outer_optimizer/exchange_layout.hpp otherwise).
+    const outer::ExchangeLayout layout = outer::SitePeers::layout_of(trainer::outer_sites(cfg), param_count);
+    for (size_t s = 0; s < cfg.sites.size(); ++s) {
+      if (static_cast<int>(s) == site) continue;
+      const auto& other = cfg.sites[s];
+      for (int q : outer::SitePeers::connected_ranks(layout, site, rank, static_cast<int>(s)))
+        peers.push_back({other.name, q, other.host_of(q), other.port + q});
+    }
+    const auto mode = join ? transport::ConnectMode::kJoin : transport::ConnectMode::kAll;
+    if (connect) {
+      tp = connect(self, peers, mode);
+    } else {
+      auto ucx = std::make_unique<transport::ucx::UcxTransport>(*cfg.transport, self);
+      ucx->listen(address, sc.port + rank);
+      if (rank == 0 && !site_addresses.empty()) ucx->set_directory(site_addresses);
+      resolve_peer_addresses(cfg, *ucx, peers, join);
+      ucx->connect(peers, mode);
+      tp = std::move(ucx);
+      spdlog::info("connected to {} peer site(s) over UCX", peers.size());
+    }
+  }
+  return tp;
+}
+
+nlohmann::json finish_run_summary(const trainer::RunConfig& cfg, int site, int rank, const SiteGather& in_site,
+                                  transport::Transport* tp, uint64_t members, const nlohmann::json& mine) {
+  // Gather every rank's summary at global rank 0: within the site over the collective, then
+  // each site's rank 0 sends its site's list to site 0's rank 0 over the transport.
+  std::vector<nlohmann::json> site_list = {mine};
+  if (in_site) {
+    std::string text = mine.dump();
+    auto all = in_site(std::as_bytes(std::span<const char>(text.data(), text.size())));
+    site_list.clear();
+    for (auto& b : all)
+      site_list.push_back(nlohmann::json::parse(std::string(reinterpret_cast<const char*>(b.data()), b.size())));
+  }
+  if (rank != 0) return mine;
+  std::vector<nlohmann::json> everyone;
+  if (tp) {
+    // The sites still in the run (the last round's members) send their summaries to the
+    // first of them: no site's loss, the first's included, leaves the summary unwritten.
+    // Shard 0 carries the summary, shard 1 the collector's acknowledgement: a site leaves
+    // only once the collector holds its summary (a closed peer delivers nothing afterwards).
+    size_t collector = 0;
+    while (collector < cfg.sites.size() && !((members >> collector) & 1)) ++collector;
+    const auto ack = transport::make_payload({1});
+    if (static_cast<size_t>(site) != collector) {
+      const int p0 = tp->peer_index(cfg.sites[collector].name, 0);
+      auto got = tp->recv(p0, transport::FrameKind::kControl, kSummaryRound, 1, size_t{1});
+      tp->send(p0, transport::FrameKind::kControl, kSummaryRound, 0,
+               transport::make_payload(to_bytes(nlohmann::json(site_list).dump())))
+          .wait();
+      got.wait();
+      return mine;
+    }
+    everyone = site_list;
+    for (size_t s = 0; s < cfg.sites.size(); ++s) {
+      if (s == collector || !((members >> s) & 1)) continue;
+      const int p = tp->peer_index(cfg.sites[s].name, 0);
+      auto h = tp->recv(p, transport::FrameKind::kControl, kSummaryRound, 0, kMaxSummaryBytes);
+      h.wait();
+      tp->send(p, transport::FrameKind::kControl, kSummaryRound, 1, ack).wait();
+      const auto buf = h.take();
+      auto j = nlohmann::json::parse(std::string(buf.begin(), buf.begin() + static_cast<int64_t>(h.bytes())), nullptr,
+                                     false);
+      if (!j.is_array()) throw Error(fmt::format("site {} sent a malformed final summary", cfg.sites[s].name));
+      for (auto& r : j) everyone.push_back(r);
+    }
+  } else {
+    everyone = site_list;
+  }
+  return write_run_summary(cfg, everyone, run_totals(cfg, everyone));
 }
 
 nlohmann::json run_rank(const trainer::RunConfig& given, const RankOptions& o) {
@@ -133,33 +219,8 @@ nlohmann::json run_rank(const trainer::RunConfig& given, const RankOptions& o) {
     if (rank == 0)
       spdlog::info("site {}: {} ranks on {} nodes at {}", sc.name, sc.ranks, sc.nodes, fmt::join(site_addresses, ", "));
   }
-  std::unique_ptr<transport::Transport> tp;
-  if (cfg.sites.size() > 1) {
-    transport::Identity self{sc.name, rank, cfg.run.name, cfg.hash};
-    std::vector<transport::PeerInfo> peers;
-    // The ranks of the other sites this rank exchanges with (its rank when every site has
-    // the same rank count; outer_optimizer/exchange_layout.hpp otherwise).
-    const outer::ExchangeLayout layout =
-        outer::SitePeers::layout_of(trainer::outer_sites(cfg), trainer::ParamLayout(cfg.model).total());
-    for (size_t s = 0; s < cfg.sites.size(); ++s) {
-      if (static_cast<int>(s) == site) continue;
-      const auto& other = cfg.sites[s];
-      for (int q : outer::SitePeers::connected_ranks(layout, site, rank, static_cast<int>(s)))
-        peers.push_back({other.name, q, other.host_of(q), other.port + q});
-    }
-    const auto mode = o.join ? transport::ConnectMode::kJoin : transport::ConnectMode::kAll;
-    if (o.connect_transport) {
-      tp = o.connect_transport(self, peers, mode);
-    } else {
-      auto ucx = std::make_unique<transport::ucx::UcxTransport>(*cfg.transport, self);
-      ucx->listen(address, sc.port + rank);
-      if (rank == 0 && !site_addresses.empty()) ucx->set_directory(site_addresses);
-      resolve_peer_addresses(cfg, *ucx, peers, o.join);
-      ucx->connect(peers, mode);
-      tp = std::move(ucx);
-      spdlog::info("connected to {} peer site(s) over UCX", peers.size());
-    }
-  }
+  std::unique_ptr<transport::Transport> tp = connect_site_transport(
+      cfg, site, rank, trainer::ParamLayout(cfg.model).total(), address, site_addresses, o.join, o.connect_transport);
 
   trainer::TrainerOptions opt;
   opt.site = site;
@@ -181,53 +242,10 @@ nlohmann::json run_rank(const trainer::RunConfig& given, const RankOptions& o) {
   nlohmann::json mine = trainer.run();
   mine["address"] = address;  // where this rank listened (configured, given or found)
 
-  // Gather every rank's summary at global rank 0: within the site over the collective, then
-  // each site's rank 0 sends its site's list to site 0's rank 0 over the transport.
-  std::vector<nlohmann::json> site_list = {mine};
-  if (coll) {
-    std::string text = mine.dump();
-    auto all = coll->all_gather_bytes(std::as_bytes(std::span<const char>(text.data(), text.size())));
-    site_list.clear();
-    for (auto& b : all)
-      site_list.push_back(nlohmann::json::parse(std::string(reinterpret_cast<const char*>(b.data()), b.size())));
-  }
-  if (rank != 0) return mine;
-  std::vector<nlohmann::json> everyone;
-  if (tp) {
-    // The sites still in the run (the last round's members) send their summaries to the
-    // first of them: no site's loss, the first's included, leaves the summary unwritten.
-    // Shard 0 carries the summary, shard 1 the collector's acknowledgement: a site leaves
-    // only once the collector holds its summary (a closed peer delivers nothing afterwards).
-    const uint64_t members = diloco ? diloco->members() : ~uint64_t{0};
-    size_t collector = 0;
-    while (collector < cfg.sites.size() && !((members >> collector) & 1)) ++collector;
-    const auto ack = transport::make_payload({1});
-    if (static_cast<size_t>(site) != collector) {
-      const int p0 = tp->peer_index(cfg.sites[collector].name, 0);
-      auto got = tp->recv(p0, transport::FrameKind::kControl, kSummaryRound, 1, size_t{1});
-      tp->send(p0, transport::FrameKind::kControl, kSummaryRound, 0,
-               transport::make_payload(to_bytes(nlohmann::json(site_list).dump())))
-          .wait();
-      got.wait();
-      return mine;
-    }
-    everyone = site_list;
-    for (size_t s = 0; s < cfg.sites.size(); ++s) {
-      if (s == collector || !((members >> s) & 1)) continue;
-      const int p = tp->peer_index(cfg.sites[s].name, 0);
-      auto h = tp->recv(p, transport::FrameKind::kControl, kSummaryRound, 0, kMaxSummaryBytes);
-      h.wait();
-      tp->send(p, transport::FrameKind::kControl, kSummaryRound, 1, ack).wait();
-      const auto buf = h.take();
-      auto j = nlohmann::json::parse(std::string(buf.begin(), buf.begin() + static_cast<int64_t>(h.bytes())), nullptr,
-                                     false);
-      if (!j.is_array()) throw Error(fmt::format("site {} sent a malformed final summary", cfg.sites[s].name));
-      for (auto& r : j) everyone.push_back(r);
-    }
-  } else {
-    everyone = site_list;
-  }
-  return write_run_summary(cfg, everyone, run_totals(cfg, everyone));
+  // Gather every rank's summary at global rank 0.
+  SiteGather in_site;
+  if (coll) in_site = [&](std::span<const std::byte> mine_bytes) { return coll->all_gather_bytes(mine_bytes); };
+  return finish_run_summary(cfg, site, rank, in_site, tp.get(), diloco ? diloco->members() : ~uint64_t{0}, mine);
 }
 
 }  // namespace geoloco::app

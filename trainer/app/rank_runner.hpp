@@ -8,6 +8,8 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "outer_optimizer/outer_hooks.hpp"
@@ -49,6 +51,25 @@ struct RankOptions {
 // is not on PATH; tests give a script printing a fixture). Read here only; everything below
 // gets it as RankOptions::host_topology.
 planner::HostTopologyOptions host_topology_from_env();
+
+// This rank's transport to the ranks of the other sites it exchanges with (null for a one-site
+// run): UCX listening on `address` at the site's port + rank, or `connect` when given. The
+// exchange layout depends on the model's parameter count (`param_count`). `site_addresses`:
+// a site whose ranks found their addresses (rank 0 serves them); `join`: ConnectMode::kJoin.
+std::unique_ptr<transport::Transport> connect_site_transport(const trainer::RunConfig& cfg, int site, int rank,
+                                                             int64_t param_count, const std::string& address,
+                                                             const std::vector<std::string>& site_addresses, bool join,
+                                                             const RankOptions::ConnectTransport& connect = {});
+
+// The site's all-gather of bytes in rank order (empty for a one-rank site).
+using SiteGather = std::function<std::vector<std::vector<std::byte>>(std::span<const std::byte>)>;
+
+// The end of a rank's run: every rank's summary gathered at the first site still in the run
+// (`members`, the last round's) and written to summary.json there (write_run_summary); returns
+// that summary at the collector's rank 0, `mine` elsewhere. Every rank of every member site
+// calls it.
+nlohmann::json finish_run_summary(const trainer::RunConfig& cfg, int site, int rank, const SiteGather& in_site,
+                                  transport::Transport* tp, uint64_t members, const nlohmann::json& mine);
 
 // Returns the run summary at global rank 0 (also written to summary.json), this rank's own
 // summary elsewhere.

@@ -1,5 +1,6 @@
 // geoloco validate / train / worker / launch.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cmath>
 #include <filesystem>
@@ -40,6 +41,13 @@ void add_config_args(CLI::App* cmd, ConfigArgs& a) {
 
 void run_validate(const ConfigArgs& a) {
   auto cfg = trainer::load_run_config(a.config, a.sets);
+  if (cfg.external_inner_loop()) {
+    std::string sites;
+    for (const auto& s : cfg.sites) sites += fmt::format("{}{}x{}", sites.empty() ? "" : ", ", s.name, s.ranks);
+    fmt::print("{}: OK -- each rank runs `{}` (run.command), sites: {}; {} steps; config hash {}\n", a.config,
+               fmt::join(cfg.run.command, " "), sites, cfg.train.steps, hex64(cfg.hash));
+    return;
+  }
   // Data is part of the config: open it (validates files, token ranges, sizes).
   auto data = trainer::open_data(cfg.data, cfg.dir, cfg.model.vocab_size);
   std::string sites;
@@ -142,6 +150,9 @@ struct TrainArgs : ConfigArgs {
 
 void run_train(const TrainArgs& a) {
   auto cfg = trainer::load_run_config(a.config, a.sets);
+  if (cfg.external_inner_loop())
+    throw InputError(fmt::format("{}: its ranks run run.command (their own inner loop): use `geoloco launch {}`",
+                                 a.config, a.config));
   if (cfg.world_size() != 1)
     throw InputError(
         fmt::format("{}: `train` runs one process, but the config has {} ranks over {} site(s); "

@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -16,6 +18,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "trainer/launch/launcher.hpp"
+#include "trainer/launch/rank_env.hpp"
 #include "trainer/launch/slurm_env.hpp"
 #include "trainer/loop/run_config.hpp"
 #include "trainer/loop/trainer.hpp"
@@ -43,6 +46,59 @@ std::string self_exe() {
   return std::string(buf, static_cast<size_t>(n));
 }
 
+// run.command: the environment of the rank's program (over the Python package, python/): its
+// place, its site's torch.distributed rendezvous (the environment torchrun gives) and how to
+// find the config (python/geoloco/env.py reads it).
+std::vector<std::pair<std::string, std::string>> command_env(const trainer::RunConfig& cfg, const WorkerArgs& a,
+                                                             int site, int rank) {
+  const auto& s = cfg.sites[static_cast<size_t>(site)];
+  launch::RankEnv re;
+  re.site = s.name;
+  re.site_index = site;
+  re.rank = rank;
+  re.site_size = s.ranks;
+  re.global_rank = cfg.global_rank(site, rank);
+  re.world_size = cfg.world_size();
+  re.local_rank = rank;
+  auto env = re.to_env();
+  std::string sets;
+  for (const auto& kv : a.sets) sets += (sets.empty() ? "" : "\n") + kv;
+  const auto exe_dir = std::filesystem::path(self_exe()).parent_path();
+  std::string pythonpath = (exe_dir / "python").string();
+  if (const char* old = std::getenv("PYTHONPATH"); old != nullptr && *old != '\0') pythonpath += ":" + std::string(old);
+  const std::vector<std::pair<std::string, std::string>> more = {
+      {"GEOLOCO_LAUNCHED", "1"},
+      {"GEOLOCO_CONFIG", std::filesystem::absolute(a.config).lexically_normal().string()},
+      {"GEOLOCO_SETS", sets},
+      {"GEOLOCO_RESUME", a.resume ? "1" : "0"},
+      {"GEOLOCO_JOIN", a.join ? "1" : "0"},
+      {"GEOLOCO_BIN", self_exe()},
+      // torch.distributed inside the site (env:// rendezvous, as torchrun sets it): the
+      // site's rank 0 serves it at the site's host, on the port after its ranks' WAN ports.
+      {"RANK", std::to_string(rank)},
+      {"WORLD_SIZE", std::to_string(s.ranks)},
+      {"LOCAL_RANK", std::to_string(rank)},
+      {"LOCAL_WORLD_SIZE", std::to_string(s.ranks)},
+      {"MASTER_ADDR", s.host},
+      {"MASTER_PORT", std::to_string(s.port + s.ranks)},
+      {"PYTHONPATH", pythonpath},
+      {"OMP_NUM_THREADS", std::to_string(cfg.train.threads)}};
+  env.insert(env.end(), more.begin(), more.end());
+  return env;
+}
+
+// `geoloco worker` of a run.command run (under srun, or by hand): this process becomes the
+// rank's program, with the environment `geoloco launch` would give it.
+[[noreturn]] void exec_command(const trainer::RunConfig& cfg, const WorkerArgs& a, int site, int rank) {
+  for (const auto& [k, v] : command_env(cfg, a, site, rank)) ::setenv(k.c_str(), v.c_str(), 1);
+  std::vector<char*> argv;
+  for (const auto& arg : cfg.run.command) argv.push_back(const_cast<char*>(arg.c_str()));
+  argv.push_back(nullptr);
+  ::execvp(argv[0], argv.data());
+  throw InputError(
+      fmt::format("{}: run.command: cannot run {}: {}", a.config, cfg.run.command[0], std::strerror(errno)));
+}
+
 void run_worker(const WorkerArgs& a) {
   auto cfg = trainer::load_run_config(a.config, a.sets);
   int site = -1, rank = a.rank;
@@ -61,6 +117,8 @@ void run_worker(const WorkerArgs& a) {
   const auto& sc = cfg.sites[static_cast<size_t>(site)];
   if (rank < 0 || rank >= sc.ranks)
     throw InputError(fmt::format("--rank {}: site {} has ranks 0..{}", rank, sc.name, sc.ranks - 1));
+  // run.command: this process becomes the rank's program (srun geoloco worker, or by hand).
+  if (cfg.external_inner_loop()) exec_command(cfg, a, site, rank);
   // Under `geoloco launch` the launcher already prefixes every line with [site/rank].
   const bool launched = std::getenv("GEOLOCO_LAUNCHED") != nullptr;
   log::init(launched ? "" : fmt::format("{}/{}", sc.name, rank), cfg.run.log_level);
@@ -100,10 +158,29 @@ bool wants_status_view(const LaunchArgs& a) {
   return term != nullptr && std::string(term) != "dumb" && std::string(term) != "";
 }
 
+// One rank of a run.command run under `geoloco launch`: its program and environment; a restart
+// adds GEOLOCO_JOIN=1 (it joins the running job, as `worker --join` does).
+launch::ProcessSpec command_process(const trainer::RunConfig& cfg, const LaunchArgs& a, int site, int rank) {
+  const auto& s = cfg.sites[static_cast<size_t>(site)];
+  launch::ProcessSpec p;
+  p.label = fmt::format("{}/{}", s.name, rank);
+  p.group = s.name;
+  p.argv = cfg.run.command;
+  p.env = command_env(cfg, a, site, rank);
+  p.restart_argv = p.argv;
+  p.restart_env = {{"GEOLOCO_JOIN", "1"}, {"GEOLOCO_RESUME", "0"}};
+  return p;
+}
+
 void run_launch(const LaunchArgs& a) {
   auto cfg = trainer::load_run_config(a.config, a.sets);
+  if (cfg.external_inner_loop() && (a.stop_at > 0 || !a.capture_dir.empty()))
+    throw InputError(
+        fmt::format("{}: --stop-at-step and --capture-pseudograd drive geoloco's own inner loop; this run's is "
+                    "run.command's",
+                    a.config));
   const std::vector<LaunchRank> mine = select_launch_ranks(cfg, a.only_sites, a.node);
-  if (cfg.world_size() == 1) {
+  if (cfg.world_size() == 1 && !cfg.external_inner_loop()) {
     WorkerArgs w = a;
     w.site = cfg.sites[0].name;
     w.rank = 0;
@@ -116,7 +193,9 @@ void run_launch(const LaunchArgs& a) {
   for (const auto& [site, r] : mine) {
     const auto& s = cfg.sites[static_cast<size_t>(site)];
     if (local_sites.empty() || local_sites.back() != s.name) local_sites.push_back(s.name);
-    {
+    if (cfg.external_inner_loop()) {
+      procs.push_back(command_process(cfg, a, site, r));
+    } else {
       launch::ProcessSpec p;
       p.label = fmt::format("{}/{}", s.name, r);
       p.group = s.name;

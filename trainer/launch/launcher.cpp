@@ -241,6 +241,14 @@ std::string Launcher::start(Child& c, bool restart) {
   SpawnOptions so;
   so.argv = restart ? c.spec->restart_argv : c.spec->argv;
   so.env = c.spec->env;
+  if (restart)
+    for (const auto& kv : c.spec->restart_env) {  // replaces the variable when env sets it too
+      auto it = std::find_if(so.env.begin(), so.env.end(), [&](const auto& e) { return e.first == kv.first; });
+      if (it != so.env.end())
+        it->second = kv.second;
+      else
+        so.env.push_back(kv);
+    }
   so.in = Stdio::kNull;
   so.out = so.err = Stdio::kPipe;
   so.own_process_group = true;

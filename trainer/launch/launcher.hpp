@@ -50,6 +50,7 @@ struct ProcessSpec {
   std::vector<std::pair<std::string, std::string>> env;  // added to (or replacing in) our environment
   std::string group;                                     // its failure domain (site name); see isolate_groups
   std::vector<std::string> restart_argv;                 // its command when its group is restarted (empty: never)
+  std::vector<std::pair<std::string, std::string>> restart_env;  // set over env when restarted
 };
 
 struct LaunchOptions {

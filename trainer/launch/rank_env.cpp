@@ -77,7 +77,7 @@ std::vector<ProcessSpec> local_processes(const std::vector<SiteRanks>& sites, co
   for (size_t i = 0; i < sites.size(); ++i) {
     for (int r = 0; r < sites[i].ranks; ++r, ++g) {
       RankEnv e{sites[i].name, static_cast<int>(i), r, sites[i].ranks, g, world, g};
-      out.push_back({fmt::format("{}/{}", sites[i].name, r), argv, e.to_env(), sites[i].name, {}});
+      out.push_back({fmt::format("{}/{}", sites[i].name, r), argv, e.to_env(), sites[i].name, {}, {}});
     }
   }
   return out;

@@ -236,11 +236,31 @@ RunConfig parse_run_config(const config::Document& doc) {
     c.run.metrics_host = r.get<std::string>("metrics_host", c.run.metrics_host);
     if (c.run.metrics_host.empty())
       r.fail_value("metrics_host", "an address of this machine (e.g. 127.0.0.1, 0.0.0.0)");
+    c.run.command = r.get<std::vector<std::string>>("command", {});
+    if (r.has("command") && c.run.command.empty())
+      r.fail_value("command", "a non-empty list: the program each rank runs, e.g. [python3, train.py]");
+    for (const auto& arg : c.run.command)
+      if (arg.empty()) r.fail_value("command", "a list of non-empty arguments");
     r.finish();
   }
-  c.model = ModelConfig::from_yaml(root.child("model"));
-  c.data = DataConfig::from_yaml(root.child("data"));
-  c.train = TrainConfig::from_yaml(root.child("train"));
+  if (c.external_inner_loop()) {
+    // The program's own inner loop: its model and data are its own, and of train: only what
+    // the outer loop and the records need.
+    for (const char* key : {"model", "data"})
+      if (root.has(key))
+        root.fail(key, "not read with run.command: the model and data are the program's own (remove this section)");
+    auto t = root.child("train");
+    constexpr int64_t kBig = int64_t{1} << 40;
+    c.train.steps = t.get_int("steps", c.train.steps, 1, kBig);
+    c.train.checkpoint_every = t.get_int("checkpoint_every", 0, 0, kBig);
+    c.train.keep_checkpoints = static_cast<int>(t.get_int("keep_checkpoints", c.train.keep_checkpoints, 1, 1000));
+    c.train.log_every = t.get_int("log_every", c.train.log_every, 1, kBig);
+    t.finish();  // any other train: key is the program's (its optimizer, batch, schedule)
+  } else {
+    c.model = ModelConfig::from_yaml(root.child("model"));
+    c.data = DataConfig::from_yaml(root.child("data"));
+    c.train = TrainConfig::from_yaml(root.child("train"));
+  }
   if (c.train.seq_len > c.model.block_size)
     root.child("train").fail(
         "seq_len", fmt::format("got {}, expected at most model.block_size ({})", c.train.seq_len, c.model.block_size));
@@ -293,7 +313,8 @@ RunConfig parse_run_config(const config::Document& doc) {
     if (!why.empty()) root.child("train").fail("attention", "fused: " + why);
   }
   if (root.has("outer") || c.sites.size() > 1) c.outer = outer::OuterConfig::from_yaml(root.child("outer"));
-  if (c.outer.fragments > c.model.n_layer)
+  // (With run.command the program names its fragments: the Python package checks them.)
+  if (!c.external_inner_loop() && c.outer.fragments > c.model.n_layer)
     root.child("outer").fail("fragments",
                              fmt::format("got {}, but the model has {} transformer blocks (a fragment holds "
                                          "at least one block)",

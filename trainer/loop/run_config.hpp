@@ -27,6 +27,13 @@ struct RunSection {
   // http://metrics_host:(metrics_port + g)/metrics. 0: off.
   int metrics_port = 0;
   std::string metrics_host = "127.0.0.1";
+  // The inner loop is this program's, not geoloco's (a PyTorch script over the `geoloco`
+  // Python package, python/): `geoloco launch` starts it once per rank, with the rank's place
+  // and its site's torch.distributed rendezvous in the environment (docs/pytorch.md). Then
+  // model: and data: are the program's own (refused here), and train: holds only steps,
+  // checkpoint_every, keep_checkpoints and log_every. argv[0] is looked up in PATH; relative
+  // paths are the program's business (the launch's working directory).
+  std::vector<std::string> command;
 };
 
 struct LrScaling {
@@ -120,6 +127,8 @@ struct RunConfig {
   uint64_t hash = 0;           // hash of the canonical (post-override) YAML: sites refuse mismatches
   std::string canonical_yaml;  // that YAML: the config as it ran (written to <output_dir>/config.yaml)
 
+  // run.command is set: the ranks run the user's program over the Python package.
+  bool external_inner_loop() const { return !run.command.empty(); }
   int world_size() const;                         // ranks over all sites
   int global_rank(int site, int rank) const;      // sites in config order, ranks contiguous
   int site_index(const std::string& name) const;  // -1 when absent

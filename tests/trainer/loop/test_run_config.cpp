@@ -186,3 +186,32 @@ TEST(RunConfig, QuantizeOnDeviceIsRefusedWhereTheDeviceCannotQuantize) {
   const std::string bad = outer("quantize_on: gpu", gpu);
   EXPECT_NE(bad.find("quantize_on"), std::string::npos) << bad;
 }
+
+// run.command: the ranks run the user's program (the Python package's loop): its model and data
+// are its own (refused here), train: holds only what the outer loop and the records need, and
+// the outer loop's fragments are checked against the program's parameters instead.
+TEST(RunConfig, ACommandRunReadsSitesOuterAndTransportButNotTheModel) {
+  const std::string base =
+      "run: {name: x, command: [python3, train.py, --flag]}\n"
+      "train: {steps: 40, log_every: 5, checkpoint_every: 20}\n"
+      "sites: [{name: a, ranks: 2}]\n"
+      "outer: {interval: 10, fragments: 8}\n";
+  auto c = parse_run_config(config::load_string(base, "run.yaml"));
+  EXPECT_TRUE(c.external_inner_loop());
+  EXPECT_EQ(c.run.command, (std::vector<std::string>{"python3", "train.py", "--flag"}));
+  EXPECT_EQ(c.train.steps, 40);
+  EXPECT_EQ(c.train.log_every, 5);
+  EXPECT_EQ(c.train.checkpoint_every, 20);
+  EXPECT_EQ(c.outer.fragments, 8);  // not checked against a model the config does not hold
+  EXPECT_FALSE(parse_run_config(config::load_string(kBase, "run.yaml")).external_inner_loop());
+
+  EXPECT_NE(error_of(base + "model: {n_layer: 2}\n").find("run.yaml:5:"), std::string::npos);
+  EXPECT_NE(error_of(base + "model: {n_layer: 2}\n").find("the model and data are the program's own"),
+            std::string::npos);
+  EXPECT_NE(error_of(base + "data: {train: {kind: synthetic}}\n").find("data"), std::string::npos);
+  const std::string lr =
+      error_of("run: {name: x, command: [python3, t.py]}\ntrain: {steps: 4, micro_batch: 8}\nsites: [{name: a}]\n");
+  EXPECT_NE(lr.find("train.micro_batch"), std::string::npos) << lr;
+  EXPECT_NE(error_of("run: {name: x, command: []}\n").find("a non-empty list"), std::string::npos);
+  EXPECT_NE(error_of("run: {name: x, command: [python3, '']}\n").find("non-empty arguments"), std::string::npos);
+}

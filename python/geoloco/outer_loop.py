@@ -1,0 +1,324 @@
+"""OuterLoop: geoloco's outer loop (DiLoCo between sites) driven from a PyTorch training loop.
+
+A few lines in the user's loop::
+
+    outer = geoloco.OuterLoop(model.named_parameters(), optimizer=opt)  # config, site, rank from geoloco launch
+    for step in range(outer.start_step + 1, outer.total_steps + 1):
+        loss = train_one_step(...)          # the user's forward, backward, optimizer.step()
+        outer.step(loss)                    # every H steps: a round with the other sites
+    summary = outer.finish()                # the last sync: every rank of every site on one hash
+
+Tensors are taken through what every torch version has (``data_ptr``, ``numel``, ``dtype``,
+``device``, ``is_contiguous``). CPU float32 tensors are read and written in place; bfloat16 and
+float16 tensors, and tensors on a GPU, are staged through host float32 buffers (pinned for a GPU)
+around each read and write of the outer loop.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import math
+import weakref
+from typing import Any, Iterable, Optional, Sequence, Union
+
+import torch
+import torch.distributed as dist
+
+from geoloco import _native
+from geoloco._native import InputError
+from geoloco.env import LaunchEnv
+
+Named = Iterable[tuple[str, torch.Tensor]]
+
+
+class TensorError(InputError, TypeError):
+    """A parameter the outer loop cannot take: its dtype, device or layout (named in the message)."""
+
+
+class LayoutError(InputError):
+    """The parameters differ between the ranks of a site (count, name, shape or order)."""
+
+
+_STAGED_DTYPES = (torch.bfloat16, torch.float16)
+
+
+class _Param:
+    """One parameter as the native side sees it: the tensor itself or its host float32 stage."""
+
+    def __init__(self, name: str, tensor: torch.Tensor) -> None:
+        if not isinstance(tensor, torch.Tensor):
+            raise TensorError(f"parameter '{name}': expected a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.layout != torch.strided:
+            raise TensorError(f"parameter '{name}': layout {tensor.layout}; the outer loop takes dense tensors")
+        if not tensor.is_contiguous():
+            raise TensorError(
+                f"parameter '{name}': not contiguous (strides {tuple(tensor.stride())} for shape "
+                f"{tuple(tensor.shape)}); the outer loop reads parameters as one block of memory"
+            )
+        if tensor.dtype != torch.float32 and tensor.dtype not in _STAGED_DTYPES:
+            raise TensorError(
+                f"parameter '{name}': dtype {tensor.dtype}; the outer loop takes float32, bfloat16 or float16"
+            )
+        if tensor.numel() == 0:
+            raise TensorError(f"parameter '{name}': no elements")
+        self.name = name
+        self.tensor = tensor
+        self.staged = tensor.dtype != torch.float32 or tensor.device.type != "cpu"
+        if self.staged:
+            pin = tensor.device.type == "cuda"
+            self.host = torch.empty(tensor.shape, dtype=torch.float32, pin_memory=pin)
+        else:
+            self.host = tensor
+
+    def describe(self) -> tuple[str, int, int, list[int]]:
+        return (self.name, int(self.host.data_ptr()), int(self.host.numel()), [int(d) for d in self.host.shape])
+
+    def stage_in(self) -> None:
+        with torch.no_grad():
+            self.host.copy_(self.tensor)
+
+    def stage_out(self) -> None:
+        with torch.no_grad():
+            self.tensor.copy_(self.host)
+
+
+def _named(params: Union[torch.nn.Module, Named, Sequence[torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    if isinstance(params, torch.nn.Module):
+        return list(params.named_parameters())
+    out: list[tuple[str, torch.Tensor]] = []
+    for i, item in enumerate(params):
+        if isinstance(item, torch.Tensor):
+            out.append((f"param{i}", item))
+        elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
+            out.append((item[0], item[1]))
+        else:
+            raise TensorError(f"parameter {i}: expected a tensor or a (name, tensor) pair, got {type(item).__name__}")
+    return out
+
+
+class OuterLoop:
+    """geoloco's outer loop for one rank of one site, over the user's parameters.
+
+    Args:
+        params: the model (its ``named_parameters()``), ``(name, tensor)`` pairs, or tensors. Every
+            rank of every site passes the same names, shapes and order. A tensor's block (what a
+            streaming fragment takes whole) is the first number in its name (``h.3.attn.weight``).
+        config: the run's YAML (the same file ``geoloco launch`` reads). Default: ``GEOLOCO_CONFIG``.
+        site, rank: this rank's site (by name) and rank in it. Default: from ``geoloco launch``.
+        optimizer: the inner optimizer; its state is reset when the outer loop resets it
+            (``outer.inner_state: reset``) and when a restarted site joins.
+        process_group: the site's torch.distributed group (default: the default group). Needed when
+            the site has more than one rank: the outer loop's votes and the all-gather of the merged
+            parameters run over it.
+        tokens_per_step: the site's tokens per inner step, over all its ranks (the weight of its
+            contribution under ``outer.weighting: tokens``, and the records' counts).
+        sets: ``--set`` overrides (``"outer.interval=50"``). Default: the launcher's.
+        join: this site joins a running job (a restart). Default: the launcher's ``GEOLOCO_JOIN``.
+        total_steps: the run's last inner step; default ``train.steps`` of the config.
+    """
+
+    def __init__(
+        self,
+        params: Union[torch.nn.Module, Named, Sequence[torch.Tensor]],
+        config: Optional[str] = None,
+        *,
+        site: Optional[str] = None,
+        rank: Optional[int] = None,
+        optimizer: Optional[torch.optim.Optimizer] = None,
+        process_group: Optional[Any] = None,
+        tokens_per_step: int = 0,
+        sets: Optional[list[str]] = None,
+        join: Optional[bool] = None,
+        total_steps: Optional[int] = None,
+    ) -> None:
+        launch = LaunchEnv.from_environ() if (config is None or site is None or rank is None) else None
+        self.config = config if config is not None else launch.config  # type: ignore[union-attr]
+        self.site = site if site is not None else launch.site  # type: ignore[union-attr]
+        self.rank = int(rank if rank is not None else launch.rank)  # type: ignore[union-attr]
+        if sets is None:
+            sets = launch.sets if launch is not None else []
+        if join is None:
+            join = launch.join if launch is not None else False
+        self.optimizer = optimizer
+        self._group = process_group
+        self._params = [_Param(n, t) for n, t in _named(params)]
+        if not self._params:
+            raise TensorError("no parameters were given")
+        self._staged = [p for p in self._params if p.staged]
+        self._site_ranks = self._group_size()
+        if self._site_ranks > 1:
+            self._check_site_layout()
+        self._session = _native.Session(
+            config=self.config,
+            sets=list(sets),
+            site=self.site,
+            rank=self.rank,
+            join=bool(join),
+            tokens_per_step=int(tokens_per_step),
+            total_steps=int(total_steps or 0),
+            tensors=[p.describe() for p in self._params],
+            all_gather=self._all_gather if self._site_ranks > 1 else None,
+            sum=self._sum if self._site_ranks > 1 else None,
+            stage_in=self._stage_in if self._staged else None,
+            stage_out=self._stage_out if self._staged else None,
+            reset_inner_state=self._reset_inner_state,
+        )
+        # Close the transport before the interpreter tears the process down (its thread reports
+        # to a logger that exit destroys); finish() closes it first in a run that ends well.
+        atexit.register(_close_at_exit, weakref.ref(self._session))
+        self._step = 0
+        self.joined = bool(join)
+        if join:
+            self._step = int(self._session.join())
+            self._reset_inner_state()
+        self._finished = False
+
+    # ---- the user's calls ----
+
+    @property
+    def start_step(self) -> int:
+        """The inner step the loop starts after: 0, or the step a joining site's state was committed at."""
+        return self._step if not self._finished else self.total_steps
+
+    @property
+    def inner_step(self) -> int:
+        """The last inner step reported with :meth:`step`."""
+        return self._step
+
+    @property
+    def total_steps(self) -> int:
+        """The run's last inner step (``train.steps``)."""
+        return int(self._session.total_steps)
+
+    @property
+    def global_weights_hash(self) -> str:
+        """The hash of the global weights the sites last agreed on (hex)."""
+        return str(self._session.global_weights_hash)
+
+    @property
+    def output_dir(self) -> str:
+        """Where the run's records go (``run.output_dir``)."""
+        return str(self._session.output_dir)
+
+    def trains_step(self) -> bool:
+        """Whether the next inner step trains (False: ``outer.pace: time`` skips it on a faster site)."""
+        return bool(self._session.trains_step(self._step + 1))
+
+    def step(self, loss: Union[None, float, torch.Tensor] = None) -> bool:
+        """Call once after each inner step (after ``optimizer.step()``), on every rank of the site.
+
+        ``loss`` (this rank's, a float or a scalar tensor) goes into the records as the site's mean.
+        Returns True when an outer round completed (the parameters then hold new global weights).
+        """
+        if self._finished:
+            raise InputError(f"step() after finish() (site {self.site}, rank {self.rank})")
+        if isinstance(loss, torch.Tensor):
+            loss = float(loss.detach().float().mean().item())
+        value = math.nan if loss is None else float(loss)
+        self._step += 1
+        return bool(self._session.after_step(self._step, value))
+
+    def finish(self) -> dict[str, Any]:
+        """After the last inner step: the final sync, the records closed, the run's summary.
+
+        Returns this rank's summary (the run's, with every rank's, where summary.json was written).
+        """
+        if self._finished:
+            raise InputError(f"finish() called twice (site {self.site}, rank {self.rank})")
+        if self._step != self.total_steps:
+            raise InputError(
+                f"finish() at step {self._step}: the run ends at step {self.total_steps} (train.steps), where every "
+                "site syncs; call step() once per inner step until then"
+            )
+        summary = json.loads(self._session.finish(self._step))  # also closes the transport
+        self._finished = True
+        return summary
+
+    def close(self) -> None:
+        """Leaves the run without finishing it (the other sites see this rank go); idempotent."""
+        self._session.close()
+
+    def __enter__(self) -> "OuterLoop":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def metrics(self) -> dict[str, Any]:
+        """The outer loop's current figures (rounds, bytes, waits), as in metrics.jsonl."""
+        return json.loads(self._session.metrics())
+
+    # ---- the site's exchange, over the user's process group ----
+
+    def _group_size(self) -> int:
+        if not dist.is_available() or not dist.is_initialized():
+            return 1
+        return int(dist.get_world_size(self._group))
+
+    def _device(self) -> torch.device:
+        if dist.get_backend(self._group) == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def _all_gather(self, data: bytes) -> list[bytes]:
+        dev = self._device()
+        n = torch.tensor([len(data)], dtype=torch.int64, device=dev)
+        sizes = [torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(self._site_ranks)]
+        dist.all_gather(sizes, n, group=self._group)
+        longest = max(int(s.item()) for s in sizes)
+        mine = torch.zeros(max(longest, 1), dtype=torch.uint8)
+        if data:
+            mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        mine = mine.to(dev)
+        parts = [torch.zeros(max(longest, 1), dtype=torch.uint8, device=dev) for _ in range(self._site_ranks)]
+        dist.all_gather(parts, mine, group=self._group)
+        return [bytes(p[: int(s.item())].cpu().numpy().tobytes()) for p, s in zip(parts, sizes)]
+
+    def _sum(self, values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64, device=self._device())
+        dist.all_reduce(t, group=self._group)
+        return [float(v) for v in t.cpu().tolist()]
+
+    def _check_site_layout(self) -> None:
+        mine = [(p.name, list(p.tensor.shape), str(p.tensor.dtype)) for p in self._params]
+        everyone: list[Any] = [None] * self._site_ranks
+        dist.all_gather_object(everyone, mine, group=self._group)
+        for r, theirs in enumerate(everyone):
+            if theirs == mine:
+                continue
+            for i in range(max(len(mine), len(theirs))):
+                a = mine[i] if i < len(mine) else None
+                b = theirs[i] if i < len(theirs) else None
+                if a != b:
+                    raise LayoutError(
+                        f"site {self.site}: parameter {i} is {a} on rank {self.rank} but {b} on rank {r} "
+                        f"({len(mine)} vs {len(theirs)} parameters): every rank passes the same names, shapes and order"
+                    )
+
+    # ---- staging and the inner optimizer ----
+
+    def _stage_in(self) -> None:
+        for p in self._staged:
+            p.stage_in()
+
+    def _stage_out(self) -> None:
+        for p in self._staged:
+            p.stage_out()
+
+    def _reset_inner_state(self) -> None:
+        if self.optimizer is not None:
+            self.optimizer.state.clear()
+
+
+def _close_at_exit(ref: "weakref.ref[Any]") -> None:
+    session = ref()
+    if session is not None:
+        session.close()
+
+
+def layout_hash(params: Union[torch.nn.Module, Named, Sequence[torch.Tensor]]) -> str:
+    """The hash of the parameters' names, shapes and order that the sites compare when they connect."""
+    return str(_native.layout_hash([_Param(n, t).describe() for n, t in _named(params)]))
+
+

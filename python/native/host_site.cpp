@@ -1,0 +1,96 @@
+// HostSite (host_site.hpp): the seam over host tensors another program owns.
+#include "python/native/host_site.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.hpp"
+
+namespace geoloco::python {
+
+HostSite::HostSite(std::vector<HostTensor> tensors, int rank, int ranks, HostSiteCallbacks callbacks)
+    : tensors_(std::move(tensors)), rank_(rank), ranks_(ranks), cb_(std::move(callbacks)) {
+  if (ranks_ < 1 || rank_ < 0 || rank_ >= ranks_)
+    throw InputError(fmt::format("rank {} of a site of {} ranks", rank_, ranks_));
+  for (const auto& t : tensors_) {
+    if (t.numel <= 0) throw InputError(fmt::format("parameter '{}' has no elements", t.name));
+    if (t.data == nullptr) throw InputError(fmt::format("parameter '{}' has no data", t.name));
+    offsets_.push_back(total_);
+    total_ += t.numel;
+  }
+  if (tensors_.empty()) throw InputError("no parameters were given");
+  if (ranks_ > 1 && (!cb_.all_gather || !cb_.sum))
+    throw InputError(fmt::format("a site of {} ranks needs the site's all_gather and sum", ranks_));
+  shard_ = shard_of(total_, rank_, ranks_);
+  shard_buf_.resize(static_cast<size_t>(shard_.count));
+}
+
+void HostSite::read(int64_t begin, std::span<float> out) const {
+  if (out.empty()) return;
+  const int64_t end = begin + static_cast<int64_t>(out.size());
+  auto it = std::upper_bound(offsets_.begin(), offsets_.end(), begin);
+  for (size_t i = static_cast<size_t>(it - offsets_.begin()) - 1; i < tensors_.size() && offsets_[i] < end; ++i) {
+    const int64_t lo = std::max(begin, offsets_[i]), hi = std::min(end, offsets_[i] + tensors_[i].numel);
+    std::memcpy(out.data() + (lo - begin), tensors_[i].data + (lo - offsets_[i]), size_t(hi - lo) * sizeof(float));
+  }
+}
+
+void HostSite::write(int64_t begin, std::span<const float> in) {
+  if (in.empty()) return;
+  const int64_t end = begin + static_cast<int64_t>(in.size());
+  auto it = std::upper_bound(offsets_.begin(), offsets_.end(), begin);
+  for (size_t i = static_cast<size_t>(it - offsets_.begin()) - 1; i < tensors_.size() && offsets_[i] < end; ++i) {
+    const int64_t lo = std::max(begin, offsets_[i]), hi = std::min(end, offsets_[i] + tensors_[i].numel);
+    std::memcpy(tensors_[i].data + (lo - offsets_[i]), in.data() + (lo - begin), size_t(hi - lo) * sizeof(float));
+  }
+}
+
+std::span<float> HostSite::shard_params() {
+  if (cb_.stage_in) cb_.stage_in();
+  read(shard_.offset, shard_buf_);
+  return shard_buf_;
+}
+
+void HostSite::shard_updated() {
+  if (ranks_ == 1) {
+    write(shard_.offset, shard_buf_);
+  } else {
+    // Every rank holds the whole model: each writes every rank's merged shard.
+    const auto all = cb_.all_gather(std::as_bytes(std::span<const float>(shard_buf_)));
+    if (static_cast<int>(all.size()) != ranks_)
+      throw Error(fmt::format("the site's all_gather returned {} parts for {} ranks", all.size(), ranks_));
+    for (int q = 0; q < ranks_; ++q) {
+      const ShardRange r = shard_of(total_, q, ranks_);
+      const auto& b = all[static_cast<size_t>(q)];
+      if (static_cast<int64_t>(b.size()) != r.count * int64_t(sizeof(float)))
+        throw Error(fmt::format("the site's all_gather returned {} bytes for rank {}'s shard of {} values", b.size(), q,
+                                r.count));
+      write(r.offset, std::span<const float>(reinterpret_cast<const float*>(b.data()), size_t(r.count)));
+    }
+  }
+  if (cb_.stage_out) cb_.stage_out();
+}
+
+void HostSite::reset_inner_state() {
+  if (cb_.reset_inner_state) cb_.reset_inner_state();
+}
+
+std::vector<std::vector<std::byte>> HostSite::all_gather(std::span<const std::byte> mine) {
+  if (ranks_ == 1) return Site::all_gather(mine);
+  auto all = cb_.all_gather(mine);
+  if (static_cast<int>(all.size()) != ranks_)
+    throw Error(fmt::format("the site's all_gather returned {} parts for {} ranks", all.size(), ranks_));
+  return all;
+}
+
+void HostSite::sum(std::span<double> values) {
+  if (ranks_ == 1) return;
+  const auto got = cb_.sum(std::vector<double>(values.begin(), values.end()));
+  if (got.size() != values.size())
+    throw Error(fmt::format("the site's sum returned {} values for {}", got.size(), values.size()));
+  std::copy(got.begin(), got.end(), values.begin());
+}
+
+}  // namespace geoloco::python
