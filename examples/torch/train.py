@@ -93,13 +93,16 @@ def main() -> None:
     torch.manual_seed(args.seed)  # every rank of every site starts from the same weights
     model = GPT(256, args.block_size, args.layers, args.heads, args.width)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    tokens_per_step = args.micro_batch * args.block_size * ranks
-    outer = geoloco.OuterLoop(model, optimizer=opt, tokens_per_step=tokens_per_step)
-    ddp = nn.parallel.DistributedDataParallel(model) if ranks > 1 else model
-    steps = outer.total_steps
+    # Warmup and cosine decay over the run's steps (train.steps, known once the outer loop is built).
+    total = [1]
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 20) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+        opt, lambda s: min(1.0, (s + 1) / 20) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, total[0]) / total[0])))
     )
+    tokens_per_step = args.micro_batch * args.block_size * ranks
+    # geoloco's outer loop over this model; optimizer and scheduler go into its checkpoints.
+    outer = geoloco.OuterLoop(model, optimizer=opt, scheduler=sched, tokens_per_step=tokens_per_step)
+    total[0] = steps = outer.total_steps
+    ddp = nn.parallel.DistributedDataParallel(model) if ranks > 1 else model
 
     data = load_bytes(Path(args.data))
     # geoloco's data contract: windows disjoint over every rank of every site, resumable (a

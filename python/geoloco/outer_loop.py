@@ -17,6 +17,7 @@ around each read and write of the outer loop.
 from __future__ import annotations
 
 import atexit
+import io
 import json
 import math
 import weakref
@@ -107,7 +108,9 @@ class OuterLoop:
         config: the run's YAML (the same file ``geoloco launch`` reads). Default: ``GEOLOCO_CONFIG``.
         site, rank: this rank's site (by name) and rank in it. Default: from ``geoloco launch``.
         optimizer: the inner optimizer; its state is reset when the outer loop resets it
-            (``outer.inner_state: reset``) and when a restarted site joins.
+            (``outer.inner_state: reset``) and when a restarted site joins, and it is saved in every
+            checkpoint (``train.checkpoint_every``) and restored by ``--resume``.
+        scheduler: the LR scheduler, saved and restored with the optimizer.
         process_group: the site's torch.distributed group (default: the default group). Needed when
             the site has more than one rank: the outer loop's votes and the all-gather of the merged
             parameters run over it.
@@ -115,6 +118,8 @@ class OuterLoop:
             contribution under ``outer.weighting: tokens``, and the records' counts).
         sets: ``--set`` overrides (``"outer.interval=50"``). Default: the launcher's.
         join: this site joins a running job (a restart). Default: the launcher's ``GEOLOCO_JOIN``.
+        resume: restore the newest checkpoint every site holds (``geoloco launch --resume``); the
+            loop then starts after ``start_step``. Default: the launcher's ``GEOLOCO_RESUME``.
         total_steps: the run's last inner step; default ``train.steps`` of the config.
     """
 
@@ -126,10 +131,12 @@ class OuterLoop:
         site: Optional[str] = None,
         rank: Optional[int] = None,
         optimizer: Optional[torch.optim.Optimizer] = None,
+        scheduler: Optional[Any] = None,
         process_group: Optional[Any] = None,
         tokens_per_step: int = 0,
         sets: Optional[list[str]] = None,
         join: Optional[bool] = None,
+        resume: Optional[bool] = None,
         total_steps: Optional[int] = None,
     ) -> None:
         launch = LaunchEnv.from_environ() if (config is None or site is None or rank is None) else None
@@ -140,7 +147,12 @@ class OuterLoop:
             sets = launch.sets if launch is not None else []
         if join is None:
             join = launch.join if launch is not None else False
+        if resume is None:
+            resume = launch.resume if launch is not None else False
+        if join and resume:
+            raise InputError("join and resume exclude each other: a restarted site joins, a stopped run resumes")
         self.optimizer = optimizer
+        self.scheduler = scheduler
         self._group = process_group
         self._params = [_Param(n, t) for n, t in _named(params)]
         if not self._params:
@@ -155,6 +167,7 @@ class OuterLoop:
             site=self.site,
             rank=self.rank,
             join=bool(join),
+            resume=bool(resume),
             tokens_per_step=int(tokens_per_step),
             total_steps=int(total_steps or 0),
             tensors=[p.describe() for p in self._params],
@@ -169,17 +182,26 @@ class OuterLoop:
         atexit.register(_close_at_exit, weakref.ref(self._session))
         self._step = 0
         self.joined = bool(join)
+        self.resumed = False
         if join:
             self._step = int(self._session.join())
             self._reset_inner_state()
+        elif resume:
+            got = self._session.resume()
+            if got is not None:
+                self._step = int(got[0])
+                self._load_inner_state(got[1])
+                self.resumed = True
+        self._start_step = self._step
         self._finished = False
 
     # ---- the user's calls ----
 
     @property
     def start_step(self) -> int:
-        """The inner step the loop starts after: 0, or the step a joining site's state was committed at."""
-        return self._step if not self._finished else self.total_steps
+        """The inner step the loop starts after: 0, the step a joining site's state was committed at,
+        or the step of the checkpoint ``--resume`` restored."""
+        return self._start_step
 
     @property
     def inner_step(self) -> int:
@@ -217,7 +239,11 @@ class OuterLoop:
             loss = float(loss.detach().float().mean().item())
         value = math.nan if loss is None else float(loss)
         self._step += 1
-        return bool(self._session.after_step(self._step, value))
+        done = bool(self._session.after_step(self._step, value))
+        every = int(self._session.checkpoint_every)
+        if every > 0 and self._step % every == 0 and self._step < self.total_steps:
+            self._session.save_checkpoint(self._step, self._inner_state())
+        return done
 
     def finish(self) -> dict[str, Any]:
         """After the last inner step: the final sync, the records closed, the run's summary.
@@ -309,6 +335,26 @@ class OuterLoop:
     def _reset_inner_state(self) -> None:
         if self.optimizer is not None:
             self.optimizer.state.clear()
+
+    def _inner_state(self) -> bytes:
+        """The inner optimizer's and scheduler's state_dict, as torch.save writes them."""
+        state: dict[str, Any] = {}
+        if self.optimizer is not None:
+            state["optimizer"] = self.optimizer.state_dict()
+        if self.scheduler is not None:
+            state["scheduler"] = self.scheduler.state_dict()
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        return buf.getvalue()
+
+    def _load_inner_state(self, data: bytes) -> None:
+        state = torch.load(io.BytesIO(data)) if data else {}
+        for key, obj in (("optimizer", self.optimizer), ("scheduler", self.scheduler)):
+            if obj is None:
+                continue
+            if key not in state:
+                raise InputError(f"the checkpoint holds no {key} state, but OuterLoop was given a {key} to restore")
+            obj.load_state_dict(state[key])
 
 
 def _close_at_exit(ref: "weakref.ref[Any]") -> None:

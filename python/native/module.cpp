@@ -120,19 +120,37 @@ PYBIND11_MODULE(_native, m) {
 
   py::class_<OuterSession>(m, "Session")
       .def(py::init([](const std::string& config, const std::vector<std::string>& sets, const std::string& site,
-                       int rank, bool join, uint64_t tokens_per_step, int64_t total_steps,
+                       int rank, bool join, bool resume, uint64_t tokens_per_step, int64_t total_steps,
                        const std::vector<py::tuple>& tensors, py::object all_gather, py::object sum,
                        py::object stage_in, py::object stage_out, py::object reset_inner_state) {
-             SessionOptions o{config, sets, site, rank, join, tokens_per_step, total_steps};
+             SessionOptions o{config, sets, site, rank, join, resume, tokens_per_step, total_steps};
              auto t = host_tensors(tensors);
              auto cb = callbacks(all_gather, sum, stage_in, stage_out, reset_inner_state);
              py::gil_scoped_release nogil;  // connecting waits for the other sites
              return std::make_unique<OuterSession>(o, std::move(t), std::move(cb));
            }),
-           py::arg("config"), py::arg("sets"), py::arg("site"), py::arg("rank"), py::arg("join"),
+           py::arg("config"), py::arg("sets"), py::arg("site"), py::arg("rank"), py::arg("join"), py::arg("resume"),
            py::arg("tokens_per_step"), py::arg("total_steps"), py::arg("tensors"), py::arg("all_gather"),
            py::arg("sum"), py::arg("stage_in"), py::arg("stage_out"), py::arg("reset_inner_state"))
       .def("join", &OuterSession::join, py::call_guard<py::gil_scoped_release>())
+      .def("resume",
+           [](OuterSession& s) -> py::object {
+             std::optional<std::pair<int64_t, std::vector<uint8_t>>> r;
+             {
+               py::gil_scoped_release nogil;
+               r = s.resume();
+             }
+             if (!r) return py::none();
+             return py::make_tuple(r->first,
+                                   py::bytes(reinterpret_cast<const char*>(r->second.data()), r->second.size()));
+           })
+      .def("save_checkpoint",
+           [](OuterSession& s, int64_t step, py::bytes inner) {
+             std::string b = inner;
+             py::gil_scoped_release nogil;
+             s.save_checkpoint(step, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(b.data()), b.size()));
+           })
+      .def_property_readonly("checkpoint_every", &OuterSession::checkpoint_every)
       .def("trains_step", &OuterSession::trains_step, py::call_guard<py::gil_scoped_release>())
       .def("after_step", &OuterSession::after_step, py::call_guard<py::gil_scoped_release>())
       .def("finish",

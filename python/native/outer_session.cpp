@@ -1,6 +1,8 @@
 // OuterSession (outer_session.hpp): one rank's outer loop under another program's inner loop.
 #include "python/native/outer_session.hpp"
 
+#include "python/native/session_checkpoints.hpp"
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -34,6 +36,58 @@ int block_of(const std::string& name) {
     i = j + 1;
   }
   return -1;
+}
+
+// One line per tensor: its name and shape.
+std::vector<std::string> layout_lines(const std::vector<HostTensor>& tensors) {
+  std::vector<std::string> lines;
+  for (const auto& t : tensors) {
+    std::string shape;
+    for (auto d : t.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+    lines.push_back(fmt::format("'{}' of shape ({})", t.name, shape));
+  }
+  return lines;
+}
+
+// Every rank of the other sites this rank exchanges with holds the same parameters (names,
+// shapes, order): the layouts are exchanged once at the start (a control round of their own)
+// and the first difference is named.
+void check_layouts(transport::Transport& tp, const std::string& site, const std::vector<HostTensor>& tensors) {
+  constexpr uint64_t kLayoutRound = UINT64_MAX - 2;
+  const auto mine = layout_lines(tensors);
+  std::string text;
+  for (const auto& l : mine) text += l + "\n";
+  const auto* b = reinterpret_cast<const uint8_t*>(text.data());
+  std::vector<transport::RecvHandle> recvs;
+  std::vector<transport::SendHandle> sends;
+  const int P = static_cast<int>(tp.peers().size());
+  for (int p = 0; p < P; ++p) {
+    recvs.push_back(tp.recv(p, transport::FrameKind::kControl, kLayoutRound, 0, size_t{64} << 20));
+    sends.push_back(tp.send(p, transport::FrameKind::kControl, kLayoutRound, 0,
+                            transport::payload_of(std::span<const uint8_t>(b, text.size()))));
+  }
+  for (auto& h : sends) h.wait();
+  for (int p = 0; p < P; ++p) {
+    recvs[size_t(p)].wait();
+    const size_t n = recvs[size_t(p)].bytes();
+    const auto buf = recvs[size_t(p)].take();
+    const std::string got(buf.begin(), buf.begin() + static_cast<int64_t>(n));
+    if (got == text) continue;
+    std::vector<std::string> theirs;
+    for (size_t i = 0, j; i < got.size(); i = j + 1) {
+      j = got.find('\n', i);
+      if (j == std::string::npos) j = got.size();
+      theirs.push_back(got.substr(i, j - i));
+    }
+    size_t i = 0;
+    while (i < mine.size() && i < theirs.size() && mine[i] == theirs[i]) ++i;
+    const auto& peer = tp.peers()[size_t(p)];
+    throw InputError(fmt::format(
+        "the parameters differ between site {} and site {} (rank {}): parameter {} is {} here and {} there ({} vs {} "
+        "parameters); every rank of every site passes the same names, shapes and order",
+        site, peer.site, peer.rank, i, i < mine.size() ? mine[i] : "absent", i < theirs.size() ? theirs[i] : "absent",
+        mine.size(), theirs.size()));
+  }
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -104,9 +158,7 @@ OuterSession::OuterSession(const SessionOptions& o, std::vector<HostTensor> tens
                     o.config, cfg.outer.fragments, params.blocks()));
   if (cfg.outer.weighting == outer::Weighting::Tokens && tokens_per_step_ == 0)
     throw InputError("outer.weighting: tokens needs tokens_per_step (the site's tokens per inner step) > 0");
-  // Sites whose parameters differ (count, shapes, order) refuse each other when they connect:
-  // the layout is part of the hash the handshake compares.
-  cfg.hash = hash64(fmt::format("{:016x}", layout_hash(tensors)), cfg.hash);
+  const uint64_t layout = layout_hash(tensors);
   const bool launched = std::getenv("GEOLOCO_LAUNCHED") != nullptr;
   log::init(launched ? "" : fmt::format("{}/{}", sc.name, rank_), cfg.run.log_level);
 
@@ -116,11 +168,16 @@ OuterSession::OuterSession(const SessionOptions& o, std::vector<HostTensor> tens
   oo.init_from.clear();
   const std::string address = app::rank_address(sc, rank_, "");
   tp_ = app::connect_site_transport(cfg, site_, rank_, params.total, address, {}, o.join);
+  // (A joiner's state is checked by the join: sizes and the committed hash.)
+  if (tp_ && !o.join) check_layouts(*tp_, sc.name, tensors);
   outer_ = std::make_unique<outer::Diloco>(std::move(oo), tp_.get(), host_);
   int status_fd = -1;
   if (const char* fd = std::getenv("GEOLOCO_STATUS_FD"); launched && fd != nullptr && rank_ == 0)
     status_fd = std::atoi(fd);
-  records_ = std::make_unique<trainer::RunRecords>(cfg, site_, rank_, o.join, false, status_fd);
+  records_ = std::make_unique<trainer::RunRecords>(cfg, site_, rank_, o.join || o.resume, false, status_fd);
+  checkpoints_ = std::make_unique<SessionCheckpoints>(cfg, site_, rank_, host_, layout, [this](const std::string& m) {
+    if (rank_ == 0) records_->log(m);
+  });
   if (rank_ == 0)
     records_->log(
         fmt::format("site {}: {} rank(s), {:.2f}M parameters in {} tensors ({} blocks), {} steps, outer every "
@@ -133,6 +190,7 @@ OuterSession::OuterSession(const SessionOptions& o, std::vector<HostTensor> tens
 OuterSession::~OuterSession() { close(); }
 
 void OuterSession::close() {
+  checkpoints_.reset();
   records_.reset();
   outer_.reset();
   tp_.reset();
@@ -144,6 +202,26 @@ int64_t OuterSession::join() {
   last_step_ = step;
   return step;
 }
+
+std::optional<std::pair<int64_t, std::vector<uint8_t>>> OuterSession::resume() {
+  if (!outer_) throw InputError("the outer loop is closed");
+  if (last_step_ != 0) throw InputError(fmt::format("resume after step {}: resume before the first step", last_step_));
+  auto r = checkpoints_->restore(*outer_);
+  if (!r) return std::nullopt;
+  outer_->resumed(r->step);
+  last_step_ = r->step;
+  return std::make_pair(r->step, std::move(r->inner));
+}
+
+void OuterSession::save_checkpoint(int64_t step, std::span<const uint8_t> inner) {
+  if (!outer_) throw InputError("the outer loop is closed");
+  if (step != last_step_)
+    throw InputError(
+        fmt::format("checkpoint of step {} after step {}: checkpoint the step just reported", step, last_step_));
+  checkpoints_->save(step, inner, *outer_);
+}
+
+int64_t OuterSession::checkpoint_every() const { return cfg_->train.checkpoint_every; }
 
 bool OuterSession::trains_step(int64_t step) {
   if (!outer_) throw InputError("the outer loop is closed");

@@ -8,6 +8,9 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <span>
+#include <utility>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -20,6 +23,9 @@ namespace trainer {
 struct RunConfig;
 class RunRecords;
 }  // namespace trainer
+namespace python {
+class SessionCheckpoints;
+}
 namespace transport {
 class Transport;
 }
@@ -35,6 +41,7 @@ struct SessionOptions {
   std::string site;               // this rank's site (by name)
   int rank = 0;                   // its rank within the site
   bool join = false;              // a restarted site: joins the running job
+  bool resume = false;            // --resume: records continue (resume() restores the checkpoint)
   uint64_t tokens_per_step = 0;   // the site's tokens per inner step, over all its ranks
   int64_t total_steps = 0;        // 0: train.steps of the config
 };
@@ -56,6 +63,13 @@ class OuterSession {
 
   // A joining site: fetches the committed state (written into the tensors), returns its step.
   int64_t join();
+  // --resume: the checkpoint every site holds restored (parameters, outer state); returns its
+  // step and the program's inner state as it was saved, or nothing (no checkpoint: fresh).
+  std::optional<std::pair<int64_t, std::vector<uint8_t>>> resume();
+  // A checkpoint after step `step` (the last one reported) with the program's inner state.
+  // Every rank of the site calls it at the same step (checkpoint_every's multiples).
+  void save_checkpoint(int64_t step, std::span<const uint8_t> inner);
+  int64_t checkpoint_every() const;
   // Before inner step `step`: false when the site skips it (outer.pace: time).
   bool trains_step(int64_t step);
   // After inner step `step` with the site's mean `loss` (NaN: not given): the outer loop's
@@ -86,6 +100,7 @@ class OuterSession {
   std::unique_ptr<transport::Transport> tp_;
   std::unique_ptr<outer::Diloco> outer_;
   std::unique_ptr<trainer::RunRecords> records_;
+  std::unique_ptr<SessionCheckpoints> checkpoints_;
   std::chrono::steady_clock::time_point start_, window_t0_;
   int64_t window_steps_ = 0, trained_steps_ = 0, last_step_ = 0;
   double window_loss_ = 0, last_loss_ = 0;

@@ -54,3 +54,25 @@ def test_the_package_and_the_native_outer_loop_end_on_the_same_bits(
         got = json.loads((tmp_path / f"{site}.json").read_text())
         assert got["hash"] == want["hash"], site
         assert f32_bits(got["params"]) == f32_bits(want["params"]), site
+
+
+def test_sites_whose_parameters_differ_name_the_first_difference(
+    tmp_path: Path, geoloco_bin: Path, ports, psk: Path
+) -> None:
+    base = ports(30)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(
+        f"run: {{name: twin, output_dir: {tmp_path / 'out'}, command: [{sys.executable}, {HERE / 'twin_rank.py'}]}}\n"
+        "train: {steps: 10}\n"
+        f"sites:\n  - {{name: paris, ranks: 1, port: {base}}}\n  - {{name: lyon, ranks: 1, port: {base + 10}}}\n"
+        "outer: {interval: 5}\n"
+        f"transport: {{psk_file: {psk}}}\n"
+    )
+    env = dict(os.environ, GEOLOCO_TEST_OUT=str(tmp_path), GEOLOCO_TEST_EXTRA_PARAM_SITE="lyon")
+    env.pop("PYTHONPATH", None)
+    r = subprocess.run([str(geoloco_bin), "launch", str(cfg), "--plain"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    assert ("the parameters differ between site paris and site lyon (rank 0): parameter 10 is absent here and "
+            "'extra' of shape (4) there (10 vs 11 parameters)") in out, out[-3000:]

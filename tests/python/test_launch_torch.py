@@ -120,3 +120,70 @@ def test_a_command_that_cannot_run_is_named(tmp_path: Path, geoloco_bin: Path, p
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "run.command: cannot run /nonexistent/python9: No such file or directory" in r.stderr
+
+
+def test_a_stopped_run_resumes_from_its_checkpoint_and_ends_as_if_never_stopped(
+    tmp_path: Path, geoloco_bin: Path, ports, psk: Path
+) -> None:
+    outer = "{interval: 10, compression: {codec: int8, error_feedback: true}}"
+    full_dir, cut_dir = tmp_path / "full", tmp_path / "cut"
+    full_dir.mkdir()
+    cut_dir.mkdir()
+    full = write_config(full_dir, ["paris", "lyon"], ports(40), psk, outer, 40)
+    r = launch(geoloco_bin, full, full_dir)
+    assert r.returncode == 0, r.stderr[-4000:]
+    want = {g["hash"] for g in results(full_dir)}
+    assert len(want) == 1
+    cut = write_config(cut_dir, ["paris", "lyon"], ports(40), psk, outer, 40)
+    cut.write_text(cut.read_text().replace("log_every: 5", "log_every: 5, checkpoint_every: 20"))
+    # Every rank stops after step 25: checkpoint 20 is the newest every site holds.
+    r = launch(geoloco_bin, cut, cut_dir, {"GEOLOCO_TEST_EXIT_AT": "25"})
+    assert r.returncode != 0
+    assert "stopping after step 25" in r.stdout
+    for site in ("paris", "lyon"):
+        assert (cut_dir / "out" / "checkpoints" / site / "latest").read_text() == "step_00000020\n"
+        assert (cut_dir / "out" / "checkpoints" / site / "step_00000020" / "state.r1.safetensors").exists()
+    assert not list(cut_dir.glob("*.json"))
+    r = launch(geoloco_bin, cut, cut_dir, args=["--resume"])
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "resumed from" in r.stdout + r.stderr
+    got = results(cut_dir)
+    assert len(got) == 4 and all(g["resumed"] and g["start_step"] == 20 for g in got), got
+    assert {g["hash"] for g in got} == want
+
+
+def test_the_example_trains_on_two_campuses_and_geoloco_report_draws_it(
+    tmp_path: Path, geoloco_bin: Path, ports
+) -> None:
+    base = ports(30)
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run(
+        [str(geoloco_bin), "launch", "examples/torch/two-campus.yaml", "--plain", "--set", f"run.output_dir={out}",
+         "--set", "train.steps=50", "--set", f"sites.0.port={base}", "--set", f"sites.1.port={base + 10}"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
+    lines = [x for x in r.stdout.splitlines() if "global weights" in x and "after 50 steps" in x]
+    assert len(lines) == 2 and lines[0].split()[-4] == lines[1].split()[-4], lines
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["outer_steps"] == 2
+    losses = [json.loads(x)["loss"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(losses) == 2 and losses[1] < losses[0], losses  # it learns
+    rep = subprocess.run([str(geoloco_bin), "report", str(out)], capture_output=True, text=True, timeout=300)
+    assert rep.returncode == 0, rep.stderr
+    assert (out / "report.html").stat().st_size > 1000
+
+
+def test_ranks_of_a_site_whose_parameters_differ_name_the_first_difference(tmp_path: Path, geoloco_bin: Path,
+                                                                          ports) -> None:
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(
+        f"run: {{name: t, output_dir: {tmp_path / 'out'}, command: [{sys.executable}, {HERE / 'torch_rank.py'}]}}\n"
+        f"train: {{steps: 10}}\nsites: [{{name: solo, ranks: 2, port: {ports(10)}}}]\nouter: {{interval: 5}}\n"
+    )
+    r = launch(geoloco_bin, cfg, tmp_path, {"GEOLOCO_TEST_EXTRA_PARAM": "solo:1"})
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    assert ("LayoutError: site solo: parameter 0 is ('extra', [3], 'torch.float32') on rank 1 but "
+            "('emb.weight', [32, 16], 'torch.float32') on rank 0 (10 vs 9 parameters)") in out, out

@@ -143,3 +143,31 @@ def test_the_loss_may_be_a_tensor_and_nan_is_not_an_error(tmp_path: Path) -> Non
     outer.step(torch.tensor(2.0))
     outer.step(math.nan)
     assert outer.finish()["final_loss"] == 2.0
+
+
+def test_resume_refuses_a_checkpoint_of_other_parameters_or_a_corrupt_one(tmp_path: Path) -> None:
+    cfg = one_site_config(tmp_path, steps=6)
+    Path(cfg).write_text(Path(cfg).read_text().replace("log_every: 2", "log_every: 2, checkpoint_every: 2"))
+    opt_params = [("h.0.w", torch.zeros(4, 4))]
+    opt = torch.optim.SGD([p for _, p in opt_params], lr=0.1)
+    outer = geoloco.OuterLoop(opt_params, cfg, site="solo", rank=0, optimizer=opt)
+    for _ in range(5):
+        opt_params[0][1].add_(0.5)
+        outer.step()
+    outer.close()
+    state = tmp_path / "out" / "checkpoints" / "solo" / "step_00000004" / "state.r0.safetensors"
+    assert state.exists() and (tmp_path / "out" / "checkpoints" / "solo" / "latest").read_text() == "step_00000004\n"
+    # The same parameters resume at step 4 with the saved values.
+    again = [("h.0.w", torch.zeros(4, 4))]
+    opt2 = torch.optim.SGD([p for _, p in again], lr=0.1)
+    resumed = geoloco.OuterLoop(again, cfg, site="solo", rank=0, optimizer=opt2, resume=True)
+    assert resumed.resumed and resumed.start_step == 4
+    assert not torch.equal(again[0][1], torch.zeros(4, 4))
+    resumed.close()
+    with pytest.raises(geoloco.InputError, match="holds other parameters"):
+        geoloco.OuterLoop([("h.0.w", torch.zeros(4, 5))], cfg, site="solo", rank=0, resume=True)
+    data = bytearray(state.read_bytes())
+    data[-3] ^= 0xFF
+    state.write_bytes(bytes(data))
+    with pytest.raises(geoloco.InputError, match=str(state)):
+        geoloco.OuterLoop([("h.0.w", torch.zeros(4, 4))], cfg, site="solo", rank=0, resume=True)

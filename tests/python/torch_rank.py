@@ -4,6 +4,8 @@ loop between sites. Started by `geoloco launch` (run.command) from tests/python/
 
 GEOLOCO_TEST_KILL="<site>:<rank>:<step>": that rank SIGKILLs itself after that inner step, unless it
 is a restarted (joining) process -- a site lost mid-run, as a machine failure would lose it.
+GEOLOCO_TEST_EXIT_AT=<step>: every rank exits (code 3) after that step, unless it resumed -- a run
+stopped between its checkpoints.
 GEOLOCO_TEST_STEP_S: seconds each inner step takes at least (a model's compute), so the run outlasts
 a restart.
 """
@@ -45,26 +47,35 @@ def main() -> None:
         dist.init_process_group("gloo")
     torch.manual_seed(7)
     model = Net()
+    if os.environ.get("GEOLOCO_TEST_EXTRA_PARAM") == f"{launch.site}:{launch.rank}":
+        model.extra = nn.Parameter(torch.zeros(3))  # this rank's model differs from its site's
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    outer = geoloco.OuterLoop(model, optimizer=opt, tokens_per_step=64 * ranks)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.9)
+    outer = geoloco.OuterLoop(model, optimizer=opt, scheduler=sched, tokens_per_step=64 * ranks)
     ddp = nn.parallel.DistributedDataParallel(model) if ranks > 1 else model
     kill = os.environ.get("GEOLOCO_TEST_KILL", "")
     me = int(os.environ["GEOLOCO_GLOBAL_RANK"])
-    gen = torch.Generator().manual_seed(1000 + me * 7919 + outer.start_step)
+    exit_at = int(os.environ.get("GEOLOCO_TEST_EXIT_AT", "0"))
     if outer.joined:
         print(f"joined at step {outer.start_step} with hash {outer.global_weights_hash}", flush=True)
 
     step_s = float(os.environ.get("GEOLOCO_TEST_STEP_S", "0"))
     for step in range(outer.start_step + 1, outer.total_steps + 1):
         t0 = time.monotonic()
+        # Each step's batch depends on the rank and the step only: a resumed run reads what it would have.
+        gen = torch.Generator().manual_seed(1000 + me * 7919 + step * 131)
         x = torch.randint(0, 32, (64,), generator=gen)
         target = (x % 5).float()
         loss = ((ddp(x) - target) ** 2).mean()  # under DDP, its hooks all-reduce the gradient
         opt.zero_grad()
         loss.backward()
         opt.step()
+        sched.step()
         time.sleep(max(0.0, step_s - (time.monotonic() - t0)))
         outer.step(loss)
+        if exit_at and step == exit_at and not outer.resumed:
+            print(f"stopping after step {step}", flush=True)
+            os._exit(3)
         if kill and not outer.joined:
             site, rank, at = kill.split(":")
             if site == launch.site and int(rank) == launch.rank and step == int(at):
@@ -72,6 +83,7 @@ def main() -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
     summary = outer.finish()
     result = {"site": launch.site, "rank": launch.rank, "hash": outer.global_weights_hash, "joined": outer.joined,
+              "resumed": outer.resumed, "start_step": outer.start_step if outer.resumed else 0,
               "outer_steps": summary.get("outer_steps")}
     out = os.environ["GEOLOCO_TEST_OUT"]
     with open(os.path.join(out, f"{launch.site}.{launch.rank}.json"), "w") as f:

@@ -35,6 +35,8 @@ def main() -> None:
     launch = geoloco.LaunchEnv.from_environ()
     site = int(os.environ["GEOLOCO_SITE_INDEX"])
     params = toy_model()
+    if os.environ.get("GEOLOCO_TEST_EXTRA_PARAM_SITE") == launch.site:
+        params.append(("extra", torch.zeros(4)))  # a model that differs from the other sites'
     outer = geoloco.OuterLoop(params, tokens_per_step=1000)
     flat_n = sum(p.numel() for _, p in params)
     step_rate = torch.tensor(0.01, dtype=torch.float32)
