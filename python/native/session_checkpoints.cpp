@@ -15,24 +15,14 @@
 #include "core/hash.hpp"
 #include "core/safetensors.hpp"
 #include "outer_optimizer/diloco.hpp"
+#include "trainer/loop/checkpoint_dirs.hpp"
 #include "trainer/loop/run_config.hpp"
 
 namespace fs = std::filesystem;
 
 namespace geoloco::python {
 
-namespace {
-
-std::string step_dir_name(int64_t step) { return fmt::format("step_{:08d}", step); }
-
-std::optional<int64_t> step_of_dir_name(const std::string& n) {
-  if (n.size() < 6 || n.size() > 23 || n.rfind("step_", 0) != 0 ||
-      n.find_first_not_of("0123456789", 5) != std::string::npos)
-    return std::nullopt;
-  return std::stoll(n.substr(5));
-}
-
-}  // namespace
+using trainer::step_dir_name;
 
 SessionCheckpoints::SessionCheckpoints(const trainer::RunConfig& cfg, int site, int rank, HostSite& host,
                                        uint64_t layout, std::function<void(const std::string&)> log)
@@ -85,69 +75,22 @@ void SessionCheckpoints::save(int64_t step, std::span<const uint8_t> inner, oute
   log_(fmt::format("checkpoint {} written", dir.string()));
 }
 
-void SessionCheckpoints::prune() {
-  std::vector<fs::path> dirs;
-  for (const auto& e : fs::directory_iterator(dir_))
-    if (e.is_directory() && step_of_dir_name(e.path().filename().string())) dirs.push_back(e.path());
-  std::sort(dirs.begin(), dirs.end());
-  while (static_cast<int>(dirs.size()) > cfg_.train.keep_checkpoints) {
-    fs::remove_all(dirs.front());
-    dirs.erase(dirs.begin());
-  }
-}
+void SessionCheckpoints::prune() { trainer::prune_step_dirs(dir_, cfg_.train.keep_checkpoints); }
 
-// The steps every rank of the site holds its state of, ascending.
 std::vector<int64_t> SessionCheckpoints::site_steps() {
-  std::vector<int64_t> common;
-  for (const auto& e : fs::directory_iterator(dir_))
-    if (const auto at = step_of_dir_name(e.path().filename().string());
-        at && e.is_directory() && fs::exists(state_file(e.path())))
-      common.push_back(*at);
-  std::sort(common.begin(), common.end());
-  const std::vector<int64_t> mine = common;
-  for (const auto& b : host_.all_gather(std::as_bytes(std::span<const int64_t>(mine)))) {
-    std::vector<int64_t> theirs(b.size() / sizeof(int64_t));
-    std::memcpy(theirs.data(), b.data(), theirs.size() * sizeof(int64_t));
-    std::vector<int64_t> both;
-    std::set_intersection(common.begin(), common.end(), theirs.begin(), theirs.end(), std::back_inserter(both));
-    common = std::move(both);
-  }
-  return common;
+  const std::vector<int64_t> mine = trainer::local_steps(dir_, fs::path(state_file(dir_)).filename().string());
+  return trainer::common_steps(mine, host_.all_gather(std::as_bytes(std::span<const int64_t>(mine))));
 }
 
-// This site's `latest`, or with other sites the newest step every site holds; newer
-// checkpoints of this site are moved aside (their rounds were never committed by every site).
 fs::path SessionCheckpoints::resume_directory(outer::Diloco& outer) {
-  const fs::path latest = dir_ / "latest";
-  std::string name;
-  if (fs::exists(latest)) {
-    std::ifstream in(latest);
-    std::getline(in, name);
-    if (!step_of_dir_name(name) || !fs::is_directory(dir_ / name))
-      throw FileError(latest.string(), fmt::format("names '{}', which is not a checkpoint directory", name));
-  }
-  if (cfg_.sites.size() < 2) return name.empty() ? fs::path() : dir_ / name;
-  std::vector<int64_t> steps = site_steps();
-  const std::optional<int64_t> latest_step = step_of_dir_name(name);
-  std::erase_if(steps, [&](int64_t s) { return !latest_step || s > *latest_step; });
-  const int64_t chosen = outer.agree_resume_step(steps);
-  if (chosen < 0) return {};
-  const std::string chosen_name = step_dir_name(chosen);
-  if (chosen_name != name) {
-    log_(fmt::format(
-        "--resume: step {} is the newest checkpoint every site holds; this site's newer ones ({}) are moved to {}",
-        chosen, name, (dir_ / "discarded").string()));
-    barrier();
-    if (rank_ == 0) {
-      fs::create_directories(dir_ / "discarded");
-      for (const auto& e : fs::directory_iterator(dir_))
-        if (const auto at = step_of_dir_name(e.path().filename().string()); at && *at > chosen && e.is_directory())
-          fs::rename(e.path(), dir_ / "discarded" / e.path().filename());
-      write_text_atomically(latest.string(), chosen_name + "\n");
-    }
-    barrier();
-  }
-  return dir_ / chosen_name;
+  trainer::ResumeChoice c;
+  c.several_sites = cfg_.sites.size() > 1;
+  c.rank = rank_;
+  c.site_steps = [this] { return site_steps(); };
+  c.agree = [&outer](const std::vector<int64_t>& steps) { return outer.agree_resume_step(steps); };
+  c.barrier = [this] { barrier(); };
+  c.log = log_;
+  return trainer::resume_directory(dir_, c);
 }
 
 std::optional<SessionCheckpoints::Restored> SessionCheckpoints::restore(outer::Diloco& outer) {

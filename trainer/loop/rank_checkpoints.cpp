@@ -17,22 +17,13 @@
 #include "core/safetensors.hpp"
 #include "outer_optimizer/diloco.hpp"
 #include "trainer/checkpoint/model_checkpoint.hpp"
+#include "trainer/loop/checkpoint_dirs.hpp"
 
 namespace fs = std::filesystem;
 
 namespace geoloco::trainer {
 
 namespace {
-
-std::string step_dir_name(int64_t step) { return fmt::format("step_{:08d}", step); }
-
-// The step a checkpoint directory is named for (step_dir_name's inverse), or nothing.
-std::optional<int64_t> step_of_dir_name(const std::string& n) {
-  if (n.size() < 6 || n.size() > 23 || n.rfind("step_", 0) != 0 ||
-      n.find_first_not_of("0123456789", 5) != std::string::npos)
-    return std::nullopt;
-  return std::stoll(n.substr(5));
-}
 
 std::string first_line(const std::string& s) {
   const auto cut = s.find_first_of(";\n");
@@ -133,37 +124,15 @@ void RankCheckpoints::save_after_failure(const LoopCounters& c, outer::Diloco* o
   }
 }
 
-void RankCheckpoints::prune() {
-  std::vector<fs::path> dirs;
-  for (const auto& e : fs::directory_iterator(dir_))
-    if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0) dirs.push_back(e.path());
-  std::sort(dirs.begin(), dirs.end());
-  while (static_cast<int>(dirs.size()) > cfg_.train.keep_checkpoints) {
-    fs::remove_all(dirs.front());
-    dirs.erase(dirs.begin());
-  }
-}
+void RankCheckpoints::prune() { prune_step_dirs(dir_, cfg_.train.keep_checkpoints); }
 
 // The steps of this site's checkpoints that every rank of the site holds its state of (a
 // checkpoint cut short by a crash is complete on some ranks only), ascending.
 std::vector<int64_t> RankCheckpoints::site_steps() {
-  std::vector<int64_t> mine;
-  for (const auto& e : fs::directory_iterator(dir_))
-    if (const auto at = step_of_dir_name(e.path().filename().string());
-        at && e.is_directory() && fs::exists(state_file(e.path())))
-      mine.push_back(*at);
-  std::sort(mine.begin(), mine.end());
+  std::vector<int64_t> mine = local_steps(dir_, fs::path(state_file(dir_)).filename().string());
   auto* coll = strategy_.collective();
   if (!coll || strategy_.ranks() == 1) return mine;
-  std::vector<int64_t> common = mine;
-  for (const auto& b : coll->all_gather_bytes(std::as_bytes(std::span<const int64_t>(mine)))) {
-    std::vector<int64_t> theirs(b.size() / sizeof(int64_t));
-    std::memcpy(theirs.data(), b.data(), theirs.size() * sizeof(int64_t));
-    std::vector<int64_t> both;
-    std::set_intersection(common.begin(), common.end(), theirs.begin(), theirs.end(), std::back_inserter(both));
-    common = std::move(both);
-  }
-  return common;
+  return common_steps(mine, coll->all_gather_bytes(std::as_bytes(std::span<const int64_t>(mine))));
 }
 
 // The checkpoint --resume restores: this site's `latest`, or with other sites the newest step
@@ -172,37 +141,14 @@ std::vector<int64_t> RankCheckpoints::site_steps() {
 // moved aside into checkpoints/<site>/discarded/ (their rounds were never committed by every
 // site), and `latest` names the one restored. Empty: nothing to restore.
 fs::path RankCheckpoints::resume_directory(outer::Diloco* outer) {
-  const fs::path latest = dir_ / "latest";
-  std::string name;
-  if (fs::exists(latest)) {
-    std::ifstream in(latest);
-    std::getline(in, name);
-    if (name.rfind("step_", 0) != 0 || !fs::is_directory(dir_ / name))
-      throw FileError(latest.string(), fmt::format("names '{}', which is not a checkpoint directory", name));
-  }
-  if (!outer || cfg_.sites.size() < 2) return name.empty() ? fs::path() : dir_ / name;
-  std::vector<int64_t> steps = site_steps();
-  // Nothing past `latest` counts: a directory written after it is a checkpoint cut short.
-  const std::optional<int64_t> latest_step = step_of_dir_name(name);
-  std::erase_if(steps, [&](int64_t s) { return !latest_step || s > *latest_step; });
-  const int64_t chosen = outer->agree_resume_step(steps);
-  if (chosen < 0) return {};
-  const std::string chosen_name = step_dir_name(chosen);
-  if (chosen_name != name) {
-    log_(fmt::format(
-        "--resume: step {} is the newest checkpoint every site holds; this site's newer ones ({}) are moved to {}",
-        chosen, name, (dir_ / "discarded").string()));
-    barrier();
-    if (rank_ == 0) {
-      fs::create_directories(dir_ / "discarded");
-      for (const auto& e : fs::directory_iterator(dir_))
-        if (const auto at = step_of_dir_name(e.path().filename().string()); at && *at > chosen && e.is_directory())
-          fs::rename(e.path(), dir_ / "discarded" / e.path().filename());
-      write_text_atomically(latest.string(), chosen_name + "\n");
-    }
-    barrier();
-  }
-  return dir_ / chosen_name;
+  ResumeChoice c;
+  c.several_sites = outer && cfg_.sites.size() > 1;
+  c.rank = rank_;
+  c.site_steps = [this] { return site_steps(); };
+  c.agree = [outer](const std::vector<int64_t>& steps) { return outer->agree_resume_step(steps); };
+  c.barrier = [this] { barrier(); };
+  c.log = log_;
+  return trainer::resume_directory(dir_, c);
 }
 
 std::optional<LoopCounters> RankCheckpoints::restore(outer::Diloco* outer) {
