@@ -22,7 +22,7 @@ from geoloco._native import (  # noqa: F401  (re-exported)
     TransportError,
 )
 from geoloco.env import LaunchEnv  # noqa: F401
-from geoloco.outer_loop import LayoutError, OuterLoop, TensorError  # noqa: F401
+from geoloco.outer_loop import LayoutError, OuterLoop, TensorError, shard_range  # noqa: F401
 from geoloco.sampler import WindowSampler  # noqa: F401
 
 __all__ = [
@@ -38,4 +38,5 @@ __all__ = [
     "TensorError",
     "TransportError",
     "WindowSampler",
+    "shard_range",
 ]

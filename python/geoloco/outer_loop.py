@@ -121,6 +121,10 @@ class OuterLoop:
         resume: restore the newest checkpoint every site holds (``geoloco launch --resume``); the
             loop then starts after ``start_step``. Default: the launcher's ``GEOLOCO_RESUME``.
         total_steps: the run's last inner step; default ``train.steps`` of the config.
+        layout: a sharded inner loop (each rank holds only a shard of the flat parameters, as FSDP's
+            flat parameters): the model's ``(name, shape)`` in order, and ``params`` this rank's
+            shard of their concatenated values -- ``geoloco.shard_range(total, rank, ranks)`` says
+            which -- as one or more tensors. A merge writes the shard; nothing is gathered.
     """
 
     def __init__(
@@ -138,6 +142,7 @@ class OuterLoop:
         join: Optional[bool] = None,
         resume: Optional[bool] = None,
         total_steps: Optional[int] = None,
+        layout: Optional[Sequence[tuple[str, Sequence[int]]]] = None,
     ) -> None:
         launch = LaunchEnv.from_environ() if (config is None or site is None or rank is None) else None
         self.config = config if config is not None else launch.config  # type: ignore[union-attr]
@@ -159,6 +164,9 @@ class OuterLoop:
             raise TensorError("no parameters were given")
         self._staged = [p for p in self._params if p.staged]
         self._site_ranks = self._group_size()
+        self._layout = None if layout is None else [(str(n), [int(d) for d in shape]) for n, shape in layout]
+        if self._layout is not None and not self._layout:
+            raise TensorError("layout: empty; a sharded loop gives the model's (name, shape) in order")
         if self._site_ranks > 1:
             self._check_site_layout()
         self._session = _native.Session(
@@ -171,6 +179,7 @@ class OuterLoop:
             tokens_per_step=int(tokens_per_step),
             total_steps=int(total_steps or 0),
             tensors=[p.describe() for p in self._params],
+            layout=[(n, 0, math.prod(shape), shape) for n, shape in (self._layout or [])],
             all_gather=self._all_gather if self._site_ranks > 1 else None,
             sum=self._sum if self._site_ranks > 1 else None,
             stage_in=self._stage_in if self._staged else None,
@@ -307,7 +316,10 @@ class OuterLoop:
         return [float(v) for v in t.cpu().tolist()]
 
     def _check_site_layout(self) -> None:
-        mine = [(p.name, list(p.tensor.shape), str(p.tensor.dtype)) for p in self._params]
+        if self._layout is not None:  # a sharded loop: the model's layout is what every rank shares
+            mine: list[Any] = [(n, shape, "layout") for n, shape in self._layout]
+        else:
+            mine = [(p.name, list(p.tensor.shape), str(p.tensor.dtype)) for p in self._params]
         everyone: list[Any] = [None] * self._site_ranks
         dist.all_gather_object(everyone, mine, group=self._group)
         for r, theirs in enumerate(everyone):
@@ -332,15 +344,24 @@ class OuterLoop:
         for p in self._staged:
             p.stage_out()
 
+    def _local_optimizer(self) -> Optional[torch.optim.Optimizer]:
+        """The optimizer whose state this rank holds: ZeroRedundancyOptimizer's local shard's."""
+        opt = self.optimizer
+        if opt is not None and type(opt).__name__ == "ZeroRedundancyOptimizer" and hasattr(opt, "optim"):
+            return opt.optim  # each rank saves and restores its own shard's state
+        return opt
+
     def _reset_inner_state(self) -> None:
-        if self.optimizer is not None:
-            self.optimizer.state.clear()
+        opt = self._local_optimizer()
+        if opt is not None:
+            opt.state.clear()
 
     def _inner_state(self) -> bytes:
-        """The inner optimizer's and scheduler's state_dict, as torch.save writes them."""
+        """The inner optimizer's and scheduler's state_dict, as torch.save writes them (this rank's)."""
         state: dict[str, Any] = {}
-        if self.optimizer is not None:
-            state["optimizer"] = self.optimizer.state_dict()
+        opt = self._local_optimizer()
+        if opt is not None:
+            state["optimizer"] = opt.state_dict()
         if self.scheduler is not None:
             state["scheduler"] = self.scheduler.state_dict()
         buf = io.BytesIO()
@@ -349,7 +370,7 @@ class OuterLoop:
 
     def _load_inner_state(self, data: bytes) -> None:
         state = torch.load(io.BytesIO(data)) if data else {}
-        for key, obj in (("optimizer", self.optimizer), ("scheduler", self.scheduler)):
+        for key, obj in (("optimizer", self._local_optimizer()), ("scheduler", self.scheduler)):
             if obj is None:
                 continue
             if key not in state:
@@ -361,6 +382,13 @@ def _close_at_exit(ref: "weakref.ref[Any]") -> None:
     session = ref()
     if session is not None:
         session.close()
+
+
+def shard_range(total: int, rank: int, ranks: int) -> tuple[int, int]:
+    """``(offset, count)``: rank ``rank``'s shard of ``total`` flat values over ``ranks`` ranks (geoloco's rule:
+    contiguous, the first ``total % ranks`` ranks one value more)."""
+    offset, count = _native.shard_range(total, rank, ranks)
+    return int(offset), int(count)
 
 
 def layout_hash(params: Union[torch.nn.Module, Named, Sequence[torch.Tensor]]) -> str:

@@ -27,6 +27,21 @@ HostSite::HostSite(std::vector<HostTensor> tensors, int rank, int ranks, HostSit
   shard_buf_.resize(static_cast<size_t>(shard_.count));
 }
 
+HostSite::HostSite(std::vector<HostTensor> tensors, int64_t total, int rank, int ranks, HostSiteCallbacks callbacks)
+    : HostSite(std::move(tensors), rank, ranks, std::move(callbacks)) {
+  const int64_t held = total_;
+  total_ = total;
+  sharded_ = true;
+  shard_ = shard_of(total_, rank_, ranks_);
+  if (held != shard_.count)
+    throw InputError(
+        fmt::format("rank {} of {} holds {} values, but its shard of the {} parameters is [{}, {}) ({} "
+                    "values: geoloco.shard_range)",
+                    rank_, ranks_, held, total_, shard_.offset, shard_.end(), shard_.count));
+  for (auto& o : offsets_) o += shard_.offset;  // the tensors hold [offset, end) of the flat values
+  shard_buf_.resize(static_cast<size_t>(shard_.count));
+}
+
 void HostSite::read(int64_t begin, std::span<float> out) const {
   if (out.empty()) return;
   const int64_t end = begin + static_cast<int64_t>(out.size());
@@ -54,7 +69,7 @@ std::span<float> HostSite::shard_params() {
 }
 
 void HostSite::shard_updated() {
-  if (ranks_ == 1) {
+  if (ranks_ == 1 || sharded_) {
     write(shard_.offset, shard_buf_);
   } else {
     // Every rank holds the whole model: each writes every rank's merged shard.

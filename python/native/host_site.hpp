@@ -46,6 +46,10 @@ class HostSite final : public outer::Site {
   // `tensors` tile the flat parameters in order; every rank holds them all (DDP,
   // ZeroRedundancyOptimizer): each rank's merged shard is all-gathered into every rank.
   HostSite(std::vector<HostTensor> tensors, int rank, int ranks, HostSiteCallbacks callbacks);
+  // A sharded inner loop: this rank holds only its shard of the `total` flat values,
+  // shard_of(total, rank, ranks), in `tensors` (in order); a merge writes it and nothing is
+  // gathered (the other ranks hold theirs). Throws InputError when the sizes disagree.
+  HostSite(std::vector<HostTensor> tensors, int64_t total, int rank, int ranks, HostSiteCallbacks callbacks);
 
   int rank() const override { return rank_; }
   int ranks() const override { return ranks_; }
@@ -70,6 +74,7 @@ class HostSite final : public outer::Site {
   ShardRange shard_;
   HostSiteCallbacks cb_;
   std::vector<float> shard_buf_;  // the shard handed to the outer loop between read and write
+  bool sharded_ = false;          // this rank holds only its shard
 };
 
 }  // namespace geoloco::python

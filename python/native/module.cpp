@@ -10,6 +10,7 @@
 
 #include "core/error.hpp"
 #include "core/hash.hpp"
+#include "core/shard.hpp"
 #include "outer_optimizer/join_wire.hpp"
 #include "outer_optimizer/membership.hpp"
 #include "outer_optimizer/membership_driver.hpp"
@@ -68,10 +69,19 @@ HostSiteCallbacks callbacks(py::object all_gather, py::object sum, py::object st
   return cb;
 }
 
-std::vector<HostTensor> host_tensors(const std::vector<py::tuple>& items) {
+// (name, data_ptr, numel, shape) tuples; a layout's have data_ptr 0 (names and shapes only).
+std::vector<HostTensor> host_tensors(const std::vector<py::tuple>& items, bool layout = false) {
   std::vector<HostTensor> out;
   for (const auto& it : items) {
     if (it.size() != 4) throw InputError("a tensor is (name, data_ptr, numel, shape)");
+    if (layout) {
+      HostTensor t;
+      t.name = it[0].cast<std::string>();
+      t.numel = it[2].cast<int64_t>();
+      t.shape = it[3].cast<std::vector<int64_t>>();
+      out.push_back(std::move(t));
+      continue;
+    }
     HostTensor t;
     t.name = it[0].cast<std::string>();
     t.data = reinterpret_cast<float*>(it[1].cast<uintptr_t>());
@@ -121,17 +131,20 @@ PYBIND11_MODULE(_native, m) {
   py::class_<OuterSession>(m, "Session")
       .def(py::init([](const std::string& config, const std::vector<std::string>& sets, const std::string& site,
                        int rank, bool join, bool resume, uint64_t tokens_per_step, int64_t total_steps,
-                       const std::vector<py::tuple>& tensors, py::object all_gather, py::object sum,
-                       py::object stage_in, py::object stage_out, py::object reset_inner_state) {
+                       const std::vector<py::tuple>& tensors, const std::vector<py::tuple>& layout,
+                       py::object all_gather, py::object sum, py::object stage_in, py::object stage_out,
+                       py::object reset_inner_state) {
              SessionOptions o{config, sets, site, rank, join, resume, tokens_per_step, total_steps};
              auto t = host_tensors(tensors);
+             auto model = host_tensors(layout, true);
              auto cb = callbacks(all_gather, sum, stage_in, stage_out, reset_inner_state);
              py::gil_scoped_release nogil;  // connecting waits for the other sites
-             return std::make_unique<OuterSession>(o, std::move(t), std::move(cb));
+             return std::make_unique<OuterSession>(o, std::move(t), std::move(model), std::move(cb));
            }),
            py::arg("config"), py::arg("sets"), py::arg("site"), py::arg("rank"), py::arg("join"), py::arg("resume"),
-           py::arg("tokens_per_step"), py::arg("total_steps"), py::arg("tensors"), py::arg("all_gather"),
-           py::arg("sum"), py::arg("stage_in"), py::arg("stage_out"), py::arg("reset_inner_state"))
+           py::arg("tokens_per_step"), py::arg("total_steps"), py::arg("tensors"), py::arg("layout"),
+           py::arg("all_gather"), py::arg("sum"), py::arg("stage_in"), py::arg("stage_out"),
+           py::arg("reset_inner_state"))
       .def("join", &OuterSession::join, py::call_guard<py::gil_scoped_release>())
       .def("resume",
            [](OuterSession& s) -> py::object {
@@ -170,6 +183,14 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("global_weights_hash",
                              [](const OuterSession& s) { return hex64(s.global_weights_hash()); });
 
+  m.def(
+      "shard_range",
+      [](int64_t total, int rank, int ranks) {
+        const ShardRange r = shard_of(total, rank, ranks);
+        return py::make_tuple(r.offset, r.count);
+      },
+      py::arg("total"), py::arg("rank"), py::arg("ranks"),
+      "(offset, count): rank `rank`'s shard of `total` flat values over `ranks` ranks (geoloco's rule).");
   m.def(
       "layout_hash", [](const std::vector<py::tuple>& tensors) { return hex64(layout_hash(host_tensors(tensors))); },
       "The hash of the tensors' names, shapes and order that sites compare when they connect.");

@@ -125,12 +125,29 @@ uint64_t layout_hash(const std::vector<HostTensor>& tensors) {
   return hash64(text);
 }
 
-OuterSession::OuterSession(const SessionOptions& o, std::vector<HostTensor> tensors, HostSiteCallbacks callbacks)
+namespace {
+
+int64_t total_of(const std::vector<HostTensor>& tensors) {
+  int64_t n = 0;
+  for (const auto& t : tensors) n += t.numel;
+  return n;
+}
+
+HostSite make_host_site(std::vector<HostTensor> held, const std::vector<HostTensor>& model, int rank, int ranks,
+                        HostSiteCallbacks callbacks) {
+  if (model.empty()) return HostSite(std::move(held), rank, ranks, std::move(callbacks));
+  return HostSite(std::move(held), total_of(model), rank, ranks, std::move(callbacks));
+}
+
+}  // namespace
+
+OuterSession::OuterSession(const SessionOptions& o, std::vector<HostTensor> held, std::vector<HostTensor> model,
+                           HostSiteCallbacks callbacks)
     : cfg_(std::make_unique<trainer::RunConfig>(trainer::load_run_config(o.config, o.sets))),
       rank_(o.rank),
       tokens_per_step_(o.tokens_per_step),
-      host_(
-          tensors, o.rank,
+      host_(make_host_site(
+          held, model, o.rank,
           [&] {
             const int s = cfg_->site_index(o.site);
             if (s < 0) {
@@ -140,7 +157,10 @@ OuterSession::OuterSession(const SessionOptions& o, std::vector<HostTensor> tens
             }
             return cfg_->sites[static_cast<size_t>(s)].ranks;
           }(),
-          std::move(callbacks)) {
+          std::move(callbacks))) {
+  // The model's tensors (what fragments are cut from and the sites compare): what this rank
+  // holds, or the layout a sharded loop gave.
+  const std::vector<HostTensor>& tensors = model.empty() ? held : model;
   auto& cfg = *cfg_;
   site_ = cfg.site_index(o.site);
   const auto& sc = cfg.sites[static_cast<size_t>(site_)];

@@ -56,7 +56,11 @@ uint64_t layout_hash(const std::vector<HostTensor>& tensors);
 
 class OuterSession {
  public:
-  OuterSession(const SessionOptions& options, std::vector<HostTensor> tensors, HostSiteCallbacks callbacks);
+  // `tensors`: what this rank holds. `model`: empty when it holds the whole model (then
+  // `tensors` is the model); else the model's tensors by name and shape (no data) and `tensors`
+  // this rank's shard of their flat values, shard_of(total, rank, ranks) (a sharded inner loop).
+  OuterSession(const SessionOptions& options, std::vector<HostTensor> tensors, std::vector<HostTensor> model,
+               HostSiteCallbacks callbacks);
   ~OuterSession();
   OuterSession(const OuterSession&) = delete;
   OuterSession& operator=(const OuterSession&) = delete;

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 
@@ -122,29 +124,30 @@ def test_a_command_that_cannot_run_is_named(tmp_path: Path, geoloco_bin: Path, p
     assert "run.command: cannot run /nonexistent/python9: No such file or directory" in r.stderr
 
 
+@pytest.mark.parametrize("zero", ["0", "1"], ids=["adamw", "zero-redundancy-adamw"])
 def test_a_stopped_run_resumes_from_its_checkpoint_and_ends_as_if_never_stopped(
-    tmp_path: Path, geoloco_bin: Path, ports, psk: Path
+    tmp_path: Path, geoloco_bin: Path, ports, psk: Path, zero: str
 ) -> None:
     outer = "{interval: 10, compression: {codec: int8, error_feedback: true}}"
     full_dir, cut_dir = tmp_path / "full", tmp_path / "cut"
     full_dir.mkdir()
     cut_dir.mkdir()
     full = write_config(full_dir, ["paris", "lyon"], ports(40), psk, outer, 40)
-    r = launch(geoloco_bin, full, full_dir)
+    r = launch(geoloco_bin, full, full_dir, {"GEOLOCO_TEST_ZERO": zero})
     assert r.returncode == 0, r.stderr[-4000:]
     want = {g["hash"] for g in results(full_dir)}
     assert len(want) == 1
     cut = write_config(cut_dir, ["paris", "lyon"], ports(40), psk, outer, 40)
     cut.write_text(cut.read_text().replace("log_every: 5", "log_every: 5, checkpoint_every: 20"))
     # Every rank stops after step 25: checkpoint 20 is the newest every site holds.
-    r = launch(geoloco_bin, cut, cut_dir, {"GEOLOCO_TEST_EXIT_AT": "25"})
+    r = launch(geoloco_bin, cut, cut_dir, {"GEOLOCO_TEST_EXIT_AT": "25", "GEOLOCO_TEST_ZERO": zero})
     assert r.returncode != 0
     assert "stopping after step 25" in r.stdout
     for site in ("paris", "lyon"):
         assert (cut_dir / "out" / "checkpoints" / site / "latest").read_text() == "step_00000020\n"
         assert (cut_dir / "out" / "checkpoints" / site / "step_00000020" / "state.r1.safetensors").exists()
     assert not list(cut_dir.glob("*.json"))
-    r = launch(geoloco_bin, cut, cut_dir, args=["--resume"])
+    r = launch(geoloco_bin, cut, cut_dir, {"GEOLOCO_TEST_ZERO": zero}, args=["--resume"])
     assert r.returncode == 0, r.stderr[-4000:]
     assert "resumed from" in r.stdout + r.stderr
     got = results(cut_dir)

@@ -6,6 +6,7 @@ GEOLOCO_TEST_KILL="<site>:<rank>:<step>": that rank SIGKILLs itself after that i
 is a restarted (joining) process -- a site lost mid-run, as a machine failure would lose it.
 GEOLOCO_TEST_EXIT_AT=<step>: every rank exits (code 3) after that step, unless it resumed -- a run
 stopped between its checkpoints.
+GEOLOCO_TEST_ZERO=1: the inner optimizer is torch's ZeroRedundancyOptimizer (AdamW sharded over the site).
 GEOLOCO_TEST_STEP_S: seconds each inner step takes at least (a model's compute), so the run outlasts
 a restart.
 """
@@ -49,7 +50,13 @@ def main() -> None:
     model = Net()
     if os.environ.get("GEOLOCO_TEST_EXTRA_PARAM") == f"{launch.site}:{launch.rank}":
         model.extra = nn.Parameter(torch.zeros(3))  # this rank's model differs from its site's
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    if os.environ.get("GEOLOCO_TEST_ZERO") == "1" and ranks > 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        # Every rank holds the full parameters and a shard of AdamW's state.
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-2)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.9)
     outer = geoloco.OuterLoop(model, optimizer=opt, scheduler=sched, tokens_per_step=64 * ranks)
     ddp = nn.parallel.DistributedDataParallel(model) if ranks > 1 else model

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
-"""The package's side of tests/python/test_exactness.py: one site of one rank holding the native
-test double's toy model (tests/outer_optimizer/fake_site.hpp), moved by the same deterministic
-drift, synced by geoloco.OuterLoop. Writes {"hash", "params"} to $GEOLOCO_TEST_OUT/<site>.json."""
+"""The package's side of tests/python/test_exactness.py: a site holding the native test double's
+toy model (tests/outer_optimizer/fake_site.hpp), moved by the same deterministic drift, synced by
+geoloco.OuterLoop. Writes {"hash", "params"} to $GEOLOCO_TEST_OUT/<site>.json.
+
+GEOLOCO_TEST_SHARDED=1: a hand-written sharded loop -- each rank of the site holds only its shard of
+the flat parameters (geoloco.shard_range) and moves only those; the full weights are gathered at the end."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import math
 import os
 
 import torch
+import torch.distributed as dist
 
 import geoloco
 
@@ -31,32 +35,53 @@ def toy_model(blocks: int = 4, width: int = 16, vocab: int = 48) -> list[tuple[s
     return out
 
 
+def drift(site: int, step: int, begin: int, end: int) -> torch.Tensor:
+    """FakeSite::train's step for values [begin, end): 0.01f * float(sin(0.37 i + 1.3 site + 0.11 step))."""
+    d = torch.tensor([math.sin(0.37 * i + 1.3 * site + 0.11 * step) for i in range(begin, end)],
+                     dtype=torch.float64).float()
+    return torch.tensor(0.01, dtype=torch.float32) * d
+
+
 def main() -> None:
     launch = geoloco.LaunchEnv.from_environ()
     site = int(os.environ["GEOLOCO_SITE_INDEX"])
+    ranks = int(os.environ.get("WORLD_SIZE", "1"))
+    if ranks > 1:
+        dist.init_process_group("gloo")
     params = toy_model()
     if os.environ.get("GEOLOCO_TEST_EXTRA_PARAM_SITE") == launch.site:
         params.append(("extra", torch.zeros(4)))  # a model that differs from the other sites'
-    outer = geoloco.OuterLoop(params, tokens_per_step=1000)
     flat_n = sum(p.numel() for _, p in params)
-    step_rate = torch.tensor(0.01, dtype=torch.float32)
+    if os.environ.get("GEOLOCO_TEST_SHARDED") == "1":
+        offset, count = geoloco.shard_range(flat_n, launch.rank, ranks)
+        shard = torch.cat([p.reshape(-1) for _, p in params])[offset : offset + count].clone()
+        held = [("shard", shard)]
+        outer = geoloco.OuterLoop(held, tokens_per_step=1000, layout=[(n, list(p.shape)) for n, p in params])
+    else:
+        offset, count = 0, flat_n
+        held = params
+        outer = geoloco.OuterLoop(params, tokens_per_step=1000)
     for step in range(1, outer.total_steps + 1):
         if outer.trains_step():
-            # FakeSite::train: params[i] -= 0.01f * float(sin(0.37 i + 1.3 site + 0.11 step))
-            drift = torch.tensor(
-                [math.sin(0.37 * i + 1.3 * site + 0.11 * step) for i in range(flat_n)], dtype=torch.float64
-            ).float()
-            drift = step_rate * drift
-            at = 0
-            for _, p in params:
+            d, at = drift(site, step, offset, offset + count), 0
+            for _, p in held:
                 n = p.numel()
-                p.sub_(drift[at : at + n].reshape(p.shape))
+                p.sub_(d[at : at + n].reshape(p.shape))
                 at += n
         outer.step()
     outer.finish()
-    flat = torch.cat([p.reshape(-1) for _, p in params])
-    with open(os.path.join(os.environ["GEOLOCO_TEST_OUT"], f"{launch.site}.json"), "w") as f:
-        json.dump({"hash": outer.global_weights_hash, "params": flat.tolist()}, f)
+    mine = torch.cat([p.reshape(-1) for _, p in held])
+    if count != flat_n:
+        parts: list = [None] * ranks
+        dist.all_gather_object(parts, mine.tolist())
+        values = [v for part in parts for v in part]
+    else:
+        values = mine.tolist()
+    if launch.rank == 0:
+        with open(os.path.join(os.environ["GEOLOCO_TEST_OUT"], f"{launch.site}.json"), "w") as f:
+            json.dump({"hash": outer.global_weights_hash, "params": values}, f)
+    if ranks > 1:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
