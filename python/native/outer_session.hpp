@@ -108,6 +108,7 @@ class OuterSession {
   std::chrono::steady_clock::time_point start_, window_t0_;
   int64_t window_steps_ = 0, trained_steps_ = 0, last_step_ = 0;
   double window_loss_ = 0, last_loss_ = 0;
+  double outer_wait_s_ = 0;  // the program blocked in the outer loop (after_step, finish)
   int window_losses_ = 0;
   bool finished_ = false;
   uint64_t final_hash_ = 0;  // the global weights' hash once closed
