@@ -19,13 +19,15 @@ def main() -> None:
     cols = 1024
     rows = total // cols
     blocks = 8
-    params = []
+    # End to end in one buffer (as geoloco.flatten_parameters leaves a model): synced in place.
+    flat = torch.zeros(total)
+    params, at = [], 0
     for b in range(blocks):
         r = rows // blocks + (1 if b < rows % blocks else 0)
-        params.append((f"h.{b}.w", torch.zeros(r, cols)))
-    rest = total - rows * cols
-    if rest:
-        params.append(("tail", torch.zeros(rest)))
+        params.append((f"h.{b}.w", flat[at : at + r * cols].view(r, cols)))
+        at += r * cols
+    if total - at:
+        params.append(("tail", flat[at:]))
     torch.manual_seed(1)
     for _, p in params:
         p.normal_(0.0, 0.02)

@@ -92,6 +92,7 @@ def main() -> None:
         dist.init_process_group("gloo")  # the site's ranks: MASTER_ADDR/MASTER_PORT from geoloco launch
     torch.manual_seed(args.seed)  # every rank of every site starts from the same weights
     model = GPT(256, args.block_size, args.layers, args.heads, args.width)
+    geoloco.flatten_parameters(model)  # one buffer: the outer loop syncs it in place, no copies
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     # Warmup and cosine decay over the run's steps (train.steps, known once the outer loop is built).
     total = [1]

@@ -22,7 +22,7 @@ from geoloco._native import (  # noqa: F401  (re-exported)
     TransportError,
 )
 from geoloco.env import LaunchEnv  # noqa: F401
-from geoloco.outer_loop import LayoutError, OuterLoop, TensorError, shard_range  # noqa: F401
+from geoloco.outer_loop import LayoutError, OuterLoop, TensorError, flatten_parameters, shard_range  # noqa: F401
 from geoloco.sampler import WindowSampler  # noqa: F401
 
 __all__ = [
@@ -38,5 +38,6 @@ __all__ = [
     "TensorError",
     "TransportError",
     "WindowSampler",
+    "flatten_parameters",
     "shard_range",
 ]

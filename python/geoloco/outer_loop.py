@@ -228,6 +228,12 @@ class OuterLoop:
         return str(self._session.global_weights_hash)
 
     @property
+    def in_place(self) -> bool:
+        """Whether the outer loop reads and writes the parameters in place (they lie end to end in one
+        buffer, as :func:`flatten_parameters` leaves them) rather than through copies."""
+        return bool(self._session.in_place)
+
+    @property
     def output_dir(self) -> str:
         """Where the run's records go (``run.output_dir``)."""
         return str(self._session.output_dir)
@@ -382,6 +388,25 @@ def _close_at_exit(ref: "weakref.ref[Any]") -> None:
     session = ref()
     if session is not None:
         session.close()
+
+
+def flatten_parameters(module: torch.nn.Module) -> torch.Tensor:
+    """Moves a module's parameters into one flat float32 buffer, each parameter a view of it, and
+    returns the buffer. The outer loop then reads and writes them in place, with no copy (as geoloco's
+    own trainer). Call it before building the optimizer and DDP; CPU float32 parameters only."""
+    params = list(module.parameters())
+    for i, p in enumerate(params):
+        if p.dtype != torch.float32 or p.device.type != "cpu":
+            raise TensorError(f"flatten_parameters: parameter {i} is {p.dtype} on {p.device}; CPU float32 only")
+    flat = torch.empty(sum(p.numel() for p in params), dtype=torch.float32)
+    at = 0
+    with torch.no_grad():
+        for p in params:
+            n = p.numel()
+            flat[at : at + n].copy_(p.reshape(-1))
+            p.data = flat[at : at + n].view_as(p)
+            at += n
+    return flat
 
 
 def shard_range(total: int, rank: int, ranks: int) -> tuple[int, int]:

@@ -24,7 +24,13 @@ HostSite::HostSite(std::vector<HostTensor> tensors, int rank, int ranks, HostSit
   if (ranks_ > 1 && (!cb_.all_gather || !cb_.sum))
     throw InputError(fmt::format("a site of {} ranks needs the site's all_gather and sum", ranks_));
   shard_ = shard_of(total_, rank_, ranks_);
-  shard_buf_.resize(static_cast<size_t>(shard_.count));
+  bool end_to_end = !cb_.stage_in && !cb_.stage_out;
+  for (size_t i = 1; i < tensors_.size() && end_to_end; ++i)
+    end_to_end = tensors_[i].data == tensors_[i - 1].data + tensors_[i - 1].numel;
+  if (end_to_end)
+    in_place_ = tensors_[0].data;  // value j of the flat parameters (from offsets_[0]) at in_place_[j - offsets_[0]]
+  else
+    shard_buf_.resize(static_cast<size_t>(shard_.count));
 }
 
 HostSite::HostSite(std::vector<HostTensor> tensors, int64_t total, int rank, int ranks, HostSiteCallbacks callbacks)
@@ -39,7 +45,7 @@ HostSite::HostSite(std::vector<HostTensor> tensors, int64_t total, int rank, int
                     "values: geoloco.shard_range)",
                     rank_, ranks_, held, total_, shard_.offset, shard_.end(), shard_.count));
   for (auto& o : offsets_) o += shard_.offset;  // the tensors hold [offset, end) of the flat values
-  shard_buf_.resize(static_cast<size_t>(shard_.count));
+  if (!in_place_) shard_buf_.resize(static_cast<size_t>(shard_.count));
 }
 
 void HostSite::read(int64_t begin, std::span<float> out) const {
@@ -63,17 +69,19 @@ void HostSite::write(int64_t begin, std::span<const float> in) {
 }
 
 std::span<float> HostSite::shard_params() {
+  if (in_place_) return {in_place_ + (shard_.offset - offsets_[0]), static_cast<size_t>(shard_.count)};
   if (cb_.stage_in) cb_.stage_in();
   read(shard_.offset, shard_buf_);
   return shard_buf_;
 }
 
 void HostSite::shard_updated() {
+  const std::span<float> mine = in_place_ ? shard_params() : std::span<float>(shard_buf_);
   if (ranks_ == 1 || sharded_) {
-    write(shard_.offset, shard_buf_);
+    if (!in_place_) write(shard_.offset, mine);
   } else {
     // Every rank holds the whole model: each writes every rank's merged shard.
-    const auto all = cb_.all_gather(std::as_bytes(std::span<const float>(shard_buf_)));
+    const auto all = cb_.all_gather(std::as_bytes(std::span<const float>(mine)));
     if (static_cast<int>(all.size()) != ranks_)
       throw Error(fmt::format("the site's all_gather returned {} parts for {} ranks", all.size(), ranks_));
     for (int q = 0; q < ranks_; ++q) {
@@ -82,7 +90,8 @@ void HostSite::shard_updated() {
       if (static_cast<int64_t>(b.size()) != r.count * int64_t(sizeof(float)))
         throw Error(fmt::format("the site's all_gather returned {} bytes for rank {}'s shard of {} values", b.size(), q,
                                 r.count));
-      write(r.offset, std::span<const float>(reinterpret_cast<const float*>(b.data()), size_t(r.count)));
+      if (q != rank_ || !in_place_)
+        write(r.offset, std::span<const float>(reinterpret_cast<const float*>(b.data()), size_t(r.count)));
     }
   }
   if (cb_.stage_out) cb_.stage_out();

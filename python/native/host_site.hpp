@@ -5,6 +5,9 @@
 // site's collectives (the outer loop's votes and sums, the all-gather of the shard after a
 // merge) go through the program's own process group, as callbacks.
 //
+// When the tensors lie end to end in memory (geoloco.flatten_parameters) and are not staged, the
+// shard is handed to the outer loop in place: no copy in or out.
+//
 // Calls come from the thread that drives the outer loop (outer_optimizer/site.hpp), the one
 // that calls Python: the callbacks are plain std::functions; the binding wraps Python's.
 #pragma once
@@ -61,6 +64,8 @@ class HostSite final : public outer::Site {
   void sum(std::span<double> values) override;
 
   int64_t total() const { return total_; }
+  // The shard is handed to the outer loop in place (the tensors lie end to end, unstaged).
+  bool in_place() const { return in_place_ != nullptr; }
   const std::vector<HostTensor>& tensors() const { return tensors_; }
   // Copies [begin, end) of the flat parameters out of / into the tensors.
   void read(int64_t begin, std::span<float> out) const;
@@ -75,6 +80,9 @@ class HostSite final : public outer::Site {
   HostSiteCallbacks cb_;
   std::vector<float> shard_buf_;  // the shard handed to the outer loop between read and write
   bool sharded_ = false;          // this rank holds only its shard
+  // The tensors lie end to end in one block of memory (geoloco.flatten_parameters) and are not
+  // staged: the outer loop reads and writes the shard in place, with no copy (as the native site).
+  float* in_place_ = nullptr;
 };
 
 }  // namespace geoloco::python

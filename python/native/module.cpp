@@ -178,6 +178,7 @@ PYBIND11_MODULE(_native, m) {
       .def("metrics", [](OuterSession& s) { return s.metrics().dump(); })
       .def("close", &OuterSession::close, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("total_steps", &OuterSession::total_steps)
+      .def_property_readonly("in_place", &OuterSession::in_place)
       .def_property_readonly("log_every", &OuterSession::log_every)
       .def_property_readonly("output_dir", &OuterSession::output_dir)
       .def_property_readonly("global_weights_hash",

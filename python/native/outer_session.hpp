@@ -94,6 +94,7 @@ class OuterSession {
   std::string output_dir() const;
   uint64_t global_weights_hash() const;
   int site_index() const { return site_; }
+  bool in_place() const { return host_.in_place(); }
 
  private:
   std::unique_ptr<trainer::RunConfig> cfg_;

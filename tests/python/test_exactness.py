@@ -35,6 +35,14 @@ def test_the_package_and_the_native_outer_loop_end_on_the_same_bits(
     run_both(tmp_path, geoloco_bin, ports, psk, outer, ranks=1, env={})
 
 
+def test_parameters_flattened_into_one_buffer_are_synced_in_place_on_the_same_bits(
+    tmp_path: Path, geoloco_bin: Path, ports, psk: Path
+) -> None:
+    run_both(tmp_path, geoloco_bin, ports, psk,
+             "{interval: 5, fragments: 2, overlap_steps: 1, compression: {codec: int8, error_feedback: true}}",
+             ranks=1, env={"GEOLOCO_TEST_FLAT": "1"})
+
+
 def test_a_sharded_inner_loop_ends_on_the_bits_of_the_native_outer_loop(
     tmp_path: Path, geoloco_bin: Path, ports, psk: Path
 ) -> None:
@@ -73,6 +81,8 @@ def run_both(tmp_path: Path, geoloco_bin: Path, ports, psk: Path, outer: str, ra
         if ranks == 1:
             assert got["hash"] == want["hash"], site
         assert f32_bits(got["params"]) == f32_bits(want["params"]), site
+        # In place when the held tensors lie end to end: flattened, or a sharded loop's one shard.
+        assert got["in_place"] == bool(env), site
     assert len(hashes) == 1
 
 

@@ -171,3 +171,18 @@ def test_resume_refuses_a_checkpoint_of_other_parameters_or_a_corrupt_one(tmp_pa
     state.write_bytes(bytes(data))
     with pytest.raises(geoloco.InputError, match=str(state)):
         geoloco.OuterLoop([("h.0.w", torch.zeros(4, 4))], cfg, site="solo", rank=0, resume=True)
+
+
+def test_flatten_parameters_makes_views_of_one_buffer_with_the_same_values() -> None:
+    torch.manual_seed(0)
+    model = Tiny()
+    before = [p.detach().clone() for p in model.parameters()]
+    flat = geoloco.flatten_parameters(model)
+    params = list(model.parameters())
+    assert flat.numel() == sum(p.numel() for p in params)
+    assert all(torch.equal(a, b) for a, b in zip(before, params))
+    assert params[1].data_ptr() == params[0].data_ptr() + 4 * params[0].numel()
+    flat.zero_()
+    assert all(float(p.abs().sum()) == 0.0 for p in params)
+    with pytest.raises(geoloco.TensorError, match="CPU float32 only"):
+        geoloco.flatten_parameters(torch.nn.Linear(2, 2).to(torch.float64))

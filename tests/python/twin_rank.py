@@ -60,7 +60,14 @@ def main() -> None:
     else:
         offset, count = 0, flat_n
         held = params
-        outer = geoloco.OuterLoop(params, tokens_per_step=1000)
+        if os.environ.get("GEOLOCO_TEST_FLAT") == "1":
+            # End to end in one buffer: the outer loop works on them in place (no copy).
+            module = torch.nn.Module()
+            for i, (name, p) in enumerate(params):
+                module.register_parameter(f"p{i}", torch.nn.Parameter(p, requires_grad=False))
+            geoloco.flatten_parameters(module)
+            held = [(name, p.data) for (name, _), p in zip(params, module.parameters())]
+        outer = geoloco.OuterLoop(held, tokens_per_step=1000)
     for step in range(1, outer.total_steps + 1):
         if outer.trains_step():
             d, at = drift(site, step, offset, offset + count), 0
@@ -79,7 +86,7 @@ def main() -> None:
         values = mine.tolist()
     if launch.rank == 0:
         with open(os.path.join(os.environ["GEOLOCO_TEST_OUT"], f"{launch.site}.json"), "w") as f:
-            json.dump({"hash": outer.global_weights_hash, "params": values}, f)
+            json.dump({"hash": outer.global_weights_hash, "params": values, "in_place": outer.in_place}, f)
     if ranks > 1:
         dist.destroy_process_group()
 
