@@ -376,12 +376,20 @@ class OuterLoop:
 
     def _load_inner_state(self, data: bytes) -> None:
         state = torch.load(io.BytesIO(data)) if data else {}
-        for key, obj in (("optimizer", self._local_optimizer()), ("scheduler", self.scheduler)):
+        local = self._local_optimizer()
+        for key, obj in (("optimizer", local), ("scheduler", self.scheduler)):
             if obj is None:
                 continue
             if key not in state:
                 raise InputError(f"the checkpoint holds no {key} state, but OuterLoop was given a {key} to restore")
             obj.load_state_dict(state[key])
+        if local is not None and local is not self.optimizer:
+            # ZeroRedundancyOptimizer copies its own groups' hyperparameters (the scheduler's lr) into
+            # the local optimizer at every step: they come back from the local groups saved.
+            for mine, saved in zip(self.optimizer.param_groups, local.param_groups):
+                for k, v in saved.items():
+                    if k != "params":
+                        mine[k] = v
 
 
 def _close_at_exit(ref: "weakref.ref[Any]") -> None:
