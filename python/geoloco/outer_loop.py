@@ -422,10 +422,3 @@ def shard_range(total: int, rank: int, ranks: int) -> tuple[int, int]:
     contiguous, the first ``total % ranks`` ranks one value more)."""
     offset, count = _native.shard_range(total, rank, ranks)
     return int(offset), int(count)
-
-
-def layout_hash(params: Union[torch.nn.Module, Named, Sequence[torch.Tensor]]) -> str:
-    """The hash of the parameters' names, shapes and order that the sites compare when they connect."""
-    return str(_native.layout_hash([_Param(n, t).describe() for n, t in _named(params)]))
-
-

@@ -48,24 +48,28 @@ HostSite::HostSite(std::vector<HostTensor> tensors, int64_t total, int rank, int
   if (!in_place_) shard_buf_.resize(static_cast<size_t>(shard_.count));
 }
 
-void HostSite::read(int64_t begin, std::span<float> out) const {
-  if (out.empty()) return;
-  const int64_t end = begin + static_cast<int64_t>(out.size());
+// Calls fn(tensor, offset in the tensor, offset in [begin, begin + n), count) for every
+// tensor's part of the flat values [begin, begin + n).
+template <typename Fn>
+void HostSite::walk(int64_t begin, int64_t n, Fn&& fn) const {
+  if (n <= 0) return;
+  const int64_t end = begin + n;
   auto it = std::upper_bound(offsets_.begin(), offsets_.end(), begin);
   for (size_t i = static_cast<size_t>(it - offsets_.begin()) - 1; i < tensors_.size() && offsets_[i] < end; ++i) {
     const int64_t lo = std::max(begin, offsets_[i]), hi = std::min(end, offsets_[i] + tensors_[i].numel);
-    std::memcpy(out.data() + (lo - begin), tensors_[i].data + (lo - offsets_[i]), size_t(hi - lo) * sizeof(float));
+    fn(tensors_[i].data + (lo - offsets_[i]), lo - begin, hi - lo);
   }
 }
 
+void HostSite::read(int64_t begin, std::span<float> out) const {
+  walk(begin, static_cast<int64_t>(out.size()), [&](const float* t, int64_t at, int64_t count) {
+    std::memcpy(out.data() + at, t, size_t(count) * sizeof(float));
+  });
+}
+
 void HostSite::write(int64_t begin, std::span<const float> in) {
-  if (in.empty()) return;
-  const int64_t end = begin + static_cast<int64_t>(in.size());
-  auto it = std::upper_bound(offsets_.begin(), offsets_.end(), begin);
-  for (size_t i = static_cast<size_t>(it - offsets_.begin()) - 1; i < tensors_.size() && offsets_[i] < end; ++i) {
-    const int64_t lo = std::max(begin, offsets_[i]), hi = std::min(end, offsets_[i] + tensors_[i].numel);
-    std::memcpy(tensors_[i].data + (lo - offsets_[i]), in.data() + (lo - begin), size_t(hi - lo) * sizeof(float));
-  }
+  walk(begin, static_cast<int64_t>(in.size()),
+       [&](float* t, int64_t at, int64_t count) { std::memcpy(t, in.data() + at, size_t(count) * sizeof(float)); });
 }
 
 std::span<float> HostSite::shard_params() {
@@ -81,9 +85,7 @@ void HostSite::shard_updated() {
     if (!in_place_) write(shard_.offset, mine);
   } else {
     // Every rank holds the whole model: each writes every rank's merged shard.
-    const auto all = cb_.all_gather(std::as_bytes(std::span<const float>(mine)));
-    if (static_cast<int>(all.size()) != ranks_)
-      throw Error(fmt::format("the site's all_gather returned {} parts for {} ranks", all.size(), ranks_));
+    const auto all = all_gather(std::as_bytes(std::span<const float>(mine)));
     for (int q = 0; q < ranks_; ++q) {
       const ShardRange r = shard_of(total_, q, ranks_);
       const auto& b = all[static_cast<size_t>(q)];

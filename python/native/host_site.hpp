@@ -72,6 +72,9 @@ class HostSite final : public outer::Site {
   void write(int64_t begin, std::span<const float> in);
 
  private:
+  template <typename Fn>
+  void walk(int64_t begin, int64_t n, Fn&& fn) const;
+
   std::vector<HostTensor> tensors_;
   std::vector<int64_t> offsets_;  // each tensor's first element in the flat buffer
   int64_t total_ = 0;

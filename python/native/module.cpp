@@ -192,7 +192,4 @@ PYBIND11_MODULE(_native, m) {
       },
       py::arg("total"), py::arg("rank"), py::arg("ranks"),
       "(offset, count): rank `rank`'s shard of `total` flat values over `ranks` ranks (geoloco's rule).");
-  m.def(
-      "layout_hash", [](const std::vector<py::tuple>& tensors) { return hex64(layout_hash(host_tensors(tensors))); },
-      "The hash of the tensors' names, shapes and order that sites compare when they connect.");
 }

@@ -165,7 +165,7 @@ OuterSession::OuterSession(const SessionOptions& o, std::vector<HostTensor> held
   site_ = cfg.site_index(o.site);
   const auto& sc = cfg.sites[static_cast<size_t>(site_)];
   total_steps_ = o.total_steps > 0 ? o.total_steps : cfg.train.steps;
-  if (total_steps_ != cfg.train.steps) cfg.train.steps = total_steps_;
+  cfg.train.steps = total_steps_;
   if (!cfg.outer.enabled)
     throw ConfigError(
         fmt::format("{}: the outer loop is off (one site and no outer: section): nothing to sync", o.config));

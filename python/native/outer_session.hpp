@@ -50,8 +50,8 @@ struct SessionOptions {
 // first integer component of its dotted name ("h.3.attn.weight", "model.layers.3.mlp..."),
 // and to none (-1) without one; matrices (2 or more dimensions) are rows of shape[0].
 outer::ModelParams model_params_of(const std::vector<HostTensor>& tensors);
-// A hash of the tensors' names, shapes and order: sites with different layouts refuse each
-// other when they connect.
+// A hash of the tensors' names, shapes and order: a checkpoint of other parameters is refused
+// (the sites compare their layouts line by line when they connect).
 uint64_t layout_hash(const std::vector<HostTensor>& tensors);
 
 class OuterSession {
